@@ -1,0 +1,98 @@
+"""torch.profiler and CUDA allocator-history snapshots, bounded by a step schedule."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from memscope.config import ProfilerSchedule
+
+
+class ProfilerController:
+    """Runs ``torch.profiler`` over ``wait`` + ``warmup`` + ``active`` steps, once."""
+
+    def __init__(self, schedule: ProfilerSchedule, outdir: str) -> None:
+        self.outdir = os.path.join(outdir, "profiler")
+        self.traces: list[str] = []
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self._prof: Any = torch.profiler.profile(
+            activities=activities,
+            schedule=torch.profiler.schedule(
+                wait=schedule.wait, warmup=schedule.warmup, active=schedule.active, repeat=1
+            ),
+            on_trace_ready=self._export,
+            profile_memory=True,
+            record_shapes=True,
+            with_stack=False,
+        )
+        self._running = False
+
+    def _export(self, prof: Any) -> None:
+        os.makedirs(self.outdir, exist_ok=True)
+        path = os.path.join(self.outdir, f"trace_step{prof.step_num}.json")
+        prof.export_chrome_trace(path)
+        self.traces.append(path)
+
+    def start(self) -> None:
+        self._prof.start()
+        self._running = True
+
+    def step(self) -> None:
+        if self._running:
+            self._prof.step()
+
+    def stop(self) -> None:
+        if self._running:
+            self._running = False
+            self._prof.stop()
+
+
+class SnapshotController:
+    """Records CUDA allocator history from ``start_step`` for ``steps`` steps, then dumps it.
+
+    The pickle opens in pytorch.org/memory_viz. Stacks are Python-only by default; ``all``
+    adds C++ frames, which can take minutes to symbolise when dumping.
+    """
+
+    def __init__(
+        self, outdir: str, start_step: int, steps: int, max_entries: int, stacks: str
+    ) -> None:
+        self.outdir = outdir
+        self.start_step = start_step
+        self.end_step = start_step + steps  # exclusive
+        self.max_entries = max_entries
+        self.stacks = stacks
+        self.recording = False
+        self.done = False
+        self.snapshots: list[str] = []
+
+    def on_step_start(self, step: int) -> None:
+        if not self.done and not self.recording and step >= self.start_step:
+            torch.cuda.memory._record_memory_history(
+                enabled="all", stacks=self.stacks, max_entries=self.max_entries
+            )
+            self.recording = True
+
+    def on_step_end(self, step: int) -> None:
+        if self.recording and step + 1 >= self.end_step:
+            self.dump(f"memory_snapshot_steps{self.start_step}-{step}.pickle")
+            self.stop()
+
+    def dump(self, name: str) -> str | None:
+        if not self.recording:
+            return None
+        os.makedirs(self.outdir, exist_ok=True)
+        path = os.path.join(self.outdir, name)
+        torch.cuda.memory._dump_snapshot(path)
+        self.snapshots.append(path)
+        return path
+
+    def stop(self) -> None:
+        if self.recording:
+            torch.cuda.memory._record_memory_history(enabled=None)
+            self.recording = False
+            self.done = True

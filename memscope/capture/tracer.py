@@ -1,0 +1,318 @@
+"""The device-agnostic tracer: turns hook calls and step callbacks into memory events.
+
+It knows nothing about Megatron; :class:`memscope.integrations.megatron.MemScopeMegatronRuntime`
+builds it from Megatron args and wires it into the training loop.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from memscope.analysis.aggregates import RuntimeAggregates
+from memscope.capture.backends.base import MemoryBackend, MemorySample
+from memscope.capture.backends.host import host_rss_bytes
+from memscope.capture.backends.storage import StorageLedgerBackend
+from memscope.capture.hooks import ModuleLabel
+from memscope.capture.safety import FailureLog
+from memscope.config import RuntimeConfig
+from memscope.events import schema as s
+from memscope.events.schema import MemoryEvent, TensorInfo
+from memscope.events.trace_sink import JsonlTraceSink
+from memscope.events.trace_store import BoundedTraceStore
+
+HOOK_FAMILIES = ("module_hooks", "output_grad_hooks", "param_grad_hooks")
+
+
+def _in_backward() -> bool:
+    """True while the autograd engine runs a backward pass on this thread."""
+    return torch._C._current_graph_task_id() != -1
+
+
+def _tensors(value: Any, limit: int = 16) -> list[torch.Tensor]:
+    """Tensors in ``value`` and one level of tuple/list/dict inside it (at most ``limit``)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    items: Any = ()
+    if isinstance(value, (tuple, list)):
+        items = value
+    elif isinstance(value, dict):
+        items = value.values()
+    out = [v for v in items if isinstance(v, torch.Tensor)]
+    return out[:limit]
+
+
+@dataclass(slots=True)
+class _OpenModule:
+    label: ModuleLabel
+    before: MemorySample
+    inputs: list[TensorInfo]
+    microbatch: int | None
+    recompute: bool
+
+
+class MemoryTracer:
+    """Records step phases, module forwards and grads of one rank into events."""
+
+    def __init__(
+        self,
+        config: RuntimeConfig,
+        backend: MemoryBackend,
+        rank: int,
+        pipeline_stage: int | None = None,
+        trace_sink: JsonlTraceSink | None = None,
+    ) -> None:
+        self.config = config
+        self.backend = backend
+        self.ledger = backend if isinstance(backend, StorageLedgerBackend) else None
+        self.rank = rank
+        self.pipeline_stage = pipeline_stage
+        self.sink = trace_sink
+        self.store = BoundedTraceStore(config.detail_steps, config.max_trace_events)
+        self.aggregates = RuntimeAggregates()
+        self.failures = FailureLog(rank=rank)
+        self.t0 = time.time()
+        self.step = -1
+        self.phase = s.PHASE_SETUP
+        self.in_window = False
+        self.steps_completed = 0
+        self.current_microbatch: int | None = None
+        self._seq = 0
+        self._stack: list[_OpenModule] = []
+        self._microbatches: dict[int, int] = {}
+        self._backward_microbatch: int | None = None
+        self._pending: list[MemoryEvent] = []
+        self._param_before: dict[str, MemorySample] = {}
+        self._last: MemorySample = backend.sample()
+        self._phase_start: MemorySample = self._last
+        self._step_start: MemorySample = self._last
+        self._families = {
+            "module_hooks": config.hook_modules,
+            "output_grad_hooks": config.hook_modules and config.hook_output_grads,
+            "param_grad_hooks": config.hook_param_grads,
+        }
+        self._sync = config.sync_on_module_hooks and backend.name == "cuda"
+        self._sync_steps = config.sync_on_step_boundaries and backend.name == "cuda"
+        #: Exact context and category split at the highest window peak so far (storage backend).
+        self.best_peak = -1
+        self.best_peak_context: tuple[Any, ...] | None = None
+        self.best_peak_categories: tuple[int, ...] | None = None
+
+    # -- families & failures ---------------------------------------------------------------
+    def family_enabled(self, family: str) -> bool:
+        return self.in_window and self._families[family]
+
+    def hook_failed(self, family: str, exc: BaseException) -> None:
+        self.failures.record(family, exc)
+        self._families[family] = False
+        if family == "module_hooks":
+            self._families["output_grad_hooks"] = False
+            self._stack.clear()
+
+    # -- sampling & emission ---------------------------------------------------------------
+    def _sample(self, detailed: bool = False) -> MemorySample:
+        if (self._sync and not detailed) or (self._sync_steps and detailed):
+            torch.cuda.synchronize()
+        sample = self.backend.sample(detailed)
+        self._last = sample
+        return sample
+
+    def _set_context(self, module: str, microbatch: int | None, phase: str | None = None) -> None:
+        self.backend.context = (self.step, phase or self.phase, module, microbatch)
+
+    def _emit(
+        self,
+        event_type: str,
+        phase: str,
+        module: str,
+        before: MemorySample,
+        after: MemorySample,
+        **extra: Any,
+    ) -> MemoryEvent:
+        self._seq += 1
+        event = MemoryEvent(
+            seq=self._seq,
+            event_type=event_type,
+            phase=phase,
+            step=self.step,
+            module=module,
+            timestamp=time.time() - self.t0,
+            rank=self.rank,
+            mem_allocated_before=before.allocated,
+            mem_allocated_after=after.allocated,
+            mem_reserved_before=before.reserved,
+            mem_reserved_after=after.reserved,
+            max_mem_allocated=max(after.peak_allocated, after.allocated),
+            max_mem_reserved=max(after.peak_reserved, after.reserved),
+            pipeline_stage=self.pipeline_stage,
+            categories=after.categories,
+            **extra,
+        )
+        self.store.add(event)
+        self.aggregates.add(event)
+        if self.sink is not None:
+            self._pending.append(event)
+        return event
+
+    def flush(self) -> None:
+        """Write buffered events to the JSONL trace."""
+        if self.sink is not None and self._pending:
+            pending, self._pending = self._pending, []
+            self.sink.write(pending)
+            self.sink.flush()
+
+    # -- module hooks ----------------------------------------------------------------------
+    def module_enter(
+        self, label: ModuleLabel, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        recompute = _in_backward()
+        if label.is_root and not recompute:
+            count = self._microbatches.get(label.chunk, 0)
+            self._microbatches[label.chunk] = count + 1
+            self.current_microbatch = count
+        mb = self._backward_microbatch if recompute else self.current_microbatch
+        inputs: list[TensorInfo] = []
+        if self.config.record_tensor_shapes:
+            inputs = [TensorInfo.of(t) for t in _tensors(args)]
+            inputs += [
+                TensorInfo.of(t, k) for k, t in kwargs.items() if isinstance(t, torch.Tensor)
+            ]
+        if self.ledger is not None:
+            self.ledger.alloc_category = s.CAT_ACTIVATIONS
+        self._stack.append(_OpenModule(label, self._sample(), inputs, mb, recompute))
+        self._set_context(label.name, mb, s.PHASE_RECOMPUTE if recompute else s.PHASE_FORWARD)
+
+    def module_exit(self, label: ModuleLabel, output: Any) -> list[torch.Tensor]:
+        # Pop to the matching frame (a forward that raised leaves its children open).
+        frame = None
+        while self._stack:
+            candidate = self._stack.pop()
+            if candidate.label is label:
+                frame = candidate
+                break
+        if frame is None:
+            return []
+        after = self._sample()
+        outs = _tensors(output)
+        self._emit(
+            s.MODULE_FORWARD,
+            s.PHASE_RECOMPUTE if frame.recompute else s.PHASE_FORWARD,
+            label.name,
+            frame.before,
+            after,
+            module_class=label.module_class,
+            microbatch=frame.microbatch,
+            virtual_chunk=label.chunk,
+            recompute=frame.recompute,
+            inputs=frame.inputs,
+            outputs=[TensorInfo.of(t) for t in outs] if self.config.record_tensor_shapes else [],
+        )
+        parent = self._stack[-1] if self._stack else None
+        self._set_context(
+            parent.label.name if parent else "",
+            frame.microbatch,
+            s.PHASE_RECOMPUTE if frame.recompute else s.PHASE_FORWARD,
+        )
+        if not self._families["output_grad_hooks"] or not torch.is_grad_enabled():
+            return []
+        # Only non-leaf outputs: Megatron layers return parameters as outputs (skip_bias_add
+        # hands back the bias), and a hook on a parameter would pile up every step.
+        return [t for t in outs if t.requires_grad and t.grad_fn is not None]
+
+    def output_grad(self, label: ModuleLabel, microbatch: int | None, grad: torch.Tensor) -> None:
+        self._backward_microbatch = microbatch
+        self._set_context(label.name, microbatch, s.PHASE_BACKWARD)
+        before = self._last
+        after = self._sample()
+        self._emit(
+            s.OUTPUT_GRAD,
+            s.PHASE_BACKWARD,
+            label.name,
+            before,
+            after,
+            module_class=label.module_class,
+            microbatch=microbatch,
+            virtual_chunk=label.chunk,
+            grads=[TensorInfo.of(grad)] if self.config.record_tensor_shapes else [],
+        )
+
+    def param_grad_ready(self, name: str, grad: torch.Tensor) -> None:
+        self._set_context(name, self._backward_microbatch, s.PHASE_BACKWARD)
+        self._param_before[name] = self._sample()
+
+    def param_grad_accumulated(self, name: str, param: torch.Tensor) -> None:
+        before = self._param_before.pop(name, None) or self._last
+        after = self._sample()
+        grad = param.grad
+        if self.ledger is not None and grad is not None:
+            self.ledger.mark(grad, s.CAT_GRADIENTS)
+            after = self._sample()
+        self._emit(
+            s.PARAM_GRAD,
+            s.PHASE_BACKWARD,
+            name,
+            before,
+            after,
+            module_class="Parameter",
+            microbatch=self._backward_microbatch,
+            grads=[TensorInfo.of(grad, name)] if grad is not None else [],
+        )
+
+    # -- step boundaries -------------------------------------------------------------------
+    def _step_phase(self, phase: str, before: MemorySample, notes: str) -> MemorySample:
+        after = self._sample(detailed=True)
+        if self.ledger is not None and after.peak_allocated > self.best_peak:
+            self.best_peak = after.peak_allocated
+            self.best_peak_context = self.ledger.peak_context()
+            self.best_peak_categories = self.ledger.peak_categories()
+        self._emit(
+            s.STEP_PHASE,
+            phase,
+            "",
+            before,
+            after,
+            host_rss_bytes=host_rss_bytes(),
+            device=after.device,
+            notes=notes,
+        )
+        return after
+
+    def step_start(self, step: int, notes: str = "") -> None:
+        if self._stack:
+            self._stack.clear()
+        self.step = step
+        self.phase = s.PHASE_FORWARD_BACKWARD
+        self.in_window = self.config.in_step_window(step)
+        self._microbatches.clear()
+        self.current_microbatch = None
+        self._backward_microbatch = None
+        self._param_before.clear()
+        self.backend.reset_peak()
+        if self.ledger is not None:
+            self.ledger.alloc_category = s.CAT_ACTIVATIONS
+        self._set_context("", None)
+        self._step_start = self._phase_start = self._sample(detailed=True)
+
+    def phase_end(self, phase: str, next_phase: str, notes: str = "") -> None:
+        """Close the running step phase (recording it) and open ``next_phase``."""
+        self.in_window = self.in_window and next_phase == s.PHASE_FORWARD_BACKWARD
+        if self.ledger is not None and phase == s.PHASE_OPTIMIZER:
+            # Storages the optimizer created and kept (Adam's moments...) are its state.
+            self.ledger.promote_window(s.CAT_OPTIMIZER_STATE)
+        self._phase_start = self._step_phase(phase, self._phase_start, notes)
+        self.phase = next_phase
+        if self.ledger is not None:
+            self.ledger.alloc_category = s.CAT_OTHER
+            if next_phase == s.PHASE_OPTIMIZER:
+                self.ledger.open_window()
+        self._set_context("", None)
+
+    def step_end(self, notes: str = "") -> None:
+        self._step_phase(s.PHASE_STEP, self._step_start, notes)
+        self.steps_completed += 1
+        self.phase = s.PHASE_SETUP
+        self.in_window = False
+        self.flush()

@@ -1,0 +1,46 @@
+"""``memscope`` command line: each subcommand lives in its own module under ``memscope.cli``.
+
+Only this layer touches file paths: it reads reports, calls analysis and reporters on plain
+data, and writes results. Bad input ends with one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from memscope._version import __version__
+from memscope.cli import demo_cmd, summarize_cmd
+from memscope.cli.common import CliError
+
+COMMANDS = (demo_cmd, summarize_cmd)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="memscope",
+        description="Memory tracing and analysis for Megatron-LM / FlagScale training.",
+    )
+    parser.add_argument("--version", action="version", version=f"memscope {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for command in COMMANDS:
+        command.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args.run(args) or 0)
+    except CliError as exc:
+        print(f"memscope {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"memscope {args.command}: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,1 @@
+"""Event schema, the bounded in-memory recorder and the JSONL trace sink."""

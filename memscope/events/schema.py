@@ -1,0 +1,152 @@
+"""The versioned on-disk event schema shared by the trace, the reports and their readers.
+
+Every file MemScope writes carries ``schema_version``. Readers accept any version whose
+major number matches :data:`SCHEMA_VERSION` and refuse newer majors with a clear error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+SCHEMA_VERSION = "1.0"
+
+# Event types.
+STEP_PHASE = "step_phase"
+MODULE_FORWARD = "module_forward"
+OUTPUT_GRAD = "output_grad"
+PARAM_GRAD = "param_grad"
+EVENT_TYPES = (STEP_PHASE, MODULE_FORWARD, OUTPUT_GRAD, PARAM_GRAD)
+
+# Phases. Step phases cover an interval between two training-loop callbacks.
+PHASE_FORWARD_BACKWARD = "forward_backward"
+PHASE_PRE_OPTIMIZER = "pre_optimizer"
+PHASE_OPTIMIZER = "optimizer"
+PHASE_STEP = "step"
+PHASE_FORWARD = "forward"
+PHASE_RECOMPUTE = "recompute"
+PHASE_BACKWARD = "backward"
+PHASE_SETUP = "setup"
+
+# Memory categories, in the fixed order used by tuples of per-category byte counts.
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")
+CAT_PARAMETERS, CAT_GRADIENTS, CAT_OPTIMIZER_STATE, CAT_ACTIVATIONS, CAT_OTHER = range(5)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    """Shape, dtype and storage-visible size of one tensor seen by a hook."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    bytes: int
+    name: str = ""
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor, name: str = "") -> TensorInfo:
+        return cls(
+            tuple(tensor.shape),
+            str(tensor.dtype).replace("torch.", ""),
+            _tensor_bytes(tensor),
+            name,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"shape": list(self.shape), "dtype": self.dtype, "bytes": self.bytes}
+        if self.name:
+            out["name"] = self.name
+        return out
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> int:
+    return int(tensor.numel()) * int(tensor.element_size())
+
+
+@dataclass(slots=True)
+class MemoryEvent:
+    """One recorded memory observation.
+
+    ``mem_*_before``/``after`` are sampled at the start and end of the interval the event
+    covers; ``max_mem_*`` is the backend's true high-water mark up to the end of it within
+    the current step window (reset at every step start).
+    """
+
+    seq: int
+    event_type: str
+    phase: str
+    step: int
+    module: str
+    timestamp: float
+    rank: int
+    mem_allocated_before: int
+    mem_allocated_after: int
+    mem_reserved_before: int
+    mem_reserved_after: int
+    max_mem_allocated: int
+    max_mem_reserved: int
+    module_class: str = ""
+    microbatch: int | None = None
+    pipeline_stage: int | None = None
+    virtual_chunk: int | None = None
+    recompute: bool = False
+    inputs: list[TensorInfo] = field(default_factory=list)
+    outputs: list[TensorInfo] = field(default_factory=list)
+    grads: list[TensorInfo] = field(default_factory=list)
+    categories: tuple[int, ...] | None = None
+    host_rss_bytes: int | None = None
+    device: dict[str, int] | None = None
+    notes: str = ""
+
+    @property
+    def delta_allocated(self) -> int:
+        return self.mem_allocated_after - self.mem_allocated_before
+
+    @property
+    def delta_reserved(self) -> int:
+        return self.mem_reserved_after - self.mem_reserved_before
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict; the original report's keys keep their names."""
+        out: dict[str, Any] = {
+            "seq": self.seq,
+            "event_type": self.event_type,
+            "module": self.module,
+            "module_class": self.module_class,
+            "phase": self.phase,
+            "step": self.step,
+            "microbatch": self.microbatch,
+            "pipeline_stage": self.pipeline_stage,
+            "virtual_chunk": self.virtual_chunk,
+            "recompute": self.recompute,
+            "timestamp": round(self.timestamp, 6),
+            "rank": self.rank,
+            "mem_allocated_before": self.mem_allocated_before,
+            "mem_allocated_after": self.mem_allocated_after,
+            "mem_reserved_before": self.mem_reserved_before,
+            "mem_reserved_after": self.mem_reserved_after,
+            "max_mem_allocated": self.max_mem_allocated,
+            "max_mem_reserved": self.max_mem_reserved,
+            "delta_allocated": self.delta_allocated,
+            "delta_reserved": self.delta_reserved,
+            "inputs": [t.to_dict() for t in self.inputs],
+            "outputs": [t.to_dict() for t in self.outputs],
+            "grads": [t.to_dict() for t in self.grads],
+            "notes": self.notes,
+        }
+        if self.categories is not None:
+            out["categories"] = dict(zip(CATEGORIES, self.categories, strict=True))
+        if self.host_rss_bytes is not None:
+            out["host_rss_bytes"] = self.host_rss_bytes
+        if self.device is not None:
+            out["device"] = dict(self.device)
+        return out
+
+
+def schema_major(version: str) -> int:
+    """The major number of a ``schema_version`` string such as ``"1.0"``."""
+    head = str(version).split(".", 1)[0]
+    if not head.isdigit():
+        raise ValueError(f"schema_version {version!r} is not of the form MAJOR.MINOR")
+    return int(head)

@@ -1,0 +1,67 @@
+"""Builds the ``runtime_report.json`` document from plain data (no I/O here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from memscope._version import __version__
+from memscope.events.schema import SCHEMA_VERSION, MemoryEvent
+
+REPORT_TYPE_RUNTIME = "runtime"
+STATUSES = ("running", "complete", "incomplete", "crashed", "oom")
+
+
+@dataclass
+class RuntimeReportInputs:
+    """Everything a runtime report is made of, already computed."""
+
+    metadata: dict[str, Any]
+    status: str
+    peak: dict[str, Any]
+    top_events: list[dict[str, Any]]
+    phase_summary: dict[str, dict[str, int]]
+    module_summary: list[dict[str, Any]]
+    steps: list[dict[str, Any]]
+    comparisons: dict[str, Any]
+    events: list[MemoryEvent]
+    trace_info: dict[str, Any]
+    status_reason: str = ""
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    artifacts: dict[str, str] = field(default_factory=dict)
+
+
+def build_runtime_report(inputs: RuntimeReportInputs) -> dict[str, Any]:
+    """The report as a JSON-ready dict; keys of the original format keep their names."""
+    if inputs.status not in STATUSES:
+        raise ValueError(f"report status must be one of {STATUSES}, not {inputs.status!r}")
+    meta = inputs.metadata
+    phases = [
+        {"phase": name, **values}
+        for name, values in sorted(
+            inputs.phase_summary.items(), key=lambda kv: kv[1]["max_mem_allocated"], reverse=True
+        )
+    ]
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "report_type": REPORT_TYPE_RUNTIME,
+        "tool": {"name": "memscope", "version": __version__},
+        "rank": meta.get("rank"),
+        "world_size": meta.get("world_size"),
+        "status": inputs.status,
+        "complete": inputs.status == "complete",
+        "status_reason": inputs.status_reason,
+        "metadata": meta,
+        "peak": inputs.peak,
+        "comparisons": inputs.comparisons,
+        "top_events": inputs.top_events,
+        "phase_summary": phases,
+        "module_summary": inputs.module_summary,
+        "steps": inputs.steps,
+        "trace": inputs.trace_info,
+        "errors": inputs.errors,
+        "warnings": inputs.warnings,
+        "artifacts": inputs.artifacts,
+        "runtime_trace": [e.to_dict() for e in inputs.events],
+    }

@@ -1,0 +1,26 @@
+"""Packaging for MemScope."""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+ROOT = Path(__file__).parent
+VERSION = {}
+exec((ROOT / "memscope" / "_version.py").read_text(), VERSION)
+
+setup(
+    name="memscope",
+    version=VERSION["__version__"],
+    description="Memory tracing and analysis for Megatron-LM / FlagScale training",
+    long_description=(ROOT / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["memscope", "memscope.*"]),
+    package_data={"memscope": ["py.typed", "reporters/templates/*"]},
+    install_requires=["torch", "pyyaml", "jinja2", "plotly"],
+    extras_require={
+        "megatron": ["megatron-core==0.16.1"],
+        "dev": ["pytest", "ruff", "mypy", "types-PyYAML"],
+    },
+    entry_points={"console_scripts": ["memscope=memscope.cli:main"]},
+)

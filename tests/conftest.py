@@ -1,0 +1,43 @@
+"""Shared fixtures. Megatron runs use the clearly labelled CPU shims in memscope.demo."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pytest
+
+from memscope.demo.tiny_gpt import TinyGPTConfig, free_port
+from memscope.demo.traced_training import WorkerResult, traced_worker
+
+
+def run_in_process(
+    cfg: TinyGPTConfig, steps: int, memscope_argv: list[str] | None, fault: str | None = None
+) -> WorkerResult:
+    """One real megatron-core training run in this process (world size 1, gloo)."""
+    return traced_worker(0, 1, free_port(), cfg, steps, memscope_argv, fault)
+
+
+def load_json(path: str) -> dict[str, Any]:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def read_jsonl(path: str) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+@pytest.fixture(scope="session")
+def small_cfg() -> TinyGPTConfig:
+    return TinyGPTConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_microbatches=2)
+
+
+@pytest.fixture(scope="module")
+def traced_run(tmp_path_factory, small_cfg) -> tuple[WorkerResult, dict[str, Any], str]:
+    """A 4-step traced single-rank run with default settings: (result, report, outdir)."""
+    outdir = str(tmp_path_factory.mktemp("traced"))
+    result = run_in_process(small_cfg, 4, ["--memscope", "--memscope-outdir", outdir])
+    assert result.report_path == os.path.join(outdir, "rank00000", "runtime_report.json")
+    return result, load_json(result.report_path), outdir

@@ -1,0 +1,59 @@
+"""Units, markdown rendering, atomic writes and the report reader's error messages."""
+
+import json
+import os
+
+import pytest
+
+from memscope.io.atomic import atomic_write_json, atomic_write_text
+from memscope.io.report_reader import ReportError, load_report
+from memscope.units import format_bytes, format_ratio
+
+
+def test_format_bytes_keeps_signs_and_units():
+    assert format_bytes(0) == "0 B"
+    assert format_bytes(1536) == "1.50 KiB"
+    assert format_bytes(-3 * 1024**3) == "-3.00 GiB"
+    assert format_bytes(2048, signed=True) == "+2.00 KiB"
+    assert format_bytes(None) == "n/a"
+    assert format_ratio(-0.0312) == "-3.1%"
+
+
+def test_atomic_write_replaces_whole_file_and_leaves_no_temp(tmp_path):
+    path = tmp_path / "r.json"
+    atomic_write_json(str(path), {"a": 1})
+    atomic_write_text(str(path), '{"a": 2}')
+    assert json.loads(path.read_text()) == {"a": 2}
+    assert os.listdir(tmp_path) == ["r.json"]
+
+
+def test_atomic_write_failure_keeps_previous_content(tmp_path):
+    path = tmp_path / "r.json"
+    atomic_write_json(str(path), {"ok": True})
+    with pytest.raises(ValueError):
+        atomic_write_json(str(path), {"bad": float("nan")})
+    assert json.loads(path.read_text()) == {"ok": True}
+    assert os.listdir(tmp_path) == ["r.json"]
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (None, "no such file"),
+        ("", "empty"),
+        ('{"schema_version": "1.0", "peak": {', "truncated JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        ('{"peak": {}}', "no schema_version"),
+        ('{"schema_version": "2.0"}', "newer than this memscope"),
+        ('{"schema_version": "x"}', "MAJOR.MINOR"),
+        ('{"schema_version": "1.0", "report_type": "static"}', "expected 'runtime'"),
+    ],
+)
+def test_reader_gives_one_readable_line(tmp_path, content, needle):
+    path = tmp_path / "r.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ReportError) as exc:
+        load_report(str(path), expected_type="runtime")
+    message = str(exc.value)
+    assert needle in message and "\n" not in message

@@ -1,0 +1,110 @@
+"""Two real processes (gloo): megatron-core GPT at TP=2, PP=2 (1F1B) and interleaved PP."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from conftest import load_json
+
+from memscope.demo.tiny_gpt import TinyGPTConfig, free_port, spawn
+from memscope.demo.traced_training import traced_worker
+
+pytestmark = pytest.mark.multiprocess
+
+BASE = TinyGPTConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_microbatches=4)
+STEPS = 3
+
+
+def _pair(tmp_path_factory, cfg: TinyGPTConfig, name: str, fault: str | None = None):
+    outdir = str(tmp_path_factory.mktemp(name))
+    argv = ["--memscope", "--memscope-outdir", outdir]
+    traced = spawn(2, traced_worker, free_port(), cfg, STEPS, argv, fault)
+    plain = spawn(2, traced_worker, free_port(), cfg, STEPS, None)
+    reports = [load_json(r.report_path) for r in traced]
+    return traced, plain, reports
+
+
+@pytest.fixture(scope="module")
+def tp2(tmp_path_factory):
+    return _pair(tmp_path_factory, dataclasses.replace(BASE, tp=2), "tp2")
+
+
+@pytest.fixture(scope="module")
+def pp2(tmp_path_factory):
+    return _pair(tmp_path_factory, dataclasses.replace(BASE, pp=2), "pp2")
+
+
+@pytest.mark.parametrize("fixture", ["tp2", "pp2"])
+def test_losses_and_gradients_identical_with_memscope_on_and_off(fixture, request):
+    traced, plain, _ = request.getfixturevalue(fixture)
+    for on, off in zip(traced, plain, strict=True):
+        assert on.losses == off.losses
+        assert on.grad_digest == off.grad_digest and on.param_digest == off.param_digest
+
+
+@pytest.mark.parametrize("fixture", ["tp2", "pp2"])
+def test_parameter_and_optimizer_bytes_exact_per_rank(fixture, request):
+    traced, _, reports = request.getfixturevalue(fixture)
+    for result, report in zip(traced, reports, strict=True):
+        end = report["steps"][-1]["categories_end"]
+        assert end["parameters"] == result.param_bytes
+        assert end["optimizer_state"] == result.optimizer_state_bytes
+        assert end["gradients"] == result.param_bytes
+        assert result.handles_left == 0
+        assert report["status"] == "complete" and report["errors"] == []
+
+
+def test_tp2_shards_parameters_and_labels_ranks(tp2):
+    traced, _, reports = tp2
+    assert [r["metadata"]["tp_rank"] for r in reports] == [0, 1]
+    assert all(r["metadata"]["tp_size"] == 2 and r["world_size"] == 2 for r in reports)
+    # Each TP rank holds the same shard sizes; both have a loss (TP ranks share the last stage).
+    assert traced[0].param_bytes == traced[1].param_bytes
+    assert all(loss is not None for r in traced for loss in r.losses)
+
+
+def test_pp2_labels_stages_and_microbatches(pp2):
+    traced, _, reports = pp2
+    for stage, report in enumerate(reports):
+        assert report["metadata"]["pp_rank"] == stage and report["metadata"]["pp_size"] == 2
+        fwd = [e for e in report["runtime_trace"] if e["event_type"] == "module_forward"]
+        assert {e["pipeline_stage"] for e in fwd} == {stage}
+        roots = [e["microbatch"] for e in fwd if e["module"] == "model" and e["step"] == 0]
+        assert roots == list(range(BASE.num_microbatches))
+        grads = [e for e in report["runtime_trace"] if e["event_type"] == "output_grad"]
+        assert {e["microbatch"] for e in grads if e["step"] == 0} == set(range(4))
+    # Only the last stage computes the loss.
+    assert all(loss is None for loss in traced[0].losses)
+    assert all(loss is not None for loss in traced[1].losses)
+    # The first stage holds the embedding, the last the output layer.
+    mods0 = {m["module"] for m in reports[0]["module_summary"]}
+    mods1 = {m["module"] for m in reports[1]["module_summary"]}
+    assert "embedding" in mods0 and "output_layer" not in mods0
+    assert "output_layer" in mods1 and "embedding" not in mods1
+
+
+def test_interleaved_pipeline_hooks_every_virtual_chunk(tmp_path_factory):
+    cfg = dataclasses.replace(BASE, pp=2, vpp=2, num_layers=4)
+    traced, plain, reports = _pair(tmp_path_factory, cfg, "vpp")
+    for on, off in zip(traced, plain, strict=True):
+        assert on.losses == off.losses and on.grad_digest == off.grad_digest
+    for report in reports:
+        fwd = [e for e in report["runtime_trace"] if e["event_type"] == "module_forward"]
+        assert {e["virtual_chunk"] for e in fwd} == {0, 1}
+        roots = {e["module"] for e in fwd if e["module"].endswith(".model")}
+        assert roots == {"chunk0.model", "chunk1.model"}
+        for chunk in ("chunk0.model", "chunk1.model"):
+            mbs = [e["microbatch"] for e in fwd if e["module"] == chunk and e["step"] == 0]
+            assert mbs == list(range(cfg.num_microbatches))
+
+
+def test_failing_output_grad_hooks_do_not_change_pipeline_training(tmp_path_factory, pp2):
+    _, plain, _ = pp2
+    cfg = dataclasses.replace(BASE, pp=2)
+    outdir = str(tmp_path_factory.mktemp("fault"))
+    argv = ["--memscope", "--memscope-outdir", outdir]
+    faulty = spawn(2, traced_worker, free_port(), cfg, STEPS, argv, "output_grads")
+    for on, off in zip(faulty, plain, strict=True):
+        assert on.losses == off.losses and on.grad_digest == off.grad_digest
+        assert {e["site"] for e in load_json(on.report_path)["errors"]} == {"output_grad_hooks"}

@@ -1,0 +1,170 @@
+"""MemScopeMegatronRuntime on a real megatron-core GPTModel, one rank, real schedule."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+from conftest import load_json, read_jsonl, run_in_process
+
+from memscope.events.schema import SCHEMA_VERSION
+
+
+def test_report_has_the_original_keys_and_typed_metadata(traced_run):
+    _, report, outdir = traced_run
+    for key in ("runtime_trace", "peak", "top_events", "comparisons", "metadata"):
+        assert key in report
+    assert report["schema_version"] == SCHEMA_VERSION
+    assert report["status"] == "complete" and report["errors"] == []
+    for key in ("phase", "module", "step", "memory_bytes", "reserved_bytes"):
+        assert key in report["peak"]
+    meta = report["metadata"]
+    assert meta["rank"] == 0 and meta["world_size"] == 1
+    assert isinstance(meta["tp_size"], int) and meta["tp_size"] == 1
+    assert meta["backend"] == "storage" and meta["dtype"] == "float32"
+    assert meta["megatron_core_version"] == "0.16.1"
+    assert meta["steps_completed"] == 4
+    assert os.path.exists(os.path.join(outdir, "rank00000", "runtime_report.md"))
+    event = report["runtime_trace"][0]
+    original = {
+        "event_type", "module", "phase", "step", "mem_allocated_before", "mem_allocated_after",
+        "mem_reserved_before", "mem_reserved_after", "max_mem_allocated", "max_mem_reserved",
+        "delta_allocated", "delta_reserved", "inputs", "outputs", "grads", "notes",
+    }  # fmt: skip
+    added = {"timestamp", "rank", "microbatch", "pipeline_stage", "virtual_chunk",
+             "module_class", "recompute"}  # fmt: skip
+    assert original | added <= set(event)
+
+
+def test_comparisons_say_the_static_side_is_missing(traced_run):
+    _, report, _ = traced_run
+    comp = report["comparisons"]
+    assert comp["status"] == "missing" and comp["reason"]
+    assert comp["static_peak_memory_bytes"] is None and comp["peak_diff_bytes"] is None
+    assert comp["runtime_peak_memory_bytes"] == report["peak"]["memory_bytes"]
+
+
+def test_parameter_and_optimizer_bytes_are_exact(traced_run):
+    result, report, _ = traced_run
+    end = report["steps"][-1]["categories_end"]
+    assert end["parameters"] == result.param_bytes
+    assert end["optimizer_state"] == result.optimizer_state_bytes
+    assert end["gradients"] == result.param_bytes  # fp32 grads, every param trained
+
+
+def test_peak_is_the_true_high_water_mark(traced_run):
+    _, report, _ = traced_run
+    events = report["runtime_trace"]
+    peak = report["peak"]["memory_bytes"]
+    assert peak == max(e["max_mem_allocated"] for e in events)
+    assert peak >= max(e["mem_allocated_after"] for e in events)
+    assert report["peak"]["attribution"] == "exact"
+    assert sum(report["peak"]["categories"].values()) == peak
+
+
+def test_step_phase_deltas_are_real(traced_run):
+    result, report, _ = traced_run
+    phases = [e for e in report["runtime_trace"] if e["event_type"] == "step_phase"]
+    first_opt = next(e for e in phases if e["phase"] == "optimizer" and e["step"] == 0)
+    # Adam's moments (and step counters) appear in the first optimizer step.
+    assert first_opt["delta_allocated"] == result.optimizer_state_bytes
+    fb = next(e for e in phases if e["phase"] == "forward_backward" and e["step"] == 1)
+    assert fb["delta_allocated"] > 0  # gradients created during backward
+    assert fb["max_mem_allocated"] > fb["mem_allocated_after"]  # activations came and went
+
+
+def test_keyword_inputs_and_microbatches_are_recorded(traced_run, small_cfg):
+    _, report, _ = traced_run
+    roots = [
+        e for e in report["runtime_trace"]
+        if e["event_type"] == "module_forward" and e["module"] == "model" and e["step"] == 0
+    ]  # fmt: skip
+    assert [e["microbatch"] for e in roots] == list(range(small_cfg.num_microbatches))
+    names = {t.get("name") for t in roots[0]["inputs"]}
+    assert "labels" in names  # passed as a keyword argument
+    assert roots[0]["module_class"] == "GPTModel"
+
+
+def test_grad_events_are_deduplicated_in_top_events(traced_run):
+    _, report, _ = traced_run
+    keys = [(t["event_type"], t["module"], t["phase"]) for t in report["top_events"]]
+    assert len(keys) == len(set(keys))
+    grads = [t for t in report["top_events"] if t["event_type"] == "param_grad"]
+    assert all(t["count"] >= 4 for t in grads)  # one row folds every step and microbatch
+
+
+def test_hooks_are_removed_and_do_not_pile_up(traced_run):
+    result, report, _ = traced_run
+    assert result.handles_left == 0
+    meta = report["metadata"]
+    assert meta["hook_handles_removed"] == 2 * meta["modules_hooked"] + 2 * meta["params_hooked"]
+
+
+def test_trace_is_bounded_and_the_jsonl_has_every_event(traced_run):
+    _, report, outdir = traced_run
+    trace = report["trace"]
+    kept_steps = {e["step"] for e in report["runtime_trace"] if e["event_type"] != "step_phase"}
+    assert kept_steps == {0, 1} == set(trace["detail_steps"])
+    step_events = [e for e in report["runtime_trace"] if e["event_type"] == "step_phase"]
+    assert {e["step"] for e in step_events} == {0, 1, 2, 3}
+    lines = read_jsonl(os.path.join(outdir, "rank00000", "trace.jsonl"))
+    assert lines[0]["schema_version"] == SCHEMA_VERSION
+    assert len(lines) - 1 == trace["events_recorded"]
+    assert trace["events_in_report"] + trace["events_not_in_report"] == trace["events_recorded"]
+
+
+def test_memscope_off_and_on_give_identical_losses_and_gradients(traced_run, small_cfg):
+    traced, _, _ = traced_run
+    plain = run_in_process(small_cfg, 4, None)
+    assert plain.losses == traced.losses
+    assert plain.grad_digest == traced.grad_digest and plain.param_digest == traced.param_digest
+
+
+def test_full_recompute_forwards_are_flagged(tmp_path, small_cfg):
+    cfg = dataclasses.replace(small_cfg, recompute="full")
+    result = run_in_process(cfg, 2, ["--memscope", "--memscope-outdir", str(tmp_path)])
+    events = load_json(result.report_path)["runtime_trace"]
+    recomputed = [e for e in events if e["recompute"]]
+    assert recomputed and all(e["phase"] == "recompute" for e in recomputed)
+    layers = {e["module"] for e in recomputed}
+    assert any(m.startswith("decoder.layers.") for m in layers)
+    # A recomputed forward belongs to the microbatch being back-propagated.
+    assert {e["microbatch"] for e in recomputed} <= set(range(cfg.num_microbatches))
+
+
+def test_step_window_limits_module_events(tmp_path, small_cfg):
+    argv = ["--memscope", "--memscope-outdir", str(tmp_path), "--memscope-step-start", "2"]
+    report = load_json(run_in_process(small_cfg, 3, argv).report_path)
+    fine_steps = {e["step"] for e in report["runtime_trace"] if e["event_type"] != "step_phase"}
+    assert fine_steps == {2}
+    assert len(report["steps"]) == 3  # step phases are still recorded for every step
+
+
+FAULT_SITES = {
+    "module_hooks": {"module_hooks"},
+    "output_grads": {"output_grad_hooks"},
+    "param_grads": {"param_grad_hooks"},
+    "step_callbacks": {
+        "on_forward_backward_end",
+        "on_optimizer_step_start",
+        "on_optimizer_step_end",
+    },
+}
+
+
+@pytest.mark.parametrize("fault", sorted(FAULT_SITES))
+def test_a_failing_hook_never_changes_training(tmp_path, small_cfg, traced_run, fault):
+    traced, _, _ = traced_run
+    argv = ["--memscope", "--memscope-outdir", str(tmp_path)]
+    result = run_in_process(small_cfg, 4, argv, fault=fault)
+    assert result.losses == traced.losses and result.grad_digest == traced.grad_digest
+    report = load_json(result.report_path)
+    assert report["status"] == "complete"
+    sites = {e["site"]: e for e in report["errors"]}
+    assert set(sites) == FAULT_SITES[fault]
+    for entry in sites.values():
+        assert entry["count"] == 1  # reported once, then that part is switched off
+        assert f"injected fault in {fault}" in entry["first_error"]
+    assert result.handles_left == 0
+    assert len(report["steps"]) == 4  # the rest of tracing carried on

@@ -1,0 +1,132 @@
+"""The exact storage ledger: allocations, frees, views, autograd-saved tensors, true peaks."""
+
+import torch
+
+from memscope.capture.backends.storage import StorageLedgerBackend
+from memscope.events.schema import CAT_ACTIVATIONS, CAT_GRADIENTS, CAT_OPTIMIZER_STATE, CAT_OTHER
+
+
+def _ledger() -> StorageLedgerBackend:
+    ledger = StorageLedgerBackend("cpu")
+    ledger.start()
+    return ledger
+
+
+def test_allocation_and_free_are_counted_exactly():
+    ledger = _ledger()
+    try:
+        base = ledger.sample().allocated
+        t = torch.empty(1000, dtype=torch.float32)
+        assert ledger.sample().allocated - base == 4000
+        del t
+        assert ledger.sample().allocated == base
+    finally:
+        ledger.stop()
+
+
+def test_views_share_one_storage_until_the_last_view_dies():
+    ledger = _ledger()
+    try:
+        base = ledger.sample().allocated
+        t = torch.zeros(256, dtype=torch.float64)
+        v = t[10:20].view(2, 5)
+        assert ledger.sample().allocated - base == 2048
+        del t
+        assert ledger.sample().allocated - base == 2048  # the view keeps the storage alive
+        del v
+        assert ledger.sample().allocated == base
+    finally:
+        ledger.stop()
+
+
+def test_tensor_saved_for_backward_stays_counted_until_graph_is_freed():
+    ledger = _ledger()
+    try:
+        x = torch.randn(100, requires_grad=True)
+        base = ledger.sample().allocated
+        y = x.exp()  # exp saves its result
+        loss = y.sum()
+        del y
+        after_forward = ledger.sample().allocated - base
+        assert after_forward >= 400  # y's 400 bytes are still held by the graph
+        loss.backward()
+        del loss
+        # After backward the graph is gone: only x.grad (400 B) remains beyond base.
+        assert ledger.sample().allocated - base == 400
+    finally:
+        ledger.stop()
+
+
+def test_peak_between_samples_is_the_true_running_peak():
+    ledger = _ledger()
+    try:
+        ledger.reset_peak()
+        base = ledger.sample().allocated
+        tmp = torch.empty(10_000, dtype=torch.uint8)  # 10 kB temporary...
+        del tmp  # ...freed before anyone samples
+        s = ledger.sample()
+        assert s.allocated == base
+        assert s.peak_allocated - base == 10_000
+        ledger.reset_peak()
+        assert ledger.sample().peak_allocated == base
+    finally:
+        ledger.stop()
+
+
+def test_categories_follow_alloc_category_mark_and_window_promotion():
+    ledger = _ledger()
+    try:
+        ledger.alloc_category = CAT_ACTIVATIONS
+        act = torch.empty(10, dtype=torch.float32)
+        cats = ledger.live_bytes_by_category()
+        assert cats["activations"] >= 40
+        ledger.mark(act, CAT_GRADIENTS)
+        cats2 = ledger.live_bytes_by_category()
+        assert cats2["gradients"] - cats["gradients"] == 40
+        assert cats["activations"] - cats2["activations"] == 40
+
+        ledger.alloc_category = CAT_OTHER
+        ledger.open_window()
+        kept = torch.ones(8, dtype=torch.float32)
+        temp = torch.ones(16, dtype=torch.float32)
+        del temp
+        before = ledger.live_bytes_by_category()["optimizer_state"]
+        moved = ledger.promote_window(CAT_OPTIMIZER_STATE)
+        assert moved == 32
+        assert ledger.live_bytes_by_category()["optimizer_state"] - before == 32
+        del kept
+    finally:
+        ledger.stop()
+
+
+def test_tensors_made_before_start_are_adopted():
+    early = torch.empty(123, dtype=torch.uint8)
+    ledger = StorageLedgerBackend("cpu")
+    ledger.start()
+    try:
+        before = ledger.sample().allocated
+        assert ledger.adopt_existing() >= 1
+        assert ledger.sample().allocated - before >= 123
+        del early
+    finally:
+        ledger.stop()
+
+
+def test_storage_resize_is_tracked():
+    ledger = _ledger()
+    try:
+        t = torch.empty(10, dtype=torch.float32)
+        base = ledger.sample().allocated
+        t.resize_(100)
+        assert ledger.sample().allocated - base == 360
+    finally:
+        ledger.stop()
+
+
+def test_stop_removes_the_dispatch_mode():
+    ledger = _ledger()
+    ledger.stop()
+    before = ledger.sample().allocated
+    t = torch.empty(1000)
+    assert ledger.sample().allocated == before
+    del t
