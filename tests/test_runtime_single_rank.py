@@ -168,3 +168,61 @@ def test_a_failing_hook_never_changes_training(tmp_path, small_cfg, traced_run, 
         assert f"injected fault in {fault}" in entry["first_error"]
     assert result.handles_left == 0
     assert len(report["steps"]) == 4  # the rest of tracing carried on
+
+
+def test_grad_event_deltas_are_measured_not_copied(traced_run):
+    _, report, _ = traced_run
+    events = report["runtime_trace"]
+    for kind in ("param_grad", "output_grad"):
+        evs = [e for e in events if e["event_type"] == kind]
+        assert evs and any(e["delta_allocated"] != 0 for e in evs)
+        for e in evs:
+            assert e["delta_allocated"] == e["mem_allocated_after"] - e["mem_allocated_before"]
+    # A gradient's allocation is attributed to its parameter's event (the event spans from
+    # the previous sample); within one fused backward op two grads can share one interval.
+    first_mb = [e for e in events if e["event_type"] == "param_grad" and e["microbatch"] == 0]
+    exact = [e for e in first_mb if e["delta_allocated"] == e["grads"][0]["bytes"] > 0]
+    assert len(exact) >= 4
+
+
+def test_profiler_runs_on_its_schedule_and_only_on_its_ranks(tmp_path, small_cfg):
+    argv = ["--memscope", "--memscope-outdir", str(tmp_path), "--memscope-enable-profiler",
+            "--memscope-profiler-wait", "1", "--memscope-profiler-warmup", "0",
+            "--memscope-profiler-active", "1"]  # fmt: skip
+    report = load_json(run_in_process(small_cfg, 3, argv).report_path)
+    traces = sorted(os.listdir(tmp_path / "rank00000" / "profiler"))
+    assert len(traces) == 1 and traces[0].endswith(".json")
+    assert report["artifacts"]["profiler_trace_0"] == os.path.join("profiler", traces[0])
+    trace = load_json(str(tmp_path / "rank00000" / "profiler" / traces[0]))
+    assert any(ev.get("name") == "[memory]" for ev in trace["traceEvents"])
+    other = tmp_path / "other"
+    argv2 = ["--memscope", "--memscope-outdir", str(other), "--memscope-enable-profiler",
+             "--memscope-profiler-ranks", "1"]  # fmt: skip
+    run_in_process(small_cfg, 2, argv2)
+    assert not (other / "rank00000" / "profiler").exists()
+
+
+def test_snapshot_without_cuda_is_ignored_with_a_warning(tmp_path, small_cfg):
+    argv = ["--memscope", "--memscope-outdir", str(tmp_path), "--memscope-enable-memory-snapshot"]
+    with pytest.warns(UserWarning, match="snapshot needs CUDA"):
+        report = load_json(run_in_process(small_cfg, 1, argv).report_path)
+    assert any("snapshot needs CUDA" in w for w in report["warnings"])
+    assert not [a for a in report["artifacts"] if "snapshot" in a]
+
+
+def test_cuda_backend_without_a_gpu_is_a_clear_error(tmp_path, small_cfg):
+    from memscope.demo.traced_training import megatron_like_args
+    from memscope.integrations.megatron import MemScopeMegatronRuntime
+
+    args = megatron_like_args(small_cfg, ["--memscope", "--memscope-backend", "cuda",
+                                          "--memscope-outdir", str(tmp_path)])  # fmt: skip
+    runtime = MemScopeMegatronRuntime.from_megatron_args(args)
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        runtime.start()
+    assert not runtime.active
+
+
+def test_a_rank_outside_memscope_ranks_is_inert(tmp_path, small_cfg):
+    argv = ["--memscope", "--memscope-outdir", str(tmp_path), "--memscope-ranks", "1"]
+    result = run_in_process(small_cfg, 1, argv)
+    assert result.report_path is None and not os.listdir(tmp_path)

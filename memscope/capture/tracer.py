@@ -240,8 +240,10 @@ class MemoryTracer:
         )
 
     def param_grad_ready(self, name: str, grad: torch.Tensor) -> None:
+        # The event spans from the previous sample, so the allocation of the gradient itself
+        # (made by the backward op just before this hook) is attributed to this parameter.
         self._set_context(name, self._backward_microbatch, s.PHASE_BACKWARD)
-        self._param_before[name] = self._sample()
+        self._param_before[name] = self._last
 
     def param_grad_accumulated(self, name: str, param: torch.Tensor) -> None:
         before = self._param_before.pop(name, None) or self._last

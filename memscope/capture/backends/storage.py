@@ -14,7 +14,6 @@ aten op (``torch.from_numpy``). There is no caching allocator here, so ``reserve
 
 from __future__ import annotations
 
-import functools
 import gc
 import threading
 import warnings
@@ -48,21 +47,62 @@ def _is_tensor(obj: object) -> bool:
         return False
 
 
+_SKIP, _NEW_OUTPUTS, _RESIZE = 0, 1, 2
+
+
+class _Entry(weakref.ref):
+    """A ledger entry: a weak reference to a live storage, its size and category."""
+
+    __slots__ = ("category", "key", "nbytes")
+    key: int
+    nbytes: int
+    category: int
+
+    def __new__(cls, storage: Any, callback: Any, key: int, nbytes: int, category: int) -> _Entry:
+        self = super().__new__(cls, storage, callback)
+        self.key, self.nbytes, self.category = key, nbytes, category
+        return self
+
+    def __init__(self, storage: Any, callback: Any, key: int, nbytes: int, category: int) -> None:
+        # weakref.ref.__init__ accepts only (object, callback).
+        super().__init__(storage, callback)  # type: ignore[call-arg]
+
+
+def _classify(func: Any) -> int:
+    """What an op can do to storages: resize one, create new ones, or neither.
+
+    An op all of whose returns alias an input (views, in-place and ``out=`` ops, ops with no
+    tensor return) cannot create a storage, so the ledger skips it after one dict lookup.
+    """
+    if func in _RESIZE_OPS:
+        return _RESIZE
+    try:
+        returns = func._schema.returns
+    except AttributeError:
+        return _NEW_OUTPUTS
+    return _SKIP if all(r.alias_info is not None for r in returns) else _NEW_OUTPUTS
+
+
 class _LedgerMode(TorchDispatchMode):
     """Forwards every op unchanged and reports its outputs to the ledger."""
 
     def __init__(self, ledger: StorageLedgerBackend) -> None:
         super().__init__()
         self._ledger = ledger
+        self._kinds: dict[Any, int] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         ledger = self._ledger
         if ledger.active:
-            try:
-                ledger.observe(out, resized=func in _RESIZE_OPS)
-            except Exception as exc:  # never let accounting break an op
-                ledger.fail(exc)
+            kind = self._kinds.get(func)
+            if kind is None:
+                kind = self._kinds[func] = _classify(func)
+            if kind:
+                try:
+                    ledger.observe(out, kind == _RESIZE)
+                except Exception as exc:  # never let accounting break an op
+                    ledger.fail(exc)
         return out
 
 
@@ -79,7 +119,8 @@ class StorageLedgerBackend(MemoryBackend):
         self.context = ()
         self.error: str | None = None
         self._lock = threading.RLock()
-        self._live: dict[int, list[Any]] = {}  # id(storage) -> [weakref, nbytes, category]
+        self._live: dict[int, _Entry] = {}  # id(storage) -> entry
+        self._on_device = "is_cuda" if device_type == "cuda" else "is_cpu"
         self._totals = [0] * len(CATEGORIES)
         self._current = 0
         self._peak = 0
@@ -127,10 +168,10 @@ class StorageLedgerBackend(MemoryBackend):
             entry = self._live.get(id(storage))
             if entry is None:
                 self._add(storage, category)
-            elif entry[2] != category:
-                self._totals[entry[2]] -= entry[1]
-                self._totals[category] += entry[1]
-                entry[2] = category
+            elif entry.category != category:
+                self._totals[entry.category] -= entry.nbytes
+                self._totals[category] += entry.nbytes
+                entry.category = category
 
     def adopt_existing(self, category: int = CAT_OTHER) -> int:
         """Adopt every live tensor Python can reach (allocations made before ``start``)."""
@@ -157,11 +198,11 @@ class StorageLedgerBackend(MemoryBackend):
         with self._lock:
             for key in keys:
                 entry = self._live.get(key)
-                if entry is not None and entry[2] == only_from:
-                    self._totals[only_from] -= entry[1]
-                    self._totals[category] += entry[1]
-                    entry[2] = category
-                    moved += entry[1]
+                if entry is not None and entry.category == only_from:
+                    self._totals[only_from] -= entry.nbytes
+                    self._totals[category] += entry.nbytes
+                    entry.category = category
+                    moved += entry.nbytes
         return moved
 
     def _storage_of(self, tensor: torch.Tensor) -> torch.UntypedStorage | None:
@@ -174,30 +215,28 @@ class StorageLedgerBackend(MemoryBackend):
         return storage
 
     def _track(self, tensor: torch.Tensor, category: int, resized: bool) -> None:
-        storage = self._storage_of(tensor)
-        if storage is None:
+        if not getattr(tensor, self._on_device):
             return
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError, TypeError):
+            return  # sparse, nested, meta-like or subclass without storage
         with self._lock:
             entry = self._live.get(id(storage))
             if entry is None:
                 self._add(storage, category)
             elif resized:
-                nbytes = storage.nbytes()
-                diff = nbytes - entry[1]
+                diff = storage.nbytes() - entry.nbytes
                 if diff:
-                    entry[1] = nbytes
-                    self._totals[entry[2]] += diff
+                    entry.nbytes += diff
+                    self._totals[entry.category] += diff
                     self._current += diff
                     self._note_peak()
 
     def _add(self, storage: torch.UntypedStorage, category: int) -> None:
         nbytes = storage.nbytes()
         key = id(storage)
-        self._live[key] = [
-            weakref.ref(storage, functools.partial(self._release, key)),
-            nbytes,
-            category,
-        ]
+        self._live[key] = _Entry(storage, self._release, key, nbytes, category)
         self.storages_seen += 1
         if self._window_keys is not None:
             self._window_keys.append(key)
@@ -211,12 +250,12 @@ class StorageLedgerBackend(MemoryBackend):
             self._peak_context = self.context
             self._peak_categories = tuple(self._totals)
 
-    def _release(self, key: int, _ref: object) -> None:
+    def _release(self, entry: _Entry) -> None:
         with self._lock:
-            entry = self._live.pop(key, None)
-            if entry is not None:
-                self._totals[entry[2]] -= entry[1]
-                self._current -= entry[1]
+            if self._live.get(entry.key) is entry:
+                del self._live[entry.key]
+                self._totals[entry.category] -= entry.nbytes
+                self._current -= entry.nbytes
 
     # -- readings --------------------------------------------------------------------------
     def sample(self, detailed: bool = False) -> MemorySample:

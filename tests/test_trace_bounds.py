@@ -1,0 +1,48 @@
+"""The in-memory trace and aggregates stay bounded however many steps run."""
+
+from memscope.analysis.aggregates import RuntimeAggregates
+from memscope.events.schema import MODULE_FORWARD, STEP_PHASE, MemoryEvent
+from memscope.events.trace_store import BoundedTraceStore
+
+
+def _event(seq: int, step: int, kind: str, module: str, after: int) -> MemoryEvent:
+    return MemoryEvent(
+        seq=seq, event_type=kind, phase="forward" if kind == MODULE_FORWARD else "step",
+        step=step, module=module, timestamp=0.0, rank=0, mem_allocated_before=0,
+        mem_allocated_after=after, mem_reserved_before=0, mem_reserved_after=after,
+        max_mem_allocated=after, max_mem_reserved=after,
+    )  # fmt: skip
+
+
+def test_store_keeps_detail_steps_and_every_step_phase_under_the_cap():
+    store = BoundedTraceStore(detail_steps=2, max_events=50)
+    seq = 0
+    for step in range(20):
+        for m in range(5):
+            seq += 1
+            store.add(_event(seq, step, MODULE_FORWARD, f"m{m}", 10))
+        seq += 1
+        store.add(_event(seq, step, STEP_PHASE, "", 10))
+    fine = [e for e in store.events if e.event_type == MODULE_FORWARD]
+    assert {e.step for e in fine} == {0, 1} and len(fine) == 10
+    assert len([e for e in store.events if e.event_type == STEP_PHASE]) == 20
+    assert len(store.events) + store.dropped == seq
+    for _ in range(100):
+        seq += 1
+        store.add(_event(seq, 99, STEP_PHASE, "", 10))
+    assert len(store.events) == 50
+
+
+def test_aggregates_grow_with_modules_not_with_steps_and_keep_the_peak():
+    agg = RuntimeAggregates(max_step_summaries=100)
+    seq = 0
+    for step in range(1000):
+        for m in range(3):
+            seq += 1
+            agg.add(_event(seq, step, MODULE_FORWARD, f"m{m}", 100 + (5000 if step == 777 else 0)))
+        seq += 1
+        agg.add(_event(seq, step, STEP_PHASE, "", 100 + step % 7))
+    assert len(agg.modules) == 3 and len(agg.hot_spots) == 4
+    assert len(agg.steps) <= 101
+    assert agg.peak_event is not None and agg.peak_event.step == 777
+    assert agg.hot_spots[(MODULE_FORWARD, "m0", "forward")].count == 1000
