@@ -43,6 +43,7 @@ class RuntimeConfig:
     ranks: list[int] | None = None  # None: every rank
     step_start: int = 0
     step_end: int | None = None  # exclusive; None: until the end
+    hook_steps: int = 20  # module/grad hooks record this many steps of the window; 0: all
     detail_steps: int = 2
     max_trace_events: int = 200_000
     trace_jsonl: bool = True

@@ -226,3 +226,12 @@ def test_a_rank_outside_memscope_ranks_is_inert(tmp_path, small_cfg):
     argv = ["--memscope", "--memscope-outdir", str(tmp_path), "--memscope-ranks", "1"]
     result = run_in_process(small_cfg, 1, argv)
     assert result.report_path is None and not os.listdir(tmp_path)
+
+
+def test_hook_steps_limits_module_events_to_the_first_steps_of_the_window(tmp_path, small_cfg):
+    argv = ["--memscope", "--memscope-outdir", str(tmp_path), "--memscope-step-start", "1",
+            "--memscope-hook-steps", "2", "--memscope-detail-steps", "5"]  # fmt: skip
+    report = load_json(run_in_process(small_cfg, 5, argv).report_path)
+    fine_steps = {e["step"] for e in report["runtime_trace"] if e["event_type"] != "step_phase"}
+    assert fine_steps == {1, 2}
+    assert [s["step"] for s in report["steps"]] == [0, 1, 2, 3, 4]

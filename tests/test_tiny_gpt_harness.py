@@ -73,19 +73,25 @@ def _make_recorder(chunks: list[torch.nn.Module], optimizer: Any) -> RecordingCa
     return recorder
 
 
-def _recording_worker(
-    rank: int, world_size: int, port: int, cfg: TinyGPTConfig, steps: int
-) -> dict[str, Any]:
-    losses = run_training(rank, world_size, port, cfg, steps, callbacks_factory=_make_recorder)
+def _jobs_worker(
+    rank: int, world_size: int, jobs: list[tuple[str, int, TinyGPTConfig, int]]
+) -> dict[str, dict[str, Any]]:
+    """Run several trainings one after another in this process (saves megatron imports).
+
+    Each job is (name, port, cfg, steps); every run does a full init / destroy cycle.
+    """
     from memscope.demo.megatron_cpu_shims import apply_cpu_shims, shims_applied
 
-    first = shims_applied()
-    return {
-        "losses": losses,
-        "events": _RECORDERS[-1].events,
-        "shims": first,
-        "shims_again": apply_cpu_shims(),
-    }
+    out: dict[str, dict[str, Any]] = {}
+    for name, port, cfg, steps in jobs:
+        losses = run_training(rank, world_size, port, cfg, steps, callbacks_factory=_make_recorder)
+        out[name] = {
+            "losses": losses,
+            "events": _RECORDERS[-1].events,
+            "shims": shims_applied(),
+            "shims_again": apply_cpu_shims(),
+        }
+    return out
 
 
 def _failing_worker(rank: int, world_size: int) -> int:
@@ -145,61 +151,79 @@ def test_synthetic_data_is_deterministic() -> None:
 # ----------------------------------------------------------------------------- multi-process
 
 
+TP2 = TinyGPTConfig(tp=2)
+TP2_SP_RECOMPUTE = TinyGPTConfig(tp=2, sequence_parallel=True, recompute="full")
+PP2 = TinyGPTConfig(pp=2, num_microbatches=4)
+PP2_VPP2 = TinyGPTConfig(pp=2, vpp=2, num_layers=4, num_microbatches=4)
+STEPS = 3
+
+
 @pytest.fixture(scope="module")
-def tp2_runs() -> list[list[list[float | None]]]:
-    """Two independent TP=2 runs (3 steps) with the same seed."""
-    cfg = TinyGPTConfig(tp=2)
-    return [spawn(2, run_training, free_port(), cfg, 3) for _ in range(2)]
+def tp_runs() -> list[dict[str, dict[str, Any]]]:
+    """One 2-process launch: TP=2, then TP=2 + sequence parallel + full recompute."""
+    jobs = [("tp2", free_port(), TP2, STEPS), ("tp2_sp", free_port(), TP2_SP_RECOMPUTE, STEPS)]
+    return spawn(2, _jobs_worker, jobs)
+
+
+@pytest.fixture(scope="module")
+def pp_runs() -> list[dict[str, dict[str, Any]]]:
+    """Another 2-process launch: PP=2 1F1B, PP=2 x VPP=2 interleaved, and TP=2 again."""
+    jobs = [
+        ("pp2", free_port(), PP2, STEPS),
+        ("vpp", free_port(), PP2_VPP2, 2),
+        ("tp2", free_port(), TP2, STEPS),
+    ]
+    return spawn(2, _jobs_worker, jobs)
 
 
 @needs_megatron
 @pytest.mark.multiprocess
-def test_tp2_trains_and_is_bit_identical(tp2_runs: list[list[list[float | None]]]) -> None:
-    first, second = tp2_runs
+def test_tp2_trains_and_is_bit_identical(
+    tp_runs: list[dict[str, dict[str, Any]]], pp_runs: list[dict[str, dict[str, Any]]]
+) -> None:
+    first = [r["tp2"]["losses"] for r in tp_runs]
+    second = [r["tp2"]["losses"] for r in pp_runs]  # separate processes, same seed
     for per_rank in first:
-        _assert_finite_floats(per_rank, 3)
+        _assert_finite_floats(per_rank, STEPS)
     assert first[0] == first[1], "TP ranks must report the same loss"
     assert first == second, "same seed must give bit-identical losses"
-    losses = first[0]
-    assert losses[-1] < losses[0]  # type: ignore[operator]
+    assert first[0][-1] < first[0][0]
 
 
 @needs_megatron
 @pytest.mark.multiprocess
 def test_tp2_sequence_parallel_recompute_matches_tp2(
-    tp2_runs: list[list[list[float | None]]],
+    tp_runs: list[dict[str, dict[str, Any]]],
 ) -> None:
-    cfg = TinyGPTConfig(tp=2, sequence_parallel=True, recompute="full")
-    per_rank = spawn(2, run_training, free_port(), cfg, 3)
-    _assert_finite_floats(per_rank[0], 3)
-    assert per_rank[0] == per_rank[1]
-    reference = tp2_runs[0][0]
-    for got, want in zip(per_rank[0], reference, strict=True):
-        assert got == pytest.approx(want, rel=1e-5)
+    got = [r["tp2_sp"]["losses"] for r in tp_runs]
+    _assert_finite_floats(got[0], STEPS)
+    assert got[0] == got[1]
+    reference = tp_runs[0]["tp2"]["losses"]
+    for value, want in zip(got[0], reference, strict=True):
+        assert value == pytest.approx(want, rel=1e-5)
 
 
 @needs_megatron
 @pytest.mark.multiprocess
-def test_pp2_1f1b_loss_on_last_stage_and_callback_order() -> None:
-    steps = 3
-    cfg = TinyGPTConfig(pp=2, num_microbatches=4)
-    rank0, rank1 = spawn(2, _recording_worker, free_port(), cfg, steps)
-
-    assert rank0["losses"] == [None] * steps
-    _assert_finite_floats(rank1["losses"], steps)
+def test_pp2_1f1b_loss_on_last_stage_and_callback_order(
+    pp_runs: list[dict[str, dict[str, Any]]],
+) -> None:
+    rank0, rank1 = (r["pp2"] for r in pp_runs)
+    assert rank0["losses"] == [None] * STEPS
+    _assert_finite_floats(rank1["losses"], STEPS)
     assert rank1["losses"][-1] < rank1["losses"][0]
 
     for result, is_last in ((rank0, False), (rank1, True)):
         events = result["events"]
-        assert [name for name, _, _ in events] == CALLBACK_ORDER * steps
-        assert [step for _, step, _ in events] == [s for s in range(steps) for _ in CALLBACK_ORDER]
+        assert [name for name, _, _ in events] == CALLBACK_ORDER * STEPS
+        assert [step for _, step, _ in events] == [s for s in range(STEPS) for _ in CALLBACK_ORDER]
         batch, notes = events[0][2]
         assert batch is None
         assert "forward_backward_pipelining_without_interleaving" in notes
         num_outputs, keys, forwards = events[1][2]
-        assert forwards == cfg.num_microbatches  # the real schedule ran every micro-batch
+        assert forwards == PP2.num_microbatches  # the real schedule ran every micro-batch
         if is_last:
-            assert (num_outputs, keys) == (cfg.num_microbatches, ["lm loss"])
+            assert (num_outputs, keys) == (PP2.num_microbatches, ["lm loss"])
         else:
             assert (num_outputs, keys) == (0, [])
 
@@ -209,15 +233,14 @@ def test_pp2_1f1b_loss_on_last_stage_and_callback_order() -> None:
 
 @needs_megatron
 @pytest.mark.multiprocess
-def test_pp2_interleaved_virtual_pipeline() -> None:
-    cfg = TinyGPTConfig(pp=2, vpp=2, num_layers=4, num_microbatches=4)
-    rank0, rank1 = spawn(2, _recording_worker, free_port(), cfg, 2)
+def test_pp2_interleaved_virtual_pipeline(pp_runs: list[dict[str, dict[str, Any]]]) -> None:
+    rank0, rank1 = (r["vpp"] for r in pp_runs)
     assert rank0["losses"] == [None, None]
     _assert_finite_floats(rank1["losses"], 2)
     notes = rank0["events"][0][2][1]
     assert "forward_backward_pipelining_with_interleaving" in notes
     # Two model chunks per rank, each runs every micro-batch.
-    assert rank0["events"][1][2][2] == 2 * cfg.num_microbatches
+    assert rank0["events"][1][2][2] == 2 * PP2_VPP2.num_microbatches
 
 
 @pytest.mark.multiprocess

@@ -1,5 +1,7 @@
 """The in-memory trace and aggregates stay bounded however many steps run."""
 
+import itertools
+
 from memscope.analysis.aggregates import RuntimeAggregates
 from memscope.events.schema import MODULE_FORWARD, STEP_PHASE, MemoryEvent
 from memscope.events.trace_store import BoundedTraceStore
@@ -46,3 +48,21 @@ def test_aggregates_grow_with_modules_not_with_steps_and_keep_the_peak():
     assert len(agg.steps) <= 101
     assert agg.peak_event is not None and agg.peak_event.step == 777
     assert agg.hot_spots[(MODULE_FORWARD, "m0", "forward")].count == 1000
+
+
+def test_long_runs_thin_step_phases_evenly_keeping_detail_and_newest_steps():
+    store = BoundedTraceStore(detail_steps=1, max_events=10**6, max_steps=100)
+    seq = 0
+    for step in range(5000):
+        if step == 0:
+            seq += 1
+            store.add(_event(seq, step, MODULE_FORWARD, "m", 1))
+        for _ in range(4):
+            seq += 1
+            store.add(_event(seq, step, STEP_PHASE, "", 1))
+    held = sorted({e.step for e in store.events if e.event_type == STEP_PHASE})
+    assert len(held) <= 100
+    assert held[0] == 0 and held[-1] == 4999
+    gaps = {b - a for a, b in itertools.pairwise(held[1:-1])}
+    assert max(gaps) <= 2 * min(gaps)  # evenly spread over the run
+    assert len(store.events) + store.dropped == seq

@@ -106,7 +106,7 @@ class StepSummary:
 class RuntimeAggregates:
     """Folds a stream of events into the summaries a report needs."""
 
-    def __init__(self, max_step_summaries: int = 20_000) -> None:
+    def __init__(self, max_step_summaries: int = 5000) -> None:
         self.max_step_summaries = max_step_summaries
         self.events_seen = 0
         self.peak_event: MemoryEvent | None = None

@@ -79,6 +79,7 @@ class MemoryTracer:
         self.phase = s.PHASE_SETUP
         self.in_window = False
         self.steps_completed = 0
+        self.hooked_steps = 0
         self.current_microbatch: int | None = None
         self._seq = 0
         self._stack: list[_OpenModule] = []
@@ -287,7 +288,10 @@ class MemoryTracer:
             self._stack.clear()
         self.step = step
         self.phase = s.PHASE_FORWARD_BACKWARD
-        self.in_window = self.config.in_step_window(step)
+        self.in_window = self.config.in_step_window(step) and (
+            self.config.hook_steps == 0 or self.hooked_steps < self.config.hook_steps
+        )
+        self.hooked_steps += self.in_window
         self._microbatches.clear()
         self.current_microbatch = None
         self._backward_microbatch = None

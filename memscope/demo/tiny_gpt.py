@@ -8,7 +8,8 @@ The few CUDA-only calls are redirected by :mod:`memscope.demo.megatron_cpu_shims
 Public API
 ----------
 ``TinyGPTConfig``
-    Dataclass describing the model / parallelism / training (see its fields).
+    Dataclass describing the model / parallelism / training (see its fields); methods
+    ``validate(world_size=None)``, ``dp(world_size) -> int``, ``to_dict()``.
 ``free_port() -> int``
     A free TCP port on 127.0.0.1 for the gloo rendezvous.
 ``spawn(world_size, fn, *args, timeout=600.0) -> list``
@@ -28,6 +29,9 @@ Public API
     One Megatron-style training iteration; mean loss on the last pipeline stage, else None.
 ``run_training(rank, world_size, port, cfg, steps, callbacks_factory=None)``
     Whole worker (init, build, ``steps`` x ``train_step``, destroy); per-step losses.
+``WorkerError``, ``quiet_megatron_cpu_warnings()``, ``SequenceParallelTorchLayerNorm``
+    Error raised by ``spawn``; silencer for megatron's "Apex/TE not installed" warnings; the
+    SP-capable torch LayerNorm used in place of megatron's CPU norm when sequence_parallel.
 
 Typical use::
 

@@ -92,6 +92,13 @@ def add_memscope_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
         help="Step (exclusive) after which module/grad events stop; -1: never",
     )
     g.add_argument(
+        "--memscope-hook-steps",
+        type=int,
+        default=d.hook_steps,
+        help="Module/grad hooks record this many steps inside the window, then only step "
+        "boundaries are recorded (0: every step)",
+    )
+    g.add_argument(
         "--memscope-detail-steps",
         type=int,
         default=d.detail_steps,

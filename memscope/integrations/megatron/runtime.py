@@ -491,9 +491,11 @@ class MemScopeMegatronRuntime:
                     "detail_steps": store.detail_steps_kept,
                     "max_events": store.max_events,
                     "step_summaries_thinned": agg.step_summaries_thinned,
+                    "step_phase_steps_thinned": store.steps_thinned,
                     "jsonl": self.artifacts.get("trace_jsonl"),
-                    "policy": "step phases for every step; module/grad events for the first "
-                    "detail_steps traced steps; all events in the JSONL trace",
+                    "policy": "step phases for up to 2000 steps (then every other step); "
+                    "module/grad events for the first detail_steps traced steps; "
+                    "all events in the JSONL trace",
                 },
                 errors=errors,
                 warnings=list(self.warnings),
