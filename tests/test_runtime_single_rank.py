@@ -235,3 +235,60 @@ def test_hook_steps_limits_module_events_to_the_first_steps_of_the_window(tmp_pa
     fine_steps = {e["step"] for e in report["runtime_trace"] if e["event_type"] != "step_phase"}
     assert fine_steps == {1, 2}
     assert [s["step"] for s in report["steps"]] == [0, 1, 2, 3, 4]
+
+
+def test_a_failed_start_leaves_no_dispatch_mode_or_hooks(tmp_path, small_cfg, monkeypatch):
+    import torch
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    from memscope.demo.tiny_gpt import build_model, destroy_process, free_port, init_process
+    from memscope.demo.traced_training import megatron_like_args
+    from memscope.integrations.megatron import MemScopeMegatronRuntime
+    from memscope.integrations.megatron import runtime as runtime_mod
+
+    def broken(self):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(runtime_mod.MemScopeMegatronRuntime, "_start_profiling", broken)
+    init_process(0, 1, free_port(), small_cfg)
+    try:
+        chunks = build_model(small_cfg)
+        rt = MemScopeMegatronRuntime.from_megatron_args(
+            megatron_like_args(small_cfg, ["--memscope", "--memscope-outdir", str(tmp_path)])
+        )
+        rt.attach_model(chunks)
+        with pytest.raises(OSError, match="disk full"):
+            rt.start()
+        assert _get_current_dispatch_mode() is None
+        assert not rt.active
+        assert all(not m._forward_hooks and not m._forward_pre_hooks for m in chunks[0].modules())
+        assert torch.ones(2).sum().item() == 2.0
+    finally:
+        destroy_process()
+
+
+def test_attach_model_unwraps_ddp_and_float16_module(tmp_path, small_cfg):
+    import torch
+    from megatron.core.transformer.module import Float16Module
+
+    from memscope.demo.tiny_gpt import build_model, destroy_process, free_port, init_process
+    from memscope.demo.traced_training import megatron_like_args
+    from memscope.integrations.megatron import MemScopeMegatronRuntime
+
+    init_process(0, 1, free_port(), small_cfg)
+    try:
+        (chunk,) = build_model(small_cfg)
+        chunk.config.bf16 = True
+        wrapped = torch.nn.parallel.DistributedDataParallel(Float16Module(chunk.config, chunk))
+        rt = MemScopeMegatronRuntime.from_megatron_args(
+            megatron_like_args(small_cfg, ["--memscope", "--memscope-outdir", str(tmp_path)])
+        )
+        rt.attach_model([wrapped])
+        assert rt.chunks == [chunk]
+        rt.start()
+        assert rt.modules_hooked == len(list(chunk.modules()))
+        rt.finalize()
+        assert rt.hook_handles_removed > 0
+        assert all(not m._forward_hooks for m in chunk.modules())
+    finally:
+        destroy_process()

@@ -63,7 +63,8 @@ class SnapshotController:
     ) -> None:
         self.outdir = outdir
         self.start_step = start_step
-        self.end_step = start_step + steps  # exclusive
+        self.steps = steps
+        self.started_at: int | None = None  # first recorded step (a resumed run starts late)
         self.max_entries = max_entries
         self.stacks = stacks
         self.recording = False
@@ -76,10 +77,15 @@ class SnapshotController:
                 enabled="all", stacks=self.stacks, max_entries=self.max_entries
             )
             self.recording = True
+            self.started_at = step
 
     def on_step_end(self, step: int) -> None:
-        if self.recording and step + 1 >= self.end_step:
-            self.dump(f"memory_snapshot_steps{self.start_step}-{step}.pickle")
+        if (
+            self.recording
+            and self.started_at is not None
+            and step + 1 >= self.started_at + self.steps
+        ):
+            self.dump(f"memory_snapshot_steps{self.started_at}-{step}.pickle")
             self.stop()
 
     def dump(self, name: str) -> str | None:

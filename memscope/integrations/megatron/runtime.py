@@ -156,6 +156,19 @@ class MemScopeMegatronRuntime:
         os.makedirs(self.report_dir, exist_ok=True)
         self.warnings += self.config.warn_ignored(torch.cuda.is_available(), self.backend_name)
         self.backend = create_backend(self.backend_name)
+        try:
+            self._start_tracing()
+        except BaseException:
+            # Leave nothing behind: no dispatch mode, no hooks, no open file.
+            self.active = False
+            self._remove_hooks()
+            self.backend.stop()
+            if self._sink is not None:
+                self._sink.close()
+            raise
+
+    def _start_tracing(self) -> None:
+        assert self.backend is not None
         if self.config.trace_jsonl:
             self._sink = JsonlTraceSink(
                 os.path.join(self.report_dir, "trace.jsonl"),
