@@ -35,6 +35,9 @@ CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "othe
 CAT_PARAMETERS, CAT_GRADIENTS, CAT_OPTIMIZER_STATE, CAT_ACTIVATIONS, CAT_OTHER = range(5)
 
 
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
 @dataclass(frozen=True, slots=True)
 class TensorInfo:
     """Shape, dtype and storage-visible size of one tensor seen by a hook."""
@@ -46,22 +49,17 @@ class TensorInfo:
 
     @classmethod
     def of(cls, tensor: torch.Tensor, name: str = "") -> TensorInfo:
-        return cls(
-            tuple(tensor.shape),
-            str(tensor.dtype).replace("torch.", ""),
-            _tensor_bytes(tensor),
-            name,
-        )
+        dtype = tensor.dtype
+        dtype_name = _DTYPE_NAMES.get(dtype)
+        if dtype_name is None:
+            dtype_name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
+        return cls(tuple(tensor.shape), dtype_name, tensor.numel() * tensor.element_size(), name)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"shape": list(self.shape), "dtype": self.dtype, "bytes": self.bytes}
         if self.name:
             out["name"] = self.name
         return out
-
-
-def _tensor_bytes(tensor: torch.Tensor) -> int:
-    return int(tensor.numel()) * int(tensor.element_size())
 
 
 @dataclass(slots=True)
