@@ -20,41 +20,39 @@ reason, that part of tracing turns off, and training goes on unchanged.
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import dataclasses
 import functools
 import logging
 import os
-import signal
-import socket
-import sys
-import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
 
 from memscope._version import __version__
-from memscope.analysis.comparison import compare_with_static
-from memscope.analysis.peak import locate_peak
 from memscope.capture.backends import create_backend, resolve_backend_name
 from memscope.capture.backends.base import MemoryBackend
+from memscope.capture.backends.storage import StorageLedgerBackend
+from memscope.capture.categorize import mark_grads, mark_model_state, mark_optimizer_state
 from memscope.capture.hooks import HookSet, unwrap_module
-from memscope.capture.parallel import ParallelInfo, discover_parallel_info, package_version
+from memscope.capture.parallel import discover_parallel_info
 from memscope.capture.profiling import ProfilerController, SnapshotController
 from memscope.capture.tracer import MemoryTracer
 from memscope.config import RuntimeConfig
 from memscope.events import schema as s
 from memscope.events.trace_sink import JsonlTraceSink
+from memscope.integrations.megatron.crash_guard import CrashGuard
+from memscope.integrations.megatron.report_assembly import (
+    StaticEstimateProvider,
+    report_inputs,
+    runtime_metadata,
+    static_comparison,
+)
 from memscope.io.atomic import atomic_write_json, atomic_write_text
 from memscope.reporters.markdown import render_runtime_markdown
-from memscope.reporters.runtime_json import RuntimeReportInputs, build_runtime_report
+from memscope.reporters.runtime_json import build_runtime_report
 
 logger = logging.getLogger("memscope")
 F = TypeVar("F", bound=Callable[..., Any])
-StaticEstimateProvider = Callable[[Any, ParallelInfo], dict[str, Any] | None]
-NO_ESTIMATOR_REASON = f"memscope {__version__} has no static estimator yet"
 
 
 def _isolated(site: str) -> Callable[[F], F]:
@@ -76,15 +74,6 @@ def _isolated(site: str) -> Callable[[F], F]:
         return inner  # type: ignore[return-value]
 
     return wrap
-
-
-def _dtype_name(args: Any) -> str:
-    if getattr(args, "bf16", False):
-        return "bfloat16"
-    if getattr(args, "fp16", False):
-        return "float16"
-    dtype = getattr(args, "params_dtype", None)
-    return str(dtype).replace("torch.", "") if dtype is not None else "float32"
 
 
 class MemScopeMegatronRuntime:
@@ -122,8 +111,7 @@ class MemScopeMegatronRuntime:
         self._status = "running"
         self._status_reason = ""
         self._sink: JsonlTraceSink | None = None
-        self._prev_excepthook: Any = None
-        self._prev_sigterm: Any = None
+        self._crash_guard = CrashGuard(self.on_exception, self._on_process_exit, self._on_cuda_oom)
         self._startup_failures: list[dict[str, Any]] = []
 
     # -- construction ----------------------------------------------------------------------
@@ -184,13 +172,14 @@ class MemScopeMegatronRuntime:
             self.config, self.backend, self.rank, self.parallel.pp_rank, self._sink
         )
         self.active = True
-        self._mark_model_state()
-        self._mark_optimizer()
-        if self.tracer.ledger is not None:
-            self.tracer.ledger.adopt_existing(s.CAT_OTHER)
+        ledger = self._ledger
+        if ledger is not None:
+            mark_model_state(ledger, self.chunks)
+            self._mark_optimizer()
+            ledger.adopt_existing(s.CAT_OTHER)  # whatever else predates start()
         self._attach_hooks()
         self._start_profiling()
-        self._install_crash_handlers()
+        self._crash_guard.install()
 
     def _attach_hooks(self) -> None:
         if self.tracer is None or not self.chunks or self.hooks is not None:
@@ -310,7 +299,7 @@ class MemScopeMegatronRuntime:
                 fn()
             except Exception as exc:
                 self._failed(site, exc)
-        self._uninstall_crash_handlers()
+        self._crash_guard.uninstall()
         try:
             self.write_report()
         finally:
@@ -329,41 +318,17 @@ class MemScopeMegatronRuntime:
             self.snapshot.stop()
 
     # -- categorisation for the exact backend ----------------------------------------------
-    def _mark_model_state(self) -> None:
-        ledger = self.tracer.ledger if self.tracer else None
-        if ledger is None:
-            return
-        for chunk in self.chunks:
-            for p in chunk.parameters():
-                ledger.mark(p, s.CAT_PARAMETERS)
-            for b in chunk.buffers():
-                ledger.mark(b, s.CAT_PARAMETERS)
-        self._mark_grads()
+    @property
+    def _ledger(self) -> StorageLedgerBackend | None:
+        return self.tracer.ledger if self.tracer is not None else None
 
     def _mark_grads(self) -> None:
-        ledger = self.tracer.ledger if self.tracer else None
-        if ledger is None:
-            return
-        for chunk in self.chunks:
-            for p in chunk.parameters():
-                for g in (p.grad, getattr(p, "main_grad", None)):
-                    if isinstance(g, torch.Tensor):
-                        ledger.mark(g, s.CAT_GRADIENTS)
+        if self._ledger is not None:
+            mark_grads(self._ledger, self.chunks)
 
     def _mark_optimizer(self) -> None:
-        ledger = self.tracer.ledger if self.tracer else None
-        if ledger is None or self.optimizer is None:
-            return
-        model_params = {id(p) for c in self.chunks for p in c.parameters()}
-        for opt in _torch_optimizers(self.optimizer):
-            for state in opt.state.values():
-                for value in state.values():
-                    if isinstance(value, torch.Tensor):
-                        ledger.mark(value, s.CAT_OPTIMIZER_STATE)
-            for group in opt.param_groups:
-                for p in group["params"]:
-                    if id(p) not in model_params:  # fp32 master copies
-                        ledger.mark(p, s.CAT_OPTIMIZER_STATE)
+        if self._ledger is not None and self.optimizer is not None:
+            mark_optimizer_state(self._ledger, self.optimizer, self.chunks)
 
     # -- failures & crash paths ------------------------------------------------------------
     def _failed(self, site: str, exc: BaseException) -> None:
@@ -373,60 +338,16 @@ class MemScopeMegatronRuntime:
             self._startup_failures.append({"site": site, "count": 1, "first_error": repr(exc)})
             logger.warning("memscope rank %d: %s failed: %r", self.rank, site, exc)
 
-    def _install_crash_handlers(self) -> None:
-        self._prev_excepthook = sys.excepthook
-        sys.excepthook = self._excepthook
-        atexit.register(self._atexit)
-        if threading.current_thread() is threading.main_thread():
-            try:
-                current = signal.getsignal(signal.SIGTERM)
-                if current in (signal.SIG_DFL, None):
-                    self._prev_sigterm = current
-                    signal.signal(signal.SIGTERM, self._on_sigterm)
-            except (ValueError, OSError):
-                pass
-        observer = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
-        if torch.cuda.is_available() and callable(observer):
-            observer(self._cuda_oom_observer)
-
-    def _uninstall_crash_handlers(self) -> None:
-        if sys.excepthook == self._excepthook:
-            sys.excepthook = self._prev_excepthook
-        atexit.unregister(self._atexit)
-        if self._prev_sigterm is not None and threading.current_thread() is threading.main_thread():
-            with contextlib.suppress(ValueError, OSError):
-                signal.signal(signal.SIGTERM, self._prev_sigterm)
-            self._prev_sigterm = None
-
-    def _excepthook(self, exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
-        self.on_exception(exc)
-        hook = self._prev_excepthook or sys.__excepthook__
-        hook(exc_type, exc, tb)
-
-    def _atexit(self) -> None:
+    def _on_process_exit(self, reason: str) -> None:
+        """atexit / SIGTERM: close tracing and write what was recorded, marked incomplete."""
         if self.active and not self.finalized:
             if self._status == "running":
-                self._status = "incomplete"
-                self._status_reason = "the process exited before finalize() was called"
+                self._status, self._status_reason = "incomplete", reason
             self.finalized = True
             self._shutdown()
 
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
-        if self.active and not self.finalized:
-            self._status, self._status_reason = "incomplete", "terminated by SIGTERM"
-            self.finalized = True
-            self._shutdown()
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    def _cuda_oom_observer(
-        self, device: int, alloc: int, device_alloc: int, device_free: int
-    ) -> None:
-        self._status = "oom"
-        self._status_reason = (
-            f"CUDA out of memory on device {device}: tried to allocate {alloc} bytes with "
-            f"{device_alloc} allocated and {device_free} free"
-        )
+    def _on_cuda_oom(self, reason: str) -> None:
+        self._status, self._status_reason = "oom", reason
         if self.snapshot is not None and self.snapshot.recording:
             path = self.snapshot.dump("oom_snapshot.pickle")
             if path:
@@ -436,91 +357,38 @@ class MemScopeMegatronRuntime:
     # -- reports ---------------------------------------------------------------------------
     def metadata(self) -> dict[str, Any]:
         """Typed facts about this rank and run."""
-        p = self.parallel
-        device_info = self.backend.describe() if self.backend is not None else {}
-        device_name = device_info.get("device_name") or (
-            torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+        return runtime_metadata(
+            parallel=self.parallel,
+            args=self.args,
+            config=self.config,
+            backend_name=self.backend_name,
+            backend=self.backend,
+            tracer=self.tracer,
+            hook_counts={
+                "modules_hooked": self.modules_hooked,
+                "params_hooked": self.params_hooked,
+                "hook_handles_removed": self.hook_handles_removed,
+            },
         )
-        tracer = self.tracer
-        return {
-            **p.to_dict(),
-            "dtype": _dtype_name(self.args),
-            "backend": self.backend_name,
-            "backend_info": device_info,
-            "device_name": device_name,
-            "torch_version": torch.__version__,
-            "megatron_core_version": package_version("megatron-core"),
-            "tool_version": __version__,
-            "hostname": socket.gethostname(),
-            "pid": os.getpid(),
-            "steps_completed": tracer.steps_completed if tracer else 0,
-            "last_step": tracer.step if tracer else None,
-            "modules_hooked": self.modules_hooked,
-            "params_hooked": self.params_hooked,
-            "hook_handles_removed": self.hook_handles_removed,
-            "config": _plain(self.config),
-        }
-
-    def _comparisons(self, peak: dict[str, Any]) -> dict[str, Any]:
-        runtime_peak = int(peak.get("memory_bytes") or 0)
-        if self.static_estimate_provider is None:
-            return compare_with_static(
-                runtime_peak, peak.get("categories"), None, NO_ESTIMATOR_REASON
-            )
-        try:
-            estimate = self.static_estimate_provider(self.args, self.parallel)
-        except Exception as exc:
-            reason = f"the static estimator failed: {type(exc).__name__}: {exc}"
-            return compare_with_static(runtime_peak, peak.get("categories"), None, reason)
-        return compare_with_static(runtime_peak, peak.get("categories"), estimate)
 
     def build_report(self) -> dict[str, Any]:
         """The current runtime report as a dict (what :meth:`write_report` writes)."""
-        tracer = self.tracer
-        assert tracer is not None
-        agg = tracer.aggregates
-        peak = locate_peak(agg, *self._exact_peak())
-        errors = tracer.failures.to_list() + self._startup_failures
-        ledger = tracer.ledger
-        if ledger is not None and ledger.error:
-            errors.append({"site": "storage_backend", "count": 1, "first_error": ledger.error})
-        store = tracer.store
+        assert self.tracer is not None
         return build_runtime_report(
-            RuntimeReportInputs(
+            report_inputs(
+                tracer=self.tracer,
+                top_k=self.config.top_k,
                 metadata=self.metadata(),
                 status=self._status,
                 status_reason=self._status_reason,
-                peak=peak,
-                top_events=agg.top_events(self.config.top_k),
-                phase_summary=agg.phases,
-                module_summary=agg.module_table(),
-                steps=agg.step_table(),
-                comparisons=self._comparisons(peak),
-                events=list(store.events),
-                trace_info={
-                    "events_recorded": agg.events_seen,
-                    "events_in_report": len(store.events),
-                    "events_not_in_report": store.dropped,
-                    "detail_steps": store.detail_steps_kept,
-                    "max_events": store.max_events,
-                    "step_summaries_thinned": agg.step_summaries_thinned,
-                    "step_phase_steps_thinned": store.steps_thinned,
-                    "jsonl": self.artifacts.get("trace_jsonl"),
-                    "policy": "step phases for up to 2000 steps (then every other step); "
-                    "module/grad events for the first detail_steps traced steps; "
-                    "all events in the JSONL trace",
-                },
-                errors=errors,
+                comparisons_for=lambda peak: static_comparison(
+                    peak, self.static_estimate_provider, self.args, self.parallel
+                ),
+                extra_errors=self._startup_failures,
                 warnings=list(self.warnings),
                 artifacts=self._artifact_list(),
             )
         )
-
-    def _exact_peak(self) -> tuple[tuple[Any, ...] | None, tuple[int, ...] | None]:
-        tracer = self.tracer
-        if tracer is None or tracer.ledger is None or tracer.best_peak_context is None:
-            return None, None
-        return tracer.best_peak_context, tracer.best_peak_categories
 
     def _artifact_list(self) -> dict[str, str]:
         out = dict(self.artifacts)
@@ -549,25 +417,3 @@ class MemScopeMegatronRuntime:
         except Exception as exc:
             self._failed("write_report", exc)
             return None
-
-
-def _torch_optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
-    """torch optimizers inside Megatron wrappers (``.optimizer``, ``chained_optimizers``)."""
-    found: list[torch.optim.Optimizer] = []
-    stack = [optimizer]
-    seen: set[int] = set()
-    while stack:
-        obj = stack.pop()
-        if obj is None or id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, torch.optim.Optimizer):
-            found.append(obj)
-            continue
-        stack.extend(getattr(obj, "chained_optimizers", None) or [])
-        stack.append(getattr(obj, "optimizer", None))
-    return found
-
-
-def _plain(config: RuntimeConfig) -> dict[str, Any]:
-    return dataclasses.asdict(config)

@@ -1,0 +1,83 @@
+"""Process-level safety nets so a dying training process still leaves a report.
+
+``CrashGuard`` chains ``sys.excepthook`` (uncaught exceptions, OOM included), registers an
+``atexit`` handler (exit without ``finalize()``), takes SIGTERM when nobody else handles it
+(torchrun stops the surviving workers with SIGTERM), and attaches the CUDA allocator's OOM
+observer. Each calls back into the runtime; everything is undone by :meth:`uninstall`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+class CrashGuard:
+    """Installs and removes the process-level handlers of one runtime."""
+
+    def __init__(
+        self,
+        on_exception: Callable[[BaseException], None],
+        on_exit: Callable[[str], None],
+        on_cuda_oom: Callable[[str], None],
+    ) -> None:
+        self._on_exception = on_exception
+        self._on_exit = on_exit
+        self._on_cuda_oom = on_cuda_oom
+        self._prev_excepthook: Any = None
+        self._prev_sigterm: Any = None
+        self.installed = False
+
+    def install(self) -> None:
+        self._prev_excepthook = sys.excepthook
+        sys.excepthook = self._excepthook
+        atexit.register(self._atexit)
+        if threading.current_thread() is threading.main_thread():
+            with contextlib.suppress(ValueError, OSError):
+                current = signal.getsignal(signal.SIGTERM)
+                if current in (signal.SIG_DFL, None):
+                    self._prev_sigterm = current
+                    signal.signal(signal.SIGTERM, self._sigterm)
+        observer = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
+        if torch.cuda.is_available() and callable(observer):
+            observer(self._cuda_oom)
+        self.installed = True
+
+    def uninstall(self) -> None:
+        if not self.installed:
+            return
+        self.installed = False
+        if sys.excepthook == self._excepthook:
+            sys.excepthook = self._prev_excepthook
+        atexit.unregister(self._atexit)
+        if self._prev_sigterm is not None and threading.current_thread() is threading.main_thread():
+            with contextlib.suppress(ValueError, OSError):
+                signal.signal(signal.SIGTERM, self._prev_sigterm)
+            self._prev_sigterm = None
+
+    def _excepthook(self, exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+        self._on_exception(exc)
+        hook = self._prev_excepthook or sys.__excepthook__
+        hook(exc_type, exc, tb)
+
+    def _atexit(self) -> None:
+        self._on_exit("the process exited before finalize() was called")
+
+    def _sigterm(self, signum: int, frame: Any) -> None:
+        self._on_exit("terminated by SIGTERM")
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def _cuda_oom(self, device: int, alloc: int, device_alloc: int, device_free: int) -> None:
+        self._on_cuda_oom(
+            f"CUDA out of memory on device {device}: tried to allocate {alloc} bytes with "
+            f"{device_alloc} allocated and {device_free} free"
+        )
