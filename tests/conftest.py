@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from memscope.demo.tiny_gpt import TinyGPTConfig, free_port
+from memscope.demo.launcher import free_port
+from memscope.demo.tiny_gpt import TinyGPTConfig
 from memscope.demo.traced_training import WorkerResult, traced_worker
 
 

@@ -13,15 +13,9 @@ import sys
 
 import torch
 
-from memscope.demo.tiny_gpt import (
-    TinyGPTConfig,
-    build_model,
-    build_optimizer,
-    free_port,
-    init_process,
-    make_data_iterators,
-    train_step,
-)
+from memscope.demo.launcher import free_port
+from memscope.demo.tiny_gpt import TinyGPTConfig, build_model, build_optimizer, init_process
+from memscope.demo.tiny_gpt_training import make_data_iterators, train_step
 from memscope.demo.traced_training import megatron_like_args
 from memscope.integrations.megatron import MemScopeMegatronRuntime
 

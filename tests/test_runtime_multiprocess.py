@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 from conftest import load_json
 
-from memscope.demo.tiny_gpt import TinyGPTConfig, free_port, spawn
+from memscope.demo.launcher import free_port, spawn
+from memscope.demo.tiny_gpt import TinyGPTConfig
 from memscope.demo.traced_training import traced_worker
 
 pytestmark = pytest.mark.multiprocess

@@ -241,7 +241,8 @@ def test_a_failed_start_leaves_no_dispatch_mode_or_hooks(tmp_path, small_cfg, mo
     import torch
     from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-    from memscope.demo.tiny_gpt import build_model, destroy_process, free_port, init_process
+    from memscope.demo.launcher import free_port
+    from memscope.demo.tiny_gpt import build_model, destroy_process, init_process
     from memscope.demo.traced_training import megatron_like_args
     from memscope.integrations.megatron import MemScopeMegatronRuntime
     from memscope.integrations.megatron import runtime as runtime_mod
@@ -271,7 +272,8 @@ def test_attach_model_unwraps_ddp_and_float16_module(tmp_path, small_cfg):
     import torch
     from megatron.core.transformer.module import Float16Module
 
-    from memscope.demo.tiny_gpt import build_model, destroy_process, free_port, init_process
+    from memscope.demo.launcher import free_port
+    from memscope.demo.tiny_gpt import build_model, destroy_process, init_process
     from memscope.demo.traced_training import megatron_like_args
     from memscope.integrations.megatron import MemScopeMegatronRuntime
 

@@ -9,14 +9,9 @@ from typing import Any
 import pytest
 import torch
 
-from memscope.demo.tiny_gpt import (
-    TinyGPTConfig,
-    WorkerError,
-    free_port,
-    make_data_iterators,
-    run_training,
-    spawn,
-)
+from memscope.demo.launcher import WorkerError, free_port, spawn
+from memscope.demo.tiny_gpt import TinyGPTConfig
+from memscope.demo.tiny_gpt_training import make_data_iterators, run_training
 
 # No import of megatron here: spawned workers unpickle functions from this module.
 needs_megatron = pytest.mark.skipif(

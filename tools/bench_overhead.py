@@ -36,7 +36,8 @@ from typing import Any
 import torch
 
 from memscope.capture.backends import BACKEND_CHOICES
-from memscope.demo.tiny_gpt import TinyGPTConfig, WorkerError, free_port, spawn
+from memscope.demo.launcher import WorkerError, free_port, spawn
+from memscope.demo.tiny_gpt import TinyGPTConfig
 from memscope.demo.traced_training import traced_worker
 
 OFF = "off"

@@ -27,16 +27,15 @@ import time
 import torch
 
 from memscope.capture.backends.host import host_rss_bytes
+from memscope.demo.launcher import free_port
 from memscope.demo.tiny_gpt import (
     TinyGPTConfig,
     build_model,
     build_optimizer,
     destroy_process,
-    free_port,
     init_process,
-    make_data_iterators,
-    train_step,
 )
+from memscope.demo.tiny_gpt_training import make_data_iterators, train_step
 from memscope.demo.traced_training import megatron_like_args
 from memscope.integrations.megatron import MemScopeMegatronRuntime
 

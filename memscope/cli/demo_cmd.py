@@ -42,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
         import megatron.core  # noqa: F401
     except ImportError:
         raise CliError("the demo needs megatron-core: pip install 'memscope[megatron]'") from None
-    from memscope.demo.tiny_gpt import TinyGPTConfig, WorkerError, free_port, spawn
+    from memscope.demo.launcher import WorkerError, free_port, spawn
+    from memscope.demo.tiny_gpt import TinyGPTConfig
     from memscope.demo.traced_training import traced_worker
 
     outdir = os.path.abspath(args.outdir)
@@ -58,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
     )
     progress(
         f"training a tiny GPT ({cfg.num_layers} layers, hidden {cfg.hidden_size}) with "
-        f"TP={cfg.tp} PP={cfg.pp} on 2 CPU processes for {args.steps} steps"
+        f"TP={cfg.tp} PP={cfg.pp} on 2 CPU processes for {args.steps} "
+        f"step{'s' if args.steps != 1 else ''}"
     )
     argv = ["--memscope", "--memscope-outdir", outdir]
     t0 = time.perf_counter()

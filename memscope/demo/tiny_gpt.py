@@ -5,17 +5,12 @@ real Megatron training: real ``GPTModel`` (local spec), real tensor-parallel lay
 ``get_forward_backward_func()`` schedule (no pipelining / 1F1B / interleaved 1F1B), real p2p.
 The few CUDA-only calls are redirected by :mod:`memscope.demo.megatron_cpu_shims`.
 
-Public API
+Public API (data and the training step are in :mod:`memscope.demo.tiny_gpt_training`, the
+process launcher in :mod:`memscope.demo.launcher`)
 ----------
 ``TinyGPTConfig``
     Dataclass describing the model / parallelism / training (see its fields); methods
     ``validate(world_size=None)``, ``dp(world_size) -> int``, ``to_dict()``.
-``free_port() -> int``
-    A free TCP port on 127.0.0.1 for the gloo rendezvous.
-``spawn(world_size, fn, *args, timeout=600.0) -> list``
-    Run ``fn(rank, world_size, *args)`` in ``world_size`` fresh processes (start method
-    ``"spawn"``) and return the per-rank return values; a worker exception is re-raised in the
-    parent as :class:`WorkerError` with the worker's traceback.  ``fn`` must be picklable.
 ``init_process(rank, world_size, port, cfg) -> None`` / ``destroy_process() -> None``
     Gloo process group, CPU shims, ``parallel_state.initialize_model_parallel``, seeding /
     the reverse.
@@ -23,28 +18,14 @@ Public API
     One ``GPTModel`` per virtual pipeline stage held by this rank (``len == cfg.vpp or 1``).
 ``build_optimizer(chunks, cfg) -> torch.optim.Optimizer``
     ``torch.optim.Adam`` or ``SGD`` over all chunks' parameters.
-``make_data_iterators(cfg, dp_rank=None) -> list[Iterator[dict[str, Tensor]]]``
-    Deterministic synthetic micro-batches, one iterator per model chunk.
-``train_step(chunks, optimizer, cfg, step, data_iterator, callbacks=None) -> float | None``
-    One Megatron-style training iteration; mean loss on the last pipeline stage, else None.
-``run_training(rank, world_size, port, cfg, steps, callbacks_factory=None)``
-    Whole worker (init, build, ``steps`` x ``train_step``, destroy); per-step losses.
-``WorkerError``, ``quiet_megatron_cpu_warnings()``, ``SequenceParallelTorchLayerNorm``
-    Error raised by ``spawn``; silencer for megatron's "Apex/TE not installed" warnings; the
-    SP-capable torch LayerNorm used in place of megatron's CPU norm when sequence_parallel.
+``quiet_megatron_cpu_warnings()``, ``SequenceParallelTorchLayerNorm``
+    Silencer for megatron's "Apex/TE not installed" warnings; the SP-capable torch LayerNorm
+    used in place of megatron's CPU norm when sequence_parallel.
 
 Typical use::
 
     cfg = TinyGPTConfig(pp=2, num_microbatches=4)
-    losses_per_rank = spawn(2, run_training, free_port(), cfg, 3)
-
-Callbacks protocol (all optional to implement, called in this order each step)::
-
-    on_train_step_start(step=int, batch=None, notes=str)
-    on_forward_backward_end(outputs=list[dict])   # megatron's forward_data_store
-    on_optimizer_step_start()
-    on_optimizer_step_end()
-    on_train_step_end(outputs=list[dict])
+    losses_per_rank = spawn(2, run_training, free_port(), cfg, 3)   # launcher, training
 
 Megatron-core is imported lazily (inside the functions) so that importing this module is cheap.
 """
@@ -52,15 +33,9 @@ Megatron-core is imported lazily (inside the functions) so that importing this m
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
-import queue as queue_mod
-import socket
-import time
-import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
-from functools import partial
 from typing import Any
 
 import torch
@@ -68,17 +43,11 @@ import torch
 __all__ = [
     "SequenceParallelTorchLayerNorm",
     "TinyGPTConfig",
-    "WorkerError",
     "build_model",
     "build_optimizer",
     "destroy_process",
-    "free_port",
     "init_process",
-    "make_data_iterators",
     "quiet_megatron_cpu_warnings",
-    "run_training",
-    "spawn",
-    "train_step",
 ]
 
 
@@ -140,96 +109,6 @@ class TinyGPTConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of the fields."""
         return dataclasses.asdict(self)
-
-
-# --------------------------------------------------------------------------------------------
-# processes
-
-
-class WorkerError(RuntimeError):
-    """A spawned worker raised (message carries the worker tracebacks) or died."""
-
-
-def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _spawn_entry(
-    rank: int, world_size: int, fn: Callable[..., Any], args: tuple[Any, ...], results: Any
-) -> None:
-    """Child-process entry: run ``fn`` and report ``(rank, ok, payload)`` on the queue."""
-    torch.set_num_threads(1)
-    try:
-        out = fn(rank, world_size, *args)
-    except BaseException:
-        results.put((rank, False, traceback.format_exc()))
-        raise SystemExit(1) from None
-    results.put((rank, True, out))
-
-
-def spawn(world_size: int, fn: Callable[..., Any], *args: Any, timeout: float = 600.0) -> list[Any]:
-    """Run ``fn(rank, world_size, *args)`` in ``world_size`` spawned processes.
-
-    Returns the per-rank results (index = rank).  If a worker raises or dies, the others get a
-    short grace period and are then terminated, and :class:`WorkerError` is raised with every
-    collected traceback.  ``fn``, ``args`` and the results must be picklable.
-    """
-    import torch.multiprocessing as tmp
-
-    ctx = tmp.get_context("spawn")
-    results = ctx.Queue()
-    procs = [
-        ctx.Process(target=_spawn_entry, args=(r, world_size, fn, args, results))
-        for r in range(world_size)
-    ]
-    for proc in procs:
-        proc.start()
-    outputs: dict[int, Any] = {}
-    errors: dict[int, str] = {}
-    dead_since: dict[int, float] = {}
-    deadline = time.monotonic() + timeout
-    grace_end: float | None = None
-    try:
-        while len(outputs) + len(errors) < world_size:
-            now = time.monotonic()
-            if now > deadline:
-                errors[-1] = f"timed out after {timeout:.0f}s"
-                break
-            if grace_end is not None and now > grace_end:
-                break
-            try:
-                rank, ok, payload = results.get(timeout=0.2)
-            except queue_mod.Empty:
-                for r, proc in enumerate(procs):
-                    if r in outputs or r in errors or proc.exitcode is None:
-                        continue
-                    # Exited without (yet) reporting: allow the queue a moment to deliver.
-                    if now - dead_since.setdefault(r, now) > 2.0:
-                        errors[r] = f"worker exited with code {proc.exitcode} without reporting"
-                if errors and grace_end is None:
-                    grace_end = time.monotonic() + 5.0
-                continue
-            if ok:
-                outputs[rank] = payload
-            else:
-                errors[rank] = str(payload)
-                if grace_end is None:
-                    grace_end = time.monotonic() + 5.0
-    finally:
-        for proc in procs:
-            proc.join(timeout=1.0 if errors else 30.0)
-        for proc in procs:
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(timeout=5.0)
-        results.close()
-    if errors:
-        msgs = [f"--- rank {r} ---\n{msg}" for r, msg in sorted(errors.items())]
-        raise WorkerError(f"{len(errors)} of {world_size} worker(s) failed:\n" + "\n".join(msgs))
-    return [outputs[r] for r in range(world_size)]
 
 
 def quiet_megatron_cpu_warnings() -> None:
@@ -457,162 +336,3 @@ def build_optimizer(chunks: Sequence[torch.nn.Module], cfg: TinyGPTConfig) -> to
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr)
     return torch.optim.Adam(params, lr=cfg.lr)
-
-
-def _synthetic_microbatch(cfg: TinyGPTConfig, dp_rank: int, index: int) -> dict[str, torch.Tensor]:
-    """Micro-batch ``index`` of DP rank ``dp_rank``: learnable arithmetic token sequences."""
-    gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + dp_rank * 7_919 + index)
-    b, s, v = cfg.micro_batch_size, cfg.seq_length, cfg.vocab_size
-    start = torch.randint(0, v, (b, 1), generator=gen)
-    stride = torch.randint(1, 4, (b, 1), generator=gen)
-    seq = (start + stride * torch.arange(s + 1).unsqueeze(0)) % v
-    return {
-        "tokens": seq[:, :-1].contiguous(),
-        "labels": seq[:, 1:].contiguous(),
-        "loss_mask": torch.ones(b, s, dtype=torch.float32),
-        # Megatron convention: True = masked out (upper triangle), shape [1, 1, s, s].
-        "attention_mask": torch.triu(torch.ones(s, s, dtype=torch.bool), diagonal=1).view(
-            1, 1, s, s
-        ),
-        "position_ids": torch.arange(s).unsqueeze(0).expand(b, s).contiguous(),
-    }
-
-
-def _microbatch_stream(cfg: TinyGPTConfig, dp_rank: int) -> Iterator[dict[str, torch.Tensor]]:
-    """Endless deterministic stream of micro-batches for one model chunk."""
-    index = 0
-    while True:
-        yield _synthetic_microbatch(cfg, dp_rank, index)
-        index += 1
-
-
-def make_data_iterators(
-    cfg: TinyGPTConfig, dp_rank: int | None = None
-) -> list[Iterator[dict[str, torch.Tensor]]]:
-    """One deterministic iterator per model chunk (all chunks see the same micro-batches).
-
-    Every rank of a DP replica (all TP / PP ranks) gets identical data; ``dp_rank`` defaults to
-    megatron's data-parallel rank.  Batches are dicts with ``tokens``, ``labels``, ``loss_mask``,
-    ``attention_mask`` and ``position_ids``.
-    """
-    if dp_rank is None:
-        from megatron.core import parallel_state
-
-        dp_rank = parallel_state.get_data_parallel_rank()
-    return [_microbatch_stream(cfg, dp_rank) for _ in range(cfg.vpp or 1)]
-
-
-def _loss_func(
-    loss_mask: torch.Tensor, output_tensor: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-    """Megatron ``pretrain_gpt`` style 3-tuple loss: (sum, num_tokens, report)."""
-    losses = output_tensor.float().view(-1)
-    mask = loss_mask.view(-1).float()
-    loss = torch.sum(losses * mask)
-    num_tokens = mask.sum().to(torch.int)
-    report = torch.cat([loss.detach().view(1), num_tokens.detach().view(1).float()])
-    return loss, num_tokens, {"lm loss": report}
-
-
-def _forward_step(
-    data_iterator: Iterator[dict[str, torch.Tensor]], model: torch.nn.Module
-) -> tuple[torch.Tensor, Callable[[torch.Tensor], Any]]:
-    """Megatron ``forward_step_func``: (output, loss_func); GPTModel returns per-token loss."""
-    batch = next(data_iterator)
-    output = model(
-        batch["tokens"],
-        batch["position_ids"],
-        batch["attention_mask"],
-        labels=batch["labels"],
-    )
-    return output, partial(_loss_func, batch["loss_mask"])
-
-
-def _call(callbacks: Any, name: str, **kwargs: Any) -> None:
-    """Call ``callbacks.name(**kwargs)`` when callbacks is set and implements it."""
-    if callbacks is None:
-        return
-    method = getattr(callbacks, name, None)
-    if method is not None:
-        method(**kwargs)
-
-
-def train_step(
-    chunks: list[torch.nn.Module],
-    optimizer: torch.optim.Optimizer,
-    cfg: TinyGPTConfig,
-    step: int,
-    data_iterator: Iterator[dict[str, torch.Tensor]] | list[Iterator[dict[str, torch.Tensor]]],
-    callbacks: Any = None,
-) -> float | None:
-    """One training iteration, mirroring ``megatron.training.train_step``.
-
-    Returns the token-weighted mean loss of the step (averaged over DP) on the last pipeline
-    stage, ``None`` on other stages.
-    """
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-    from megatron.core.pipeline_parallel import get_forward_backward_func
-
-    for chunk in chunks:
-        chunk.zero_grad(set_to_none=True)
-    optimizer.zero_grad(set_to_none=True)
-    forward_backward_func = get_forward_backward_func()
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    notes = (
-        f"tiny_gpt tp={cfg.tp} pp={cfg.pp} vpp={cfg.vpp} dp={cfg.dp(world)} "
-        f"microbatches={cfg.num_microbatches} schedule={forward_backward_func.__name__}"
-    )
-    _call(callbacks, "on_train_step_start", step=step, batch=None, notes=notes)
-    iterators = data_iterator if isinstance(data_iterator, list) else [data_iterator]
-    losses = forward_backward_func(
-        forward_step_func=_forward_step,
-        data_iterator=iterators,
-        model=chunks,
-        num_microbatches=cfg.num_microbatches,
-        seq_length=cfg.seq_length,
-        micro_batch_size=cfg.micro_batch_size,
-        forward_only=False,
-    )
-    _call(callbacks, "on_forward_backward_end", outputs=losses)
-    _call(callbacks, "on_optimizer_step_start")
-    optimizer.step()
-    _call(callbacks, "on_optimizer_step_end")
-    _call(callbacks, "on_train_step_end", outputs=losses)
-
-    if not parallel_state.is_pipeline_last_stage(ignore_virtual=True):
-        return None
-    total = torch.stack([item["lm loss"] for item in losses]).sum(dim=0)
-    if parallel_state.get_data_parallel_world_size() > 1:
-        dist.all_reduce(total, group=parallel_state.get_data_parallel_group())
-    return float(total[0] / total[1].clamp(min=1))
-
-
-def run_training(
-    rank: int,
-    world_size: int,
-    port: int,
-    cfg: TinyGPTConfig,
-    steps: int,
-    callbacks_factory: Callable[[list[torch.nn.Module], torch.optim.Optimizer], Any] | None = None,
-) -> list[float | None]:
-    """Full worker: init, build model + optimizer, train ``steps`` steps, tear down.
-
-    ``callbacks_factory(chunks, optimizer)`` may return a callbacks object (or None).
-    Returns the per-step losses (``None`` entries on non-last pipeline stages).
-    """
-    init_process(rank, world_size, port, cfg)
-    try:
-        chunks = build_model(cfg)
-        optimizer = build_optimizer(chunks, cfg)
-        callbacks = callbacks_factory(chunks, optimizer) if callbacks_factory else None
-        iterators = make_data_iterators(cfg)
-        losses: list[float | None] = []
-        for step in range(steps):
-            loss = train_step(chunks, optimizer, cfg, step, iterators, callbacks)
-            if loss is not None and not math.isfinite(loss):
-                raise FloatingPointError(f"non-finite loss {loss} at step {step}")
-            losses.append(loss)
-        return losses
-    finally:
-        destroy_process()

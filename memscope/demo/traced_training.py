@@ -23,9 +23,8 @@ from memscope.demo.tiny_gpt import (
     build_optimizer,
     destroy_process,
     init_process,
-    make_data_iterators,
-    train_step,
 )
+from memscope.demo.tiny_gpt_training import make_data_iterators, train_step
 from memscope.integrations.megatron.args import add_memscope_args
 from memscope.integrations.megatron.runtime import MemScopeMegatronRuntime
 
