@@ -1,0 +1,1 @@
+"""Static (config-only) memory estimation for Megatron GPT training, per rank."""

@@ -1,0 +1,49 @@
+"""Persistent per-rank memory terms: weights, gradients and optimizer state.
+
+Conventions follow Megatron-LM: with bf16 (or ``accumulate_allreduce_grads_in_fp32``) the
+DDP gradient buffer is fp32, else it has the parameter dtype; Adam keeps fp32 ``exp_avg`` and
+``exp_avg_sq`` plus fp32 master weights under bf16/fp16; the distributed optimizer shards
+all three over data parallel (the real shard includes bucket padding, not modelled here);
+``torch.optim`` optimizers also keep a 4-byte ``step`` tensor per parameter tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memscope.analysis.static.config import TrainingSpec
+from memscope.analysis.static.params import ParamTensor
+
+FP32 = 4
+
+
+@dataclass(frozen=True)
+class PersistentTerms:
+    """Bytes that live for the whole run on one rank."""
+
+    param_count: int
+    weight_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weight_bytes + self.grad_bytes + self.optimizer_bytes
+
+
+def persistent_terms(spec: TrainingSpec, params: list[ParamTensor]) -> PersistentTerms:
+    """Weights, gradients and optimizer state for one rank's parameter tensors."""
+    prec = spec.precision
+    count = sum(t.numel for t in params)
+    weights = count * prec.param_bytes
+    grads = count * (FP32 if prec.grads_in_fp32 else prec.param_bytes)
+    if prec.optimizer == "adam":
+        per_param = 2 * FP32 + (FP32 if prec.mixed_precision else 0)
+    else:
+        per_param = (FP32 if prec.sgd_momentum else 0) + (FP32 if prec.mixed_precision else 0)
+    optimizer = count * per_param
+    if prec.distributed_optimizer:
+        optimizer = -(-optimizer // spec.parallel.dp)
+    if prec.torch_optimizer and prec.optimizer == "adam":
+        optimizer += FP32 * len(params)  # one float32 ``step`` tensor per parameter tensor
+    return PersistentTerms(count, weights, grads, optimizer)
