@@ -27,22 +27,24 @@ def test_help_lists_subcommands_and_each_has_help():
         assert res.returncode == 0 and "usage: memscope " + sub in res.stdout
 
 
+@pytest.mark.parametrize("command", ["summarize", "visualize-runtime"])
 @pytest.mark.parametrize(
     ("content", "needle"),
     [(None, "no such file"), ('{"schema_version": "1.0", "pe', "truncated JSON"),
      ('{"schema_version": "3.1"}', "newer than")],
 )  # fmt: skip
-def test_bad_report_gives_one_line_and_exit_2(tmp_path, content, needle):
+def test_bad_report_gives_one_line_and_exit_2(tmp_path, command, content, needle):
     path = tmp_path / "runtime_report.json"
     if content is not None:
         path.write_text(content)
-    res = _cli("summarize", "--report", str(path))
+    res = _cli(command, "--report", str(path))
     assert res.returncode == 2
     assert res.stdout == ""
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in res.stderr
     if content is not None:
         assert path.read_text() == content  # nothing already written is touched
+    assert not (tmp_path / "runtime_report.html").exists()
 
 
 def test_summarize_prints_the_markdown(traced_run):

@@ -57,3 +57,13 @@ def test_reader_gives_one_readable_line(tmp_path, content, needle):
         load_report(str(path), expected_type="runtime")
     message = str(exc.value)
     assert needle in message and "\n" not in message
+
+
+def test_atomic_write_respects_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        path = tmp_path / "r.json"
+        atomic_write_text(str(path), "{}")
+        assert (path.stat().st_mode & 0o777) == 0o644
+    finally:
+        os.umask(old)

@@ -8,6 +8,12 @@ import tempfile
 from typing import Any
 
 
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
 def atomic_write_text(path: str, text: str) -> None:
     """Write ``text`` to ``path`` via a temporary file in the same directory and rename."""
     directory = os.path.dirname(os.path.abspath(path))
@@ -18,6 +24,7 @@ def atomic_write_text(path: str, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; reports are for the whole team
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -1,0 +1,72 @@
+"""Self-contained HTML pages from plain payloads: jinja2 (autoescape on), plotly.js inlined.
+
+The payload is embedded once, as JSON inside ``<script type="application/json">`` with
+``<``, ``>``, ``&`` and the JavaScript line separators escaped, so no value can close the
+script element or inject markup; the page's script parses it with ``JSON.parse``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from typing import Any
+
+import jinja2
+from markupsafe import Markup
+
+_SCRIPT_ESCAPES = {
+    ord("<"): "\\u003c",
+    ord(">"): "\\u003e",
+    ord("&"): "\\u0026",
+    0x2028: "\\u2028",
+    0x2029: "\\u2029",
+}
+
+
+def script_safe_json(data: Any) -> str:
+    """JSON text that is safe to place verbatim inside a ``<script>`` element."""
+    return json.dumps(data, separators=(",", ":"), allow_nan=False).translate(_SCRIPT_ESCAPES)
+
+
+@functools.lru_cache(maxsize=1)
+def plotly_js() -> str:
+    """The plotly.js bundle shipped with the installed ``plotly`` package."""
+    import plotly
+
+    path = os.path.join(os.path.dirname(plotly.__file__), "package_data", "plotly.min.js")
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+@functools.lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("memscope", "reporters/templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+    )
+
+
+def _render(template: str, payload: dict[str, Any], title: str) -> str:
+    return (
+        _environment()
+        .get_template(template)
+        .render(
+            title=title,
+            payload=payload,
+            data_json=Markup(script_safe_json(payload)),
+            plotly_js=Markup(plotly_js()),
+        )
+    )
+
+
+def render_runtime_html(payload: dict[str, Any]) -> str:
+    """One rank's page from :func:`memscope.reporters.html_payload.runtime_payload`."""
+    title = f"MemScope — rank {payload.get('rank')} of {payload.get('world_size')}"
+    return _render("runtime.html.j2", payload, title)
+
+
+def render_job_html(payload: dict[str, Any]) -> str:
+    """A job's page from :func:`memscope.reporters.html_payload.job_payload`."""
+    return _render("job.html.j2", payload, f"MemScope — job of {payload.get('world_size')} ranks")

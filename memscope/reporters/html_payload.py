@@ -1,0 +1,174 @@
+"""Turns runtime reports into the compact plain data an HTML page plots.
+
+Series are downsampled per bucket to their minimum and maximum, and the global maximum is
+always kept, so a page stays small and fast for huge traces without ever losing the peak.
+Tables are capped. Nothing here reads files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+MAX_POINTS = 2000
+MAX_ROWS = 500
+MAX_DETAIL_STEPS = 10
+
+
+def downsample_indices(values: Sequence[float], max_points: int = MAX_POINTS) -> list[int]:
+    """Indices to keep: min and max of each bucket, the first, the last and the global max."""
+    n = len(values)
+    if n <= max_points:
+        return list(range(n))
+    keep = {0, n - 1, max(range(n), key=values.__getitem__)}
+    buckets = max(1, max_points // 2)
+    size = n / buckets
+    for b in range(buckets):
+        lo, hi = int(b * size), min(n, int((b + 1) * size))
+        if lo >= hi:
+            continue
+        chunk = range(lo, hi)
+        keep.add(min(chunk, key=values.__getitem__))
+        keep.add(max(chunk, key=values.__getitem__))
+    return sorted(keep)
+
+
+def _pick(rows: list[dict[str, Any]], keys: Sequence[str]) -> dict[str, list[Any]]:
+    return {k: [r.get(k) for r in rows] for k in keys}
+
+
+def _step_series(steps: list[dict[str, Any]], max_points: int) -> dict[str, list[Any]]:
+    peaks = [s.get("peak_allocated", 0) for s in steps]
+    kept = [steps[i] for i in downsample_indices(peaks, max_points)]
+    return _pick(
+        kept,
+        ("step", "allocated_end", "reserved_end", "peak_allocated", "peak_reserved", "peak_phase"),
+    )
+
+
+def _within_step(events: list[dict[str, Any]], max_points: int) -> dict[str, dict[str, list[Any]]]:
+    by_step: dict[int, list[dict[str, Any]]] = {}
+    for e in events:
+        if e.get("event_type") != "step_phase":
+            by_step.setdefault(int(e.get("step", -1)), []).append(e)
+    out: dict[str, dict[str, list[Any]]] = {}
+    chosen = sorted(by_step)[: MAX_DETAIL_STEPS - 1]
+    if by_step:  # the step holding the highest high-water mark is always selectable
+        peak_step = max(
+            by_step, key=lambda st: max(e.get("max_mem_allocated", 0) for e in by_step[st])
+        )
+        chosen = sorted(set(chosen) | {peak_step})
+    for step in chosen:
+        evs = by_step[step]
+        highs = [e.get("max_mem_allocated", 0) for e in evs]
+        afters = [e.get("mem_allocated_after", 0) for e in evs]
+        idx = sorted(
+            set(downsample_indices(highs, max_points)) | set(downsample_indices(afters, max_points))
+        )
+        rows = [evs[i] | {"order": i} for i in idx]
+        out[str(step)] = _pick(
+            rows,
+            ("order", "mem_allocated_after", "max_mem_allocated", "phase", "module",
+             "microbatch", "event_type", "delta_allocated"),
+        )  # fmt: skip
+    return out
+
+
+def runtime_payload(
+    report: dict[str, Any], max_points: int = MAX_POINTS, max_rows: int = MAX_ROWS
+) -> dict[str, Any]:
+    """Everything the rank page shows, bounded in size."""
+    meta = dict(report.get("metadata") or {})
+    config = meta.pop("config", None)
+    events = report.get("runtime_trace") or []
+    return {
+        "kind": "rank",
+        "rank": report.get("rank"),
+        "world_size": report.get("world_size"),
+        "status": report.get("status"),
+        "status_reason": report.get("status_reason", ""),
+        "schema_version": report.get("schema_version"),
+        "tool_version": (report.get("tool") or {}).get("version"),
+        "metadata": meta,
+        "config": config or {},
+        "peak": report.get("peak") or {},
+        "comparisons": report.get("comparisons") or {},
+        "phase_summary": (report.get("phase_summary") or [])[:max_rows],
+        "top_events": (report.get("top_events") or [])[:max_rows],
+        "module_summary": (report.get("module_summary") or [])[:max_rows],
+        "modules_total": len(report.get("module_summary") or []),
+        "steps": _step_series(report.get("steps") or [], max_points),
+        "steps_total": len(report.get("steps") or []),
+        "within_step": _within_step(events, max_points),
+        "errors": report.get("errors") or [],
+        "warnings": report.get("warnings") or [],
+        "trace": report.get("trace") or {},
+    }
+
+
+@dataclass
+class RankEntry:
+    """One rank of a job: its report, or why there is none."""
+
+    rank: int
+    report: dict[str, Any] | None
+    problem: str = ""
+
+
+def job_payload(entries: list[RankEntry], max_points: int = MAX_POINTS) -> dict[str, Any]:
+    """The job page: per-rank table, imbalance, timelines; missing ranks listed as such."""
+    world = max(
+        [e.rank + 1 for e in entries]
+        + [int(e.report.get("world_size") or 0) for e in entries if e.report]
+    )
+    by_rank = {e.rank: e for e in entries}
+    rows: list[dict[str, Any]] = []
+    timelines: dict[str, dict[str, list[Any]]] = {}
+    for rank in range(world):
+        entry = by_rank.get(rank)
+        if entry is None or entry.report is None:
+            reason = entry.problem if entry else "no rank directory / report"
+            rows.append({"rank": rank, "status": "missing", "problem": reason})
+            continue
+        r = entry.report
+        meta, peak = r.get("metadata") or {}, r.get("peak") or {}
+        rows.append(
+            {
+                "rank": rank,
+                "status": r.get("status"),
+                "problem": r.get("status_reason", ""),
+                "tp_rank": meta.get("tp_rank"),
+                "pp_rank": meta.get("pp_rank"),
+                "dp_rank": meta.get("dp_rank"),
+                "peak_allocated": peak.get("memory_bytes"),
+                "peak_reserved": peak.get("reserved_bytes"),
+                "peak_step": peak.get("step"),
+                "peak_phase": peak.get("phase"),
+                "peak_module": peak.get("module"),
+            }
+        )
+        timelines[str(rank)] = _step_series(r.get("steps") or [], max_points)
+    present = [row for row in rows if row.get("peak_allocated")]
+    imbalance: dict[str, Any] = {}
+    if present:
+        hi = max(present, key=lambda row: row["peak_allocated"])
+        lo = min(present, key=lambda row: row["peak_allocated"])
+        imbalance = {
+            "max_rank": hi["rank"],
+            "max_bytes": hi["peak_allocated"],
+            "max_pp_rank": hi.get("pp_rank"),
+            "max_tp_rank": hi.get("tp_rank"),
+            "min_rank": lo["rank"],
+            "min_bytes": lo["peak_allocated"],
+            "ratio": hi["peak_allocated"] / lo["peak_allocated"],
+        }
+    return {
+        "kind": "job",
+        "world_size": world,
+        "ranks": rows,
+        "missing": sum(row["status"] == "missing" for row in rows),
+        "incomplete": sum(row["status"] not in ("complete", "missing") for row in rows),
+        "imbalance": imbalance,
+        "timelines": timelines,
+    }

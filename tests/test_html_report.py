@@ -1,0 +1,131 @@
+"""HTML payloads and templates: bounded size, the peak always kept, no markup injection."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+from memscope.reporters.html import (
+    plotly_js,
+    render_job_html,
+    render_runtime_html,
+    script_safe_json,
+)
+from memscope.reporters.html_payload import (
+    RankEntry,
+    downsample_indices,
+    job_payload,
+    runtime_payload,
+)
+
+EVIL = "</script><img src=x onerror=alert(1)>"
+
+
+def test_downsampling_bounds_points_and_keeps_the_peak():
+    values = [i % 97 for i in range(100_000)]
+    values[77_777] = 10**9
+    idx = downsample_indices(values, 1000)
+    assert len(idx) <= 1003 and idx == sorted(idx)
+    assert 77_777 in idx and idx[0] == 0 and idx[-1] == 99_999
+    assert downsample_indices([3, 1, 2], 10) == [0, 1, 2]
+
+
+def test_runtime_payload_from_a_real_report(traced_run):
+    _, report, _ = traced_run
+    payload = runtime_payload(report)
+    assert payload["peak"]["memory_bytes"] == report["peak"]["memory_bytes"]
+    assert payload["steps"]["step"] == [s["step"] for s in report["steps"]]
+    assert set(payload["within_step"]) == {"0", "1"}  # the detail steps
+    within = payload["within_step"]["1"]
+    assert max(within["max_mem_allocated"]) == max(
+        e["max_mem_allocated"] for e in report["runtime_trace"]
+        if e["step"] == 1 and e["event_type"] != "step_phase"
+    )  # fmt: skip
+    assert "config" not in payload["metadata"] and payload["config"]
+
+
+def test_big_trace_is_downsampled_without_losing_its_peak(traced_run):
+    _, report, _ = traced_run
+    big = copy.deepcopy(report)
+    template = next(e for e in report["runtime_trace"] if e["event_type"] == "module_forward")
+    big["runtime_trace"] = [
+        dict(template, step=5, seq=i, max_mem_allocated=i % 1000, mem_allocated_after=i % 1000)
+        for i in range(50_000)
+    ]
+    big["runtime_trace"][31_337].update(max_mem_allocated=10**12, mem_allocated_after=10**12)
+    big["steps"] = [dict(report["steps"][0], step=s, peak_allocated=s % 50) for s in range(20_000)]
+    big["steps"][12_345]["peak_allocated"] = 10**12
+    payload = runtime_payload(big, max_points=500)
+    within = payload["within_step"]["5"]
+    assert len(within["order"]) <= 1010 and 31_337 in within["order"]
+    assert 12_345 in payload["steps"]["step"] and len(payload["steps"]["step"]) <= 505
+    assert payload["steps_total"] == 20_000
+
+
+def test_job_payload_lists_missing_and_incomplete_ranks(traced_run):
+    _, report, _ = traced_run
+    r0 = dict(report, rank=0, world_size=4)
+    r2 = dict(report, rank=2, world_size=4, status="oom", status_reason="CUDA out of memory")
+    r2["peak"] = dict(report["peak"], memory_bytes=report["peak"]["memory_bytes"] * 2)
+    payload = job_payload(
+        [RankEntry(0, r0), RankEntry(1, None, "truncated JSON"), RankEntry(2, r2)]
+    )
+    statuses = {row["rank"]: row["status"] for row in payload["ranks"]}
+    assert statuses == {0: "complete", 1: "missing", 2: "oom", 3: "missing"}
+    problems = {row["rank"]: row["problem"] for row in payload["ranks"]}
+    assert problems[1] == "truncated JSON" and "no rank directory" in problems[3]
+    assert payload["missing"] == 2 and payload["incomplete"] == 1
+    assert payload["imbalance"]["max_rank"] == 2 and payload["imbalance"]["ratio"] == 2.0
+
+
+def test_script_safe_json_round_trips_and_cannot_close_the_script():
+    data = {"m": EVIL, "s": "a\u2028b&c"}
+    text = script_safe_json(data)
+    assert "<" not in text and ">" not in text and "&" not in text and "\u2028" not in text
+    assert json.loads(text) == data
+
+
+def test_hostile_module_names_stay_text(traced_run):
+    _, report, _ = traced_run
+    evil = copy.deepcopy(report)
+    evil["top_events"][0]["module"] = EVIL
+    evil["peak"]["module"] = EVIL
+    evil["status"], evil["status_reason"] = "crashed", EVIL
+    html = render_runtime_html(runtime_payload(evil))
+    assert EVIL not in html
+    data = re.search(
+        r'<script type="application/json" id="memscope-data">(.*?)</script>', html, re.S
+    )
+    assert data is not None and json.loads(data.group(1))["peak"]["module"] == EVIL
+    assert "&lt;/script&gt;&lt;img src=x onerror=alert(1)&gt;" in html  # the server-side banner
+    job = render_job_html(job_payload([RankEntry(0, evil)]))
+    assert EVIL not in job
+
+
+def test_pages_are_self_contained(traced_run):
+    _, report, _ = traced_run
+    html = render_runtime_html(runtime_payload(report))
+    assert plotly_js() in html  # inlined, not loaded
+    own_markup = html.replace(plotly_js(), "")  # the bundle's code mentions URLs it never loads
+    assert not re.search(r'(src|href)\s*=\s*["\']?(https?:)?//', own_markup)
+    assert "<script src" not in own_markup and "<link" not in own_markup
+    assert "Plotly.newPlot" in html and html.count('id="memscope-data"') == 1
+
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cpu_pp2_demo"
+
+
+def test_committed_example_job_builds_a_page_with_both_stages():
+    from memscope.io.report_reader import load_report
+
+    entries = [
+        RankEntry(r, load_report(str(EXAMPLE / f"rank{r:05d}" / "runtime_report.json"), "runtime"))
+        for r in (0, 1)
+    ]
+    payload = job_payload(entries)
+    assert [row["pp_rank"] for row in payload["ranks"]] == [0, 1]
+    assert payload["imbalance"]["max_rank"] == 0  # the first stage holds more activations
+    assert payload["missing"] == 0 and payload["incomplete"] == 0
+    assert EVIL not in render_job_html(payload)

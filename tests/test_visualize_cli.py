@@ -1,0 +1,64 @@
+"""memscope visualize-runtime as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "memscope.cli", "visualize-runtime", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _job_dir(tmp_path, report_path, ranks=(0, 1)):
+    job = tmp_path / "job"
+    for rank in ranks:
+        (job / f"rank{rank:05d}").mkdir(parents=True)
+        shutil.copy(report_path, job / f"rank{rank:05d}" / "runtime_report.json")
+    return job
+
+
+def test_rank_report_gives_html_next_to_it_and_prints_only_the_path(tmp_path, traced_run):
+    _, _, outdir = traced_run
+    src = tmp_path / "runtime_report.json"
+    shutil.copy(f"{outdir}/rank00000/runtime_report.json", src)
+    res = _cli("--report", str(src))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == f"{tmp_path / 'runtime_report.html'}\n"
+    assert (tmp_path / "runtime_report.html").stat().st_size > 100_000
+    out = tmp_path / "custom.html"
+    assert _cli("--report", str(src), "--out", str(out)).returncode == 0 and out.exists()
+
+
+def test_job_dir_page_survives_a_broken_rank(tmp_path, traced_run):
+    _, _, outdir = traced_run
+    job = _job_dir(tmp_path, f"{outdir}/rank00000/runtime_report.json")
+    (job / "rank00002").mkdir()
+    (job / "rank00002" / "runtime_report.json").write_text('{"schema_version": "1.0", "pe')
+    res = _cli("--report", str(job))
+    assert res.returncode == 0, res.stderr
+    html = (job / "job_report.html").read_text()
+    data = html.split('id="memscope-data">', 1)[1].split("</script>", 1)[0]
+    ranks = {r["rank"]: r for r in json.loads(data)["ranks"]}
+    assert ranks[2]["status"] == "missing" and "truncated JSON" in ranks[2]["problem"]
+
+
+def test_job_dir_without_any_readable_rank_fails_clearly(tmp_path):
+    (tmp_path / "rank00000").mkdir()
+    res = _cli("--report", str(tmp_path))
+    assert res.returncode == 2 and "no readable runtime_report.json" in res.stderr
+
+
+def test_help():
+    res = subprocess.run(
+        [sys.executable, "-m", "memscope.cli", "visualize-runtime", "--help"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 0 and "--report" in res.stdout
