@@ -63,4 +63,6 @@ def test_demo_trains_two_processes_and_leaves_reports(tmp_path):
         report = load_json(str(tmp_path / f"rank{rank:05d}" / "runtime_report.json"))
         assert report["status"] == "complete" and report["metadata"]["pp_size"] == 2
         assert f"rank {rank}: peak" in res.stdout
+        assert (tmp_path / f"rank{rank:05d}" / "runtime_report.html").stat().st_size > 100_000
+    assert (tmp_path / "job_report.html").exists()
     assert f"reports: {tmp_path}" in res.stdout

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from typing import Any
 
 from memscope.cli.common import CliError, progress
+from memscope.io.atomic import atomic_write_text
+from memscope.io.report_reader import ReportError, load_report
+from memscope.reporters.html import render_job_html, render_runtime_html
+from memscope.reporters.html_payload import RankEntry, job_payload, runtime_payload
+from memscope.reporters.runtime_json import REPORT_TYPE_RUNTIME
 from memscope.units import format_bytes
 
 
@@ -69,15 +73,24 @@ def run(args: argparse.Namespace) -> int:
     except WorkerError as exc:
         raise CliError(f"demo training failed: {exc}") from None
     progress(f"trained in {time.perf_counter() - t0:.1f} s")
+    entries = []
     for r in results:
         if r.report_path is None:
             raise CliError(f"rank {r.rank} wrote no report")
-        with open(r.report_path, encoding="utf-8") as f:
-            report = json.load(f)
+        try:
+            report = load_report(r.report_path, REPORT_TYPE_RUNTIME)
+        except ReportError as exc:
+            raise CliError(str(exc)) from None
+        entries.append(RankEntry(r.rank, report))
+        html_path = os.path.splitext(r.report_path)[0] + ".html"
+        atomic_write_text(html_path, render_runtime_html(runtime_payload(report)))
         peak = report["peak"]
         print(
             f"rank {r.rank}: peak {format_bytes(peak['memory_bytes'])} at step {peak['step']} "
-            f"({peak['phase']}, {peak['module'] or 'step boundary'}) -> {r.report_path}"
+            f"({peak['phase']}, {peak['module'] or 'step boundary'}) -> {html_path}"
         )
+    job_html = os.path.join(outdir, "job_report.html")
+    atomic_write_text(job_html, render_job_html(job_payload(entries)))
+    print(f"job page: {job_html}")
     print(f"reports: {outdir}")
     return 0
