@@ -2,15 +2,36 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
 import pytest
 
-from memscope.reporters.html import render_runtime_html
-from memscope.reporters.html_payload import runtime_payload
+from memscope.reporters.html import plotly_js, render_job_html, render_runtime_html
+from memscope.reporters.html_payload import RankEntry, job_payload, runtime_payload
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _dump_dom(tmp_path, page):
+    assert CHROMIUM is not None
+    return subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
+         "--disable-background-networking", "--disable-component-update", "--no-first-run",
+         f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000",
+         "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+NO_REMOTE = re.compile(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", re.I)
+
+
+def _remote_refs(text: str) -> list[str]:
+    """Remote src/href in the page's own markup and code (the inlined plotly.js bundle holds
+    attribution strings for map tiles that a page without maps never uses)."""
+    return [m.group(0) for m in NO_REMOTE.finditer(text.replace(plotly_js(), ""))]
 
 
 @pytest.mark.skipif(
@@ -19,15 +40,10 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 def test_page_renders_plotly_charts_offline(tmp_path, traced_run):
     _, report, _ = traced_run
     page = tmp_path / "report.html"
-    page.write_text(render_runtime_html(runtime_payload(report)), encoding="utf-8")
-    assert CHROMIUM is not None
-    res = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
-         "--disable-background-networking", "--disable-component-update", "--no-first-run",
-         f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000",
-         "--dump-dom", page.as_uri()],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    html = render_runtime_html(runtime_payload(report))
+    assert _remote_refs(html) == []  # nothing the page could fetch
+    page.write_text(html, encoding="utf-8")
+    res = _dump_dom(tmp_path, page)
     dom = res.stdout
     assert res.returncode == 0, res.stderr[-2000:]
     assert dom.count('class="main-svg"') >= 2  # the step timeline and the within-step chart
@@ -35,3 +51,19 @@ def test_page_renders_plotly_charts_offline(tmp_path, traced_run):
     assert 'id="cards"' in dom and "Peak allocated" in dom
     # Everything came from the file itself: no remote script, image or style was referenced.
     assert "http://" not in dom.split('id="memscope-data"')[0].replace("http://www.w3.org", "")
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None, reason="no chromium binary (.ci/run installs Debian chromium)"
+)
+def test_job_page_renders_with_a_missing_rank(tmp_path, traced_run):
+    _, report, _ = traced_run
+    entries = [RankEntry(0, dict(report, world_size=3)), RankEntry(1, None, "truncated JSON")]
+    html = render_job_html(job_payload(entries))
+    assert _remote_refs(html) == []
+    page = tmp_path / "job.html"
+    page.write_text(html, encoding="utf-8")
+    res = _dump_dom(tmp_path, page)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert 'class="main-svg"' in res.stdout and _remote_refs(res.stdout) == []
+    assert "truncated JSON" in res.stdout and "no rank directory" in res.stdout

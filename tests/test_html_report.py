@@ -15,6 +15,7 @@ from memscope.reporters.html import (
 )
 from memscope.reporters.html_payload import (
     RankEntry,
+    choose_detail_steps,
     downsample_indices,
     job_payload,
     runtime_payload,
@@ -30,6 +31,28 @@ def test_downsampling_bounds_points_and_keeps_the_peak():
     assert len(idx) <= 1003 and idx == sorted(idx)
     assert 77_777 in idx and idx[0] == 0 and idx[-1] == 99_999
     assert downsample_indices([3, 1, 2], 10) == [0, 1, 2]
+
+
+def test_detail_steps_keep_first_last_and_peak():
+    assert choose_detail_steps([3, 1, 2], None) == [1, 2, 3]
+    chosen = choose_detail_steps(list(range(5000)), 4427, limit=10)
+    assert len(chosen) <= 10 and {0, 4427, 4999} <= set(chosen)
+    assert len(set(chosen)) == len(chosen) and chosen == sorted(chosen)
+
+
+def test_caps_bound_tables_and_steps(traced_run):
+    _, report, _ = traced_run
+    big = copy.deepcopy(report)
+    big["top_events"] = [dict(report["top_events"][0], count=i) for i in range(5000)]
+    big["module_summary"] = [dict(report["module_summary"][0], module=f"m{i}") for i in range(5000)]
+    big["warnings"] = [f"w{i}" for i in range(5000)]
+    trace = [e for e in report["runtime_trace"] if e["event_type"] != "step_phase"][:5]
+    big["runtime_trace"] = [dict(e, step=s) for s in range(100) for e in trace]
+    payload = runtime_payload(big, max_rows=50)
+    assert len(payload["top_events"]) == 50 and len(payload["module_summary"]) == 50
+    assert len(payload["warnings"]) == 50 and payload["modules_total"] == 5000
+    assert len(payload["within_step"]) <= 10 and payload["within_steps_total"] == 100
+    assert {"0", "99"} <= set(payload["within_step"])
 
 
 def test_runtime_payload_from_a_real_report(traced_run):

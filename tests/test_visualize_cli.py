@@ -62,3 +62,47 @@ def test_help():
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert res.returncode == 0 and "--report" in res.stdout
+
+
+def test_bad_rank_reports_fail_with_one_line(tmp_path, traced_run):
+    _, report, _ = traced_run
+    truncated = tmp_path / "truncated.json"
+    truncated.write_text(json.dumps(report)[:500])
+    newer = tmp_path / "newer.json"
+    newer.write_text(json.dumps(dict(report, schema_version="99.0")))
+    cases = {
+        str(tmp_path / "absent.json"): "no such file",
+        str(truncated): "truncated JSON",
+        str(newer): "newer than this memscope supports",
+    }
+    for path, message in cases.items():
+        res = _cli("--report", path)
+        assert res.returncode == 2, (path, res.stderr)
+        assert res.stdout == ""
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0], res.stderr
+        assert lines[0].startswith("memscope visualize-runtime: error:")
+        assert "Traceback" not in res.stderr
+    assert not list(tmp_path.glob("*.html"))
+
+
+def test_job_dir_with_a_malformed_and_an_incomplete_rank(tmp_path, traced_run):
+    _, report, _ = traced_run
+    job = tmp_path / "job"
+    ranks = {
+        0: dict(report, rank=0, world_size=4),
+        1: dict(report, rank=1, world_size=4, status="oom", status_reason="CUDA OOM"),
+        3: dict(report, rank=3, world_size=4, steps="not a list of steps"),
+    }
+    for rank, data in ranks.items():
+        (job / f"rank{rank:05d}").mkdir(parents=True)
+        (job / f"rank{rank:05d}" / "runtime_report.json").write_text(json.dumps(data))
+    out = tmp_path / "page.html"
+    res = _cli("--report", str(job), "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == f"{out}\n" and "Traceback" not in res.stderr
+    data = out.read_text().split('id="memscope-data">', 1)[1].split("</script>", 1)[0]
+    rows = {r["rank"]: r for r in json.loads(data)["ranks"]}
+    assert [rows[r]["status"] for r in range(4)] == ["complete", "oom", "missing", "missing"]
+    assert "no rank directory" in rows[2]["problem"] and "malformed" in rows[3]["problem"]
+    assert not (job / "job_report.html").exists()

@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -70,8 +71,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--steps", type=int, default=5_000)
+    parser.add_argument("--keep", action="store_true", help="keep the temp dir (report + page)")
     ns = parser.parse_args(argv)
     workdir = tempfile.mkdtemp(prefix="memscope-html-scale-")
+    try:
+        return _run(ns, workdir)
+    finally:
+        if ns.keep:
+            print(f"kept {workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run(ns: argparse.Namespace, workdir: str) -> int:
+    """Write the report, build the page like the CLI does, check it and print the figures."""
     report, peak_bytes, peak_step = synthetic_report(ns.events, ns.steps)
     path = os.path.join(workdir, "runtime_report.json")
     with open(path, "w", encoding="utf-8") as f:

@@ -20,6 +20,7 @@ REPORT_NAME = "runtime_report.json"
 
 
 def register(sub: Any) -> None:
+    """Add the ``visualize-runtime`` subcommand."""
     p = sub.add_parser(
         "visualize-runtime",
         help="make a self-contained HTML page from a runtime report or a job directory",
@@ -39,15 +40,23 @@ def _job_entries(directory: str) -> list[RankEntry]:
         m = RANK_DIR.match(name)
         if not m or not os.path.isdir(os.path.join(directory, name)):
             continue
+        rank = int(m.group(1))
         try:
             report = load_report(os.path.join(directory, name, REPORT_NAME), REPORT_TYPE_RUNTIME)
-            entries.append(RankEntry(int(m.group(1)), report))
         except ReportError as exc:
-            entries.append(RankEntry(int(m.group(1)), None, str(exc)))
+            entries.append(RankEntry(rank, None, str(exc)))
+            continue
+        try:  # one malformed rank must not take the whole job page down
+            job_payload([RankEntry(rank, report)], max_points=16)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            entries.append(RankEntry(rank, None, f"{name}/{REPORT_NAME}: malformed ({exc})"))
+            continue
+        entries.append(RankEntry(rank, report))
     return entries
 
 
 def run(args: argparse.Namespace) -> int:
+    """Build the page for a rank report or a job directory; prints the output path."""
     t0 = time.perf_counter()
     if os.path.isdir(args.report):
         entries = _job_entries(args.report)

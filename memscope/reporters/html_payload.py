@@ -39,30 +39,61 @@ def _pick(rows: list[dict[str, Any]], keys: Sequence[str]) -> dict[str, list[Any
 
 
 def _step_series(steps: list[dict[str, Any]], max_points: int) -> dict[str, list[Any]]:
-    peaks = [s.get("peak_allocated", 0) for s in steps]
-    kept = [steps[i] for i in downsample_indices(peaks, max_points)]
+    keep: set[int] = set()  # the three series share the budget; each keeps its own maximum
+    for key in ("peak_allocated", "allocated_end", "reserved_end"):
+        keep.update(downsample_indices([s.get(key) or 0 for s in steps], max(4, max_points // 3)))
+    kept = [steps[i] for i in sorted(keep)]
     return _pick(
         kept,
-        ("step", "allocated_end", "reserved_end", "peak_allocated", "peak_reserved", "peak_phase"),
+        (
+            "step",
+            "allocated_start",
+            "allocated_end",
+            "reserved_end",
+            "peak_allocated",
+            "peak_reserved",
+            "peak_phase",
+        ),
     )
 
 
-def _within_step(events: list[dict[str, Any]], max_points: int) -> dict[str, dict[str, list[Any]]]:
+def choose_detail_steps(
+    steps: Sequence[int], peak_step: int | None, limit: int = MAX_DETAIL_STEPS
+) -> list[int]:
+    """About ``limit`` steps: the first ones, the peak step, the last, the rest evenly spread."""
+    ordered = sorted(set(steps))
+    if len(ordered) <= limit:
+        return ordered
+    chosen = {ordered[0], ordered[-1]}
+    if peak_step is not None and peak_step in ordered:
+        chosen.add(peak_step)
+    chosen.update(ordered[: max(0, (limit - len(chosen)) // 2)])
+    spare = limit - len(chosen)
+    if spare > 0:
+        stride = len(ordered) / (spare + 1)
+        chosen.update(ordered[int(stride * (i + 1))] for i in range(spare))
+    return sorted(chosen)
+
+
+def _within_step(
+    events: list[dict[str, Any]], max_points: int
+) -> tuple[dict[str, dict[str, list[Any]]], int]:
+    """Per chosen step, the downsampled module/grad events; also how many steps had any."""
     by_step: dict[int, list[dict[str, Any]]] = {}
     for e in events:
         if e.get("event_type") != "step_phase":
             by_step.setdefault(int(e.get("step", -1)), []).append(e)
     out: dict[str, dict[str, list[Any]]] = {}
-    chosen = sorted(by_step)[: MAX_DETAIL_STEPS - 1]
+    peak_step = None
     if by_step:  # the step holding the highest high-water mark is always selectable
         peak_step = max(
-            by_step, key=lambda st: max(e.get("max_mem_allocated", 0) for e in by_step[st])
+            by_step, key=lambda st: max(e.get("max_mem_allocated") or 0 for e in by_step[st])
         )
-        chosen = sorted(set(chosen) | {peak_step})
+    chosen = choose_detail_steps(list(by_step), peak_step)
     for step in chosen:
         evs = by_step[step]
-        highs = [e.get("max_mem_allocated", 0) for e in evs]
-        afters = [e.get("mem_allocated_after", 0) for e in evs]
+        highs = [e.get("max_mem_allocated") or 0 for e in evs]
+        afters = [e.get("mem_allocated_after") or 0 for e in evs]
         idx = sorted(
             set(downsample_indices(highs, max_points)) | set(downsample_indices(afters, max_points))
         )
@@ -72,7 +103,7 @@ def _within_step(events: list[dict[str, Any]], max_points: int) -> dict[str, dic
             ("order", "mem_allocated_after", "max_mem_allocated", "phase", "module",
              "microbatch", "event_type", "delta_allocated"),
         )  # fmt: skip
-    return out
+    return out, len(by_step)
 
 
 def runtime_payload(
@@ -82,6 +113,7 @@ def runtime_payload(
     meta = dict(report.get("metadata") or {})
     config = meta.pop("config", None)
     events = report.get("runtime_trace") or []
+    within, within_total = _within_step(events, max_points)
     return {
         "kind": "rank",
         "rank": report.get("rank"),
@@ -100,9 +132,10 @@ def runtime_payload(
         "modules_total": len(report.get("module_summary") or []),
         "steps": _step_series(report.get("steps") or [], max_points),
         "steps_total": len(report.get("steps") or []),
-        "within_step": _within_step(events, max_points),
-        "errors": report.get("errors") or [],
-        "warnings": report.get("warnings") or [],
+        "within_step": within,
+        "within_steps_total": within_total,
+        "errors": (report.get("errors") or [])[:max_rows],
+        "warnings": (report.get("warnings") or [])[:max_rows],
         "trace": report.get("trace") or {},
     }
 
@@ -120,7 +153,8 @@ def job_payload(entries: list[RankEntry], max_points: int = MAX_POINTS) -> dict[
     """The job page: per-rank table, imbalance, timelines; missing ranks listed as such."""
     world = max(
         [e.rank + 1 for e in entries]
-        + [int(e.report.get("world_size") or 0) for e in entries if e.report]
+        + [int(e.report.get("world_size") or 0) for e in entries if e.report],
+        default=0,
     )
     by_rank = {e.rank: e for e in entries}
     rows: list[dict[str, Any]] = []
