@@ -15,10 +15,9 @@ from memscope.analysis.static.config import (
     PrecisionSpec,
     TrainingSpec,
     padded_vocab_size,
-    spec_from_flagscale_yaml,
-    spec_from_megatron_args,
 )
 from memscope.analysis.static.params import RankPosition, rank_params
+from memscope.analysis.static.sources import spec_from_flagscale_yaml, spec_from_megatron_args
 from memscope.analysis.static.terms import persistent_terms
 from memscope.demo.launcher import free_port, spawn
 from memscope.demo.tiny_gpt import TinyGPTConfig, build_model, destroy_process, init_process

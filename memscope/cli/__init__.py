@@ -11,10 +11,10 @@ import sys
 from collections.abc import Sequence
 
 from memscope._version import __version__
-from memscope.cli import demo_cmd, summarize_cmd, visualize_cmd
+from memscope.cli import analyze_static_cmd, demo_cmd, summarize_cmd, visualize_cmd
 from memscope.cli.common import CliError
 
-COMMANDS = (visualize_cmd, demo_cmd, summarize_cmd)
+COMMANDS = (visualize_cmd, demo_cmd, summarize_cmd, analyze_static_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

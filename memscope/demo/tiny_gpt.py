@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "FUSIONS_OFF",
     "SequenceParallelTorchLayerNorm",
     "TinyGPTConfig",
     "build_model",
@@ -77,6 +78,9 @@ class TinyGPTConfig:
     # None = tie word embeddings and output layer only when pp == 1 (see build_model).
     share_embeddings: bool | None = None
     deallocate_pipeline_outputs: bool = True  # as Megatron training sets it
+    # Keep every ``.grad`` allocated and zero it in place each step, as Megatron's DDP keeps
+    # its persistent gradient buffer (False: ``set_to_none``, grads appear during backward).
+    grad_buffer: bool = True
 
     def validate(self, world_size: int | None = None) -> None:
         """Raise ``ValueError`` for inconsistent settings."""
@@ -109,6 +113,18 @@ class TinyGPTConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of the fields."""
         return dataclasses.asdict(self)
+
+
+# TransformerConfig settings that keep megatron-core off its CUDA-kernel fusions (their
+# jit / torch.compile'd helpers are not reached this way); shared with the tests.
+FUSIONS_OFF: dict[str, bool] = dict(
+    bias_activation_fusion=False,
+    bias_dropout_fusion=False,
+    masked_softmax_fusion=False,
+    persist_layer_norm=False,
+    apply_rope_fusion=False,
+    gradient_accumulation_fusion=False,
+)
 
 
 def quiet_megatron_cpu_warnings() -> None:
@@ -207,13 +223,7 @@ def _transformer_config(cfg: TinyGPTConfig) -> Any:
         perform_initialization=True,
         hidden_dropout=cfg.dropout,
         attention_dropout=cfg.dropout,
-        # CUDA-kernel fusions off (jit/torch.compile'd helpers are not reached this way).
-        bias_activation_fusion=False,
-        bias_dropout_fusion=False,
-        masked_softmax_fusion=False,
-        persist_layer_norm=False,
-        apply_rope_fusion=False,
-        gradient_accumulation_fusion=False,
+        **FUSIONS_OFF,
         deallocate_pipeline_outputs=cfg.deallocate_pipeline_outputs,
         recompute_granularity=cfg.recompute,
         **kwargs,
@@ -326,6 +336,9 @@ def build_model(cfg: TinyGPTConfig) -> list[torch.nn.Module]:
             position_embedding_type="learned_absolute",
             vp_stage=vp_stage,
         )
+        if cfg.grad_buffer:
+            for param in model.parameters():
+                param.grad = torch.zeros_like(param)
         chunks.append(model)
     return chunks
 

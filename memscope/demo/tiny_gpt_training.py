@@ -120,8 +120,8 @@ def train_step(
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     for chunk in chunks:
-        chunk.zero_grad(set_to_none=True)
-    optimizer.zero_grad(set_to_none=True)
+        chunk.zero_grad(set_to_none=not cfg.grad_buffer)
+    optimizer.zero_grad(set_to_none=not cfg.grad_buffer)
     forward_backward_func = get_forward_backward_func()
     world = dist.get_world_size() if dist.is_initialized() else 1
     notes = (

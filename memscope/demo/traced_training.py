@@ -61,6 +61,25 @@ def megatron_like_args(cfg: TinyGPTConfig, memscope_argv: list[str]) -> argparse
     args.num_attention_heads = cfg.num_attention_heads
     args.seq_length = cfg.seq_length
     args.micro_batch_size = cfg.micro_batch_size
+    # What the static estimator reads (Megatron's names for the harness' settings).
+    args.padded_vocab_size = cfg.vocab_size
+    args.num_query_groups = cfg.num_query_groups
+    args.group_query_attention = cfg.num_query_groups is not None
+    args.ffn_hidden_size = cfg.ffn_hidden_size
+    args.swiglu = cfg.swiglu
+    args.sequence_parallel = cfg.sequence_parallel and cfg.tp > 1
+    args.recompute_granularity = cfg.recompute
+    args.recompute_method = "uniform" if cfg.recompute == "full" else None
+    args.recompute_num_layers = 1 if cfg.recompute == "full" else None
+    args.hidden_dropout = args.attention_dropout = cfg.dropout
+    args.num_microbatches = cfg.num_microbatches
+    args.untie_embeddings_and_output_weights = not (
+        cfg.share_embeddings if cfg.share_embeddings is not None else cfg.pp == 1
+    )
+    args.optimizer = cfg.optimizer
+    args.sgd_momentum = 0.0  # build_optimizer's plain SGD
+    args.torch_optimizer = True  # torch.optim keeps a float32 ``step`` tensor per parameter
+    args.transformer_impl = "local"
     return args
 
 
@@ -95,7 +114,8 @@ def traced_worker(
     """Train ``steps`` steps; with ``memscope_argv`` (e.g. ``["--memscope", ...]``) traced.
 
     ``fault`` injects an error inside MemScope (``"module_hooks"``, ``"output_grads"``,
-    ``"param_grads"``, ``"step_callbacks"``) to show training is unaffected.
+    ``"param_grads"``, ``"step_callbacks"``, ``"static_estimator"``) to show training is
+    unaffected.
     """
     torch.set_num_threads(1)
     init_process(rank, world_size, port, cfg)
@@ -164,6 +184,7 @@ def _inject_fault(runtime: MemScopeMegatronRuntime, fault: str) -> None:
         "output_grads": (tracer, "output_grad"),
         "param_grads": (tracer, "param_grad_accumulated"),
         "step_callbacks": (tracer, "phase_end"),
+        "static_estimator": (runtime, "static_estimate_provider"),
     }
     if fault not in targets:
         raise ValueError(f"unknown fault {fault!r}; choose from {sorted(targets)}")

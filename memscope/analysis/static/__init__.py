@@ -1,1 +1,11 @@
 """Static (config-only) memory estimation for Megatron GPT training, per rank."""
+
+from memscope.analysis.static.estimator import (
+    SOURCE,
+    RankEstimate,
+    estimate_all_ranks,
+    estimate_for_runtime,
+    estimate_rank,
+)
+
+__all__ = ["SOURCE", "RankEstimate", "estimate_all_ranks", "estimate_for_runtime", "estimate_rank"]

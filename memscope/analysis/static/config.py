@@ -1,20 +1,26 @@
 """Typed, validated inputs of the static estimator and their sources.
 
-One :class:`TrainingSpec` (model + parallelism + precision/optimizer + batch) is built from a
-Megatron args namespace, a FlagScale training YAML (``system``/``model``/``data`` merged as
-the FlagScale runner does) or the original MemScope JSON config. Contradictory or missing
-fields raise ``ValueError`` naming the field.
+One :class:`TrainingSpec` (model + parallelism + precision/optimizer + batch) describes a
+training job; :mod:`.sources` builds it from Megatron args, a FlagScale training YAML or the
+original MemScope JSON config. Contradictory or missing fields raise ``ValueError`` naming
+the field.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
+from memscope.analysis.static.feature_checks import validate_mla_mtp, validate_moe
 
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 POSITION_EMBEDDINGS = ("learned_absolute", "rope", "none")
 OPTIMIZERS = ("adam", "sgd")
+RECOMPUTE = (None, "selective", "full")
+RECOMPUTE_METHODS = ("uniform", "block")
+TRANSFORMER_IMPLS = ("local", "transformer_engine")
+# Megatron features whose parameters/activations this estimator does not model (refused).
+UNSUPPORTED: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,27 @@ class ModelSpec:
     normalization: str = "LayerNorm"
     position_embedding_type: str = "learned_absolute"
     tie_embeddings: bool = True
+    hidden_dropout: float = 0.1  # Megatron's default
+    attention_dropout: float = 0.1
+    # Mixture of experts (num_experts None: a dense MLP in every layer).
+    num_experts: int | None = None
+    moe_ffn_hidden_size: int | None = None  # None: ffn_hidden_size
+    moe_shared_expert_intermediate_size: int | None = None  # None: no shared expert
+    moe_layer_pattern: tuple[int, ...] | None = None  # per layer, 1 MoE / 0 dense; None: all MoE
+    moe_router_topk: int = 2
+    moe_grouped_gemm: bool = False  # local spec: GroupedMLP (two tensors for all local experts)
+    moe_router_enable_expert_bias: bool = False  # adds router buffers, not parameters
+    # Multi-latent attention (Megatron's argument defaults).
+    multi_latent_attention: bool = False
+    q_lora_rank: int | None = None  # None: linear_q_proj without low-rank query compression
+    kv_lora_rank: int = 32
+    qk_head_dim: int = 128
+    qk_pos_emb_head_dim: int = 64
+    v_head_dim: int = 128
+    mtp_num_layers: int | None = None  # multi-token prediction layers on the last stage
+    # "transformer_engine" only changes shapes where TE's spec differs from the local one
+    # (MLA down-projections are replicated across TP ranks instead of sharded).
+    transformer_impl: str = "local"
 
     @property
     def query_groups(self) -> int:
@@ -50,6 +77,16 @@ class ModelSpec:
     def head_dim(self) -> int:
         return self.kv_channels or self.hidden_size // self.num_attention_heads
 
+    @property
+    def moe_ffn(self) -> int:
+        return self.moe_ffn_hidden_size or self.ffn
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether decoder layer ``index`` (0-based, global) has a MoE MLP."""
+        if self.num_experts is None:
+            return False
+        return self.moe_layer_pattern is None or self.moe_layer_pattern[index] == 1
+
 
 @dataclass(frozen=True)
 class ParallelSpec:
@@ -60,12 +97,24 @@ class ParallelSpec:
     dp: int = 1
     cp: int = 1
     ep: int = 1
+    etp: int | None = None  # expert tensor parallel; None: tp (Megatron's default)
     vpp: int | None = None
     sequence_parallel: bool = False
+    first_stage_layers: int | None = None  # decoder_first_pipeline_num_layers
+    last_stage_layers: int | None = None  # decoder_last_pipeline_num_layers
 
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp or self.tp
+
+    @property
+    def expert_dp(self) -> int:
+        """Data-parallel size of expert weights (tp x cp x dp = etp x ep x expert_dp)."""
+        return self.tp * self.cp * self.dp // (self.expert_tp * self.ep)
 
 
 @dataclass(frozen=True)
@@ -97,6 +146,11 @@ class TrainingSpec:
     precision: PrecisionSpec
     micro_batch_size: int = 1
     num_microbatches: int = 1
+    recompute: str | None = None  # None | "selective" | "full"
+    recompute_method: str = "uniform"  # full recompute: "uniform" | "block"
+    recompute_num_layers: int = 1  # full recompute: layers per checkpoint (uniform) or count
+    flash_attention: bool = False  # fused/flash kernel: no [b, a, s, s] scores kept
+    device: str = "cuda"  # "cpu": dropout masks have the activation dtype, not bool
 
     def validate(self) -> TrainingSpec:
         m, p, prec = self.model, self.parallel, self.precision
@@ -133,8 +187,17 @@ class TrainingSpec:
             )
         if m.vocab_size % p.tp:
             raise ValueError(f"parallel.tp ({p.tp}) must divide model.vocab_size ({m.vocab_size})")
+        _validate_stage_layers(m, p)
+        if self.recompute not in RECOMPUTE:
+            raise ValueError(f"training.recompute must be one of {RECOMPUTE}")
+        if self.recompute_method not in RECOMPUTE_METHODS:
+            raise ValueError(f"recompute_method must be one of {RECOMPUTE_METHODS}")
+        if self.recompute_num_layers < 1:
+            raise ValueError("recompute_num_layers must be >= 1")
+        if self.micro_batch_size < 1 or self.num_microbatches < 1:
+            raise ValueError("micro_batch_size and num_microbatches must be >= 1")
         chunks = p.pp * (p.vpp or 1)
-        if m.num_layers % chunks:
+        if p.first_stage_layers is None and p.last_stage_layers is None and m.num_layers % chunks:
             raise ValueError(
                 f"parallel.pp x vpp ({chunks}) must divide model.num_layers ({m.num_layers})"
             )
@@ -153,102 +216,50 @@ class TrainingSpec:
             raise ValueError(f"model.normalization must be one of {NORMALIZATIONS}")
         if m.position_embedding_type not in POSITION_EMBEDDINGS:
             raise ValueError(f"model.position_embedding_type must be one of {POSITION_EMBEDDINGS}")
+        if m.transformer_impl not in TRANSFORMER_IMPLS:
+            raise ValueError(f"model.transformer_impl must be one of {TRANSFORMER_IMPLS}")
+        validate_moe(m, p)
+        validate_mla_mtp(m, p)
         return self
+
+
+def stage_layer_counts(m: ModelSpec, p: ParallelSpec) -> list[int]:
+    """Decoder layers per pipeline stage (even split, or Megatron's uneven first/last)."""
+    if p.first_stage_layers is None and p.last_stage_layers is None:
+        return [m.num_layers // p.pp] * p.pp
+    fixed = [p.first_stage_layers, p.last_stage_layers]
+    middle = p.pp - sum(x is not None for x in fixed)
+    rest = m.num_layers - sum(x or 0 for x in fixed)
+    each = rest // middle if middle > 0 else 0
+    counts = [each] * p.pp
+    if p.first_stage_layers is not None:
+        counts[0] = p.first_stage_layers
+    if p.last_stage_layers is not None:
+        counts[-1] = p.last_stage_layers
+    return counts
+
+
+def _validate_stage_layers(m: ModelSpec, p: ParallelSpec) -> None:
+    if p.first_stage_layers is None and p.last_stage_layers is None:
+        return
+    for name in ("first_stage_layers", "last_stage_layers"):
+        value = getattr(p, name)
+        if value is not None and value < 1:
+            raise ValueError(f"parallel.{name} must be >= 1 (megatron-core), got {value}")
+    if p.vpp is not None:
+        raise ValueError("parallel.vpp with uneven first/last pipeline stages is not supported")
+    fixed = [x for x in (p.first_stage_layers, p.last_stage_layers) if x is not None]
+    middle = p.pp - len(fixed)
+    rest = m.num_layers - sum(fixed)
+    if p.pp < 2 or rest < 0 or (middle > 0 and rest % middle) or (middle == 0 and rest):
+        raise ValueError(
+            f"parallel.first_stage_layers/last_stage_layers ({p.first_stage_layers}/"
+            f"{p.last_stage_layers}) do not split model.num_layers ({m.num_layers}) over "
+            f"parallel.pp ({p.pp}) stages"
+        )
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
     """Megatron's padding: up to a multiple of ``divisible_by * tp``."""
     multiple = divisible_by * tp
     return -(-vocab_size // multiple) * multiple
-
-
-def _get(src: Any, name: str, default: Any = None) -> Any:
-    value = src.get(name, default) if isinstance(src, dict) else getattr(src, name, default)
-    return default if value is None else value
-
-
-def spec_from_megatron_args(args: Any) -> TrainingSpec:
-    """From a Megatron args namespace (or a dict with the same underscore keys)."""
-    tp = int(_get(args, "tensor_model_parallel_size", 1))
-    vocab = _get(args, "padded_vocab_size")
-    if vocab is None:
-        raw = _get(args, "vocab_size")
-        if raw is None:
-            raise ValueError("model.vocab_size (or padded_vocab_size) is required")
-        divisible = int(_get(args, "make_vocab_size_divisible_by", 128))
-        vocab = padded_vocab_size(int(raw), divisible, tp) if _get(args, "pad_vocab", True) else raw
-    seq = _get(args, "seq_length")
-    if seq is None:
-        raise ValueError("model.seq_length is required")
-    bf16, fp16 = bool(_get(args, "bf16", False)), bool(_get(args, "fp16", False))
-    dtype = "bfloat16" if bf16 else "float16" if fp16 else "float32"
-    groups = _get(args, "num_query_groups") if _get(args, "group_query_attention", True) else None
-    model = ModelSpec(
-        num_layers=int(_get(args, "num_layers", 0)),
-        hidden_size=int(_get(args, "hidden_size", 0)),
-        num_attention_heads=int(_get(args, "num_attention_heads", 0)),
-        vocab_size=int(vocab),
-        seq_length=int(seq),
-        num_query_groups=groups,
-        ffn_hidden_size=_get(args, "ffn_hidden_size"),
-        kv_channels=_get(args, "kv_channels"),
-        max_position_embeddings=_get(args, "max_position_embeddings"),
-        gated_linear_unit=bool(_get(args, "swiglu", False)),
-        add_bias_linear=not bool(_get(args, "disable_bias_linear", False))
-        and bool(_get(args, "add_bias_linear", True)),
-        add_qkv_bias=bool(_get(args, "add_qkv_bias", False)),
-        qk_layernorm=bool(_get(args, "qk_layernorm", False)),
-        normalization=str(_get(args, "normalization", "LayerNorm")),
-        position_embedding_type=str(_get(args, "position_embedding_type", "learned_absolute")),
-        tie_embeddings=not bool(_get(args, "untie_embeddings_and_output_weights", False)),
-    )
-    pp = int(_get(args, "pipeline_model_parallel_size", 1))
-    cp = int(_get(args, "context_parallel_size", 1))
-    world = _get(args, "world_size")
-    dp = _get(args, "data_parallel_size") or (int(world) // (tp * pp * cp) if world else 1)
-    parallel = ParallelSpec(
-        tp=tp,
-        pp=pp,
-        dp=int(dp),
-        cp=cp,
-        ep=int(_get(args, "expert_model_parallel_size", 1)),
-        vpp=_get(args, "virtual_pipeline_model_parallel_size"),
-        sequence_parallel=bool(_get(args, "sequence_parallel", False)) and tp > 1,
-    )
-    precision = PrecisionSpec(
-        params_dtype=dtype,
-        grads_in_fp32=bf16 or bool(_get(args, "accumulate_allreduce_grads_in_fp32", False)),
-        optimizer=str(_get(args, "optimizer", "adam")),
-        distributed_optimizer=bool(_get(args, "use_distributed_optimizer", False)),
-        torch_optimizer=bool(_get(args, "torch_optimizer", False)),
-    )
-    mbs = int(_get(args, "micro_batch_size", 1))
-    gbs = _get(args, "global_batch_size")
-    microbatches = (
-        int(gbs) // (mbs * parallel.dp) if gbs else int(_get(args, "num_microbatches", 1))
-    )
-    return TrainingSpec(model, parallel, precision, mbs, max(1, microbatches)).validate()
-
-
-def spec_from_flagscale_yaml(config: dict[str, Any]) -> TrainingSpec:
-    """From a FlagScale training YAML (its ``system``/``model``/``data`` sections merged)."""
-    merged: dict[str, Any] = {}
-    for section in ("system", "model", "data"):
-        part = config.get(section) or {}
-        if not isinstance(part, dict):
-            raise ValueError(f"{section} must be a mapping in a FlagScale training YAML")
-        for key, value in _flatten(part).items():
-            merged[key.replace("-", "_")] = value
-    if not merged:
-        raise ValueError("no system/model/data sections: not a FlagScale training YAML")
-    return spec_from_megatron_args(merged)
-
-
-def _flatten(d: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in d.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value))
-        else:
-            out[key] = value
-    return out

@@ -1,14 +1,26 @@
 """Exact per-rank parameter inventory of a megatron-core ``GPTModel`` (local layer spec).
 
 Each entry is one parameter tensor as this rank holds it (tensor-parallel shard, pipeline
-stage, virtual chunks), so both bytes and tensor counts follow from it.
+stage, virtual chunks), so both bytes and tensor counts follow from it. Names follow the
+local spec of megatron-core 0.16.1 (``get_gpt_decoder_block_spec`` /
+``get_gpt_layer_local_spec`` / ``get_gpt_mtp_block_spec`` with ``use_transformer_engine=False``);
+Transformer Engine's spec fuses the norms into the next linear layer (other names, same
+sizes), keeps the MLA down-projections whole on every TP rank (``transformer_impl``) and
+splits grouped experts into one tensor per expert (same total size).
+
+Mixture of experts: the router weight ``[num_experts, h]`` is a parameter (its
+``expert_bias`` and ``local_tokens_per_expert``, two fp32 ``[num_experts]`` tensors when
+``moe_router_enable_expert_bias``, are buffers and not listed); each EP rank holds
+``num_experts / ep`` experts whose linear layers are sharded over the expert-TP group
+(``etp``); shared experts are sharded over TP like a dense MLP. Expert tensors carry
+``expert=True``: the distributed optimizer shards them over ``ParallelSpec.expert_dp``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memscope.analysis.static.config import TrainingSpec
+from memscope.analysis.static.config import ModelSpec, TrainingSpec, stage_layer_counts
 
 
 @dataclass(frozen=True)
@@ -17,19 +29,30 @@ class ParamTensor:
 
     name: str
     numel: int
+    expert: bool = False  # a routed expert's weight (replicated over expert-DP, not DP)
 
 
 @dataclass(frozen=True)
 class RankPosition:
-    """Where a rank sits in the grid (ranks within TP/DP share the parameter layout)."""
+    """Where a rank sits in the grid (ranks within TP/DP share the parameter layout; so do
+    EP ranks: each holds the same number of equally shaped local experts)."""
 
     tp_rank: int = 0
     pp_rank: int = 0
 
 
-def layers_per_chunk(spec: TrainingSpec) -> int:
+def layers_per_chunk(spec: TrainingSpec, pp_rank: int = 0) -> int:
+    """Decoder layers in each virtual chunk of pipeline stage ``pp_rank``."""
     p = spec.parallel
-    return spec.model.num_layers // (p.pp * (p.vpp or 1))
+    return stage_layer_counts(spec.model, p)[pp_rank] // (p.vpp or 1)
+
+
+def _chunk_offset(spec: TrainingSpec, pp_rank: int, chunk: int) -> int:
+    """Global index of the chunk's first layer (Megatron's layer offset)."""
+    p = spec.parallel
+    if p.vpp is None:
+        return sum(stage_layer_counts(spec.model, p)[:pp_rank])
+    return (chunk * p.pp + pp_rank) * layers_per_chunk(spec)
 
 
 def _norm(prefix: str, size: int, normalization: str) -> list[ParamTensor]:
@@ -39,31 +62,121 @@ def _norm(prefix: str, size: int, normalization: str) -> list[ParamTensor]:
     return out
 
 
-def layer_params(spec: TrainingSpec, prefix: str = "layer") -> list[ParamTensor]:
-    """One transformer layer's tensors on one tensor-parallel rank."""
-    m, tp = spec.model, spec.parallel.tp
+def _linear(prefix: str, out_size: int, in_size: int, bias: bool, **kw: bool) -> list[ParamTensor]:
+    """A (sharded) linear layer: ``weight [out, in]`` and optionally ``bias [out]``."""
+    out = [ParamTensor(f"{prefix}.weight", out_size * in_size, **kw)]
+    if bias:
+        out.append(ParamTensor(f"{prefix}.bias", out_size, **kw))
+    return out
+
+
+def _attention(m: ModelSpec, tp: int, prefix: str) -> list[ParamTensor]:
     h, d = m.hidden_size, m.head_dim
     qkv_out = (m.num_attention_heads + 2 * m.query_groups) * d // tp
-    proj_in = m.num_attention_heads * d // tp
-    fc1_out = m.ffn * (2 if m.gated_linear_unit else 1) // tp
-    fc2_in = m.ffn // tp
-    out = _norm(f"{prefix}.input_layernorm", h, m.normalization)
-    out.append(ParamTensor(f"{prefix}.self_attention.linear_qkv.weight", qkv_out * h))
-    if m.add_bias_linear or m.add_qkv_bias:
-        out.append(ParamTensor(f"{prefix}.self_attention.linear_qkv.bias", qkv_out))
+    out = _linear(f"{prefix}.linear_qkv", qkv_out, h, m.add_bias_linear or m.add_qkv_bias)
     if m.qk_layernorm:
-        out += _norm(f"{prefix}.self_attention.q_layernorm", d, m.normalization)
-        out += _norm(f"{prefix}.self_attention.k_layernorm", d, m.normalization)
-    out.append(ParamTensor(f"{prefix}.self_attention.linear_proj.weight", h * proj_in))
-    if m.add_bias_linear:
-        out.append(ParamTensor(f"{prefix}.self_attention.linear_proj.bias", h))
-    out += _norm(f"{prefix}.pre_mlp_layernorm", h, m.normalization)
-    out.append(ParamTensor(f"{prefix}.mlp.linear_fc1.weight", fc1_out * h))
-    if m.add_bias_linear:
-        out.append(ParamTensor(f"{prefix}.mlp.linear_fc1.bias", fc1_out))
-    out.append(ParamTensor(f"{prefix}.mlp.linear_fc2.weight", h * fc2_in))
-    if m.add_bias_linear:
-        out.append(ParamTensor(f"{prefix}.mlp.linear_fc2.bias", h))
+        out += _norm(f"{prefix}.q_layernorm", d, m.normalization)
+        out += _norm(f"{prefix}.k_layernorm", d, m.normalization)
+    out += _linear(f"{prefix}.linear_proj", h, m.num_attention_heads * d // tp, m.add_bias_linear)
+    return out
+
+
+def _mla_attention(m: ModelSpec, tp: int, prefix: str) -> list[ParamTensor]:
+    """``MLASelfAttention``: low-rank (down/up) query and key-value projections."""
+    h, heads = m.hidden_size, m.num_attention_heads
+    q_head = m.qk_head_dim + m.qk_pos_emb_head_dim
+    down_tp = tp if m.transformer_impl == "local" else 1  # TE: TELinear, "duplicated"
+    if m.q_lora_rank is None:
+        out = _linear(f"{prefix}.linear_q_proj", heads * q_head // tp, h, False)
+    else:
+        out = _linear(f"{prefix}.linear_q_down_proj", m.q_lora_rank // down_tp, h, False)
+        out += _linear(f"{prefix}.linear_q_up_proj", heads * q_head // tp, m.q_lora_rank, False)
+    kv_down = (m.kv_lora_rank + m.qk_pos_emb_head_dim) // down_tp
+    out += _linear(f"{prefix}.linear_kv_down_proj", kv_down, h, False)
+    kv_up = heads * (m.qk_head_dim + m.v_head_dim) // tp
+    out += _linear(f"{prefix}.linear_kv_up_proj", kv_up, m.kv_lora_rank, False)
+    if m.qk_layernorm:  # q_layernorm only exists with the low-rank query
+        if m.q_lora_rank is not None:
+            out += _norm(f"{prefix}.q_layernorm", m.q_lora_rank, m.normalization)
+        out += _norm(f"{prefix}.kv_layernorm", m.kv_lora_rank, m.normalization)
+    out += _linear(f"{prefix}.linear_proj", h, heads * m.v_head_dim // tp, m.add_bias_linear)
+    return out
+
+
+def _mlp(m: ModelSpec, ffn: int, tp: int, prefix: str, bias: bool, **kw: bool) -> list[ParamTensor]:
+    """``MLP`` with ``linear_fc1`` (doubled for GLU) and ``linear_fc2``, sharded ``tp`` ways."""
+    fc1_out = ffn * (2 if m.gated_linear_unit else 1) // tp
+    out = _linear(f"{prefix}.linear_fc1", fc1_out, m.hidden_size, bias, **kw)
+    out.append(ParamTensor(f"{prefix}.linear_fc2.weight", m.hidden_size * (ffn // tp), **kw))
+    if bias:
+        out.append(ParamTensor(f"{prefix}.linear_fc2.bias", m.hidden_size, **kw))
+    return out
+
+
+def _moe(spec: TrainingSpec, prefix: str) -> list[ParamTensor]:
+    """``MoELayer``: router, this EP rank's experts (ETP shards), shared experts (TP)."""
+    m, p = spec.model, spec.parallel
+    assert m.num_experts is not None
+    h, ffn, etp = m.hidden_size, m.moe_ffn, p.expert_tp
+    local = m.num_experts // p.ep
+    out = _linear(f"{prefix}.router", m.num_experts, h, m.add_bias_linear)
+    if m.moe_grouped_gemm:  # GroupedMLP: all local experts in two tensors (no bias)
+        fc1 = local * ffn * (2 if m.gated_linear_unit else 1) // etp
+        out.append(ParamTensor(f"{prefix}.experts.weight1", h * fc1, expert=True))
+        out.append(ParamTensor(f"{prefix}.experts.weight2", local * ffn // etp * h, expert=True))
+    else:  # SequentialMLP: one MLP per local expert
+        for j in range(local):
+            name = f"{prefix}.experts.local_experts.{j}"
+            out += _mlp(m, ffn, etp, name, m.add_bias_linear, expert=True)
+    shared = m.moe_shared_expert_intermediate_size
+    if shared is not None:
+        out += _mlp(m, shared, p.tp, f"{prefix}.shared_experts", False)
+    return out
+
+
+def layer_params(spec: TrainingSpec, prefix: str = "layer", moe: bool = False) -> list[ParamTensor]:
+    """One transformer layer's tensors on one tensor-parallel rank (``moe``: a MoE MLP)."""
+    m, tp = spec.model, spec.parallel.tp
+    out = _norm(f"{prefix}.input_layernorm", m.hidden_size, m.normalization)
+    attention = _mla_attention if m.multi_latent_attention else _attention
+    out += attention(m, tp, f"{prefix}.self_attention")
+    out += _norm(f"{prefix}.pre_mlp_layernorm", m.hidden_size, m.normalization)
+    if moe:
+        out += _moe(spec, f"{prefix}.mlp")
+    else:
+        out += _mlp(m, m.ffn, tp, f"{prefix}.mlp", m.add_bias_linear)
+    return out
+
+
+def _embedding(spec: TrainingSpec, tag: str) -> list[ParamTensor]:
+    m, h = spec.model, spec.model.hidden_size
+    out = [
+        ParamTensor(f"{tag}embedding.word_embeddings.weight", m.vocab_size // spec.parallel.tp * h)
+    ]
+    if m.position_embedding_type == "learned_absolute":
+        positions = m.max_position_embeddings or m.seq_length
+        out.append(ParamTensor(f"{tag}embedding.position_embeddings.weight", positions * h))
+    return out
+
+
+def _mtp(spec: TrainingSpec, tag: str) -> list[ParamTensor]:
+    """``MultiTokenPredictionBlock`` on the last stage: per depth, two norms, ``eh_proj``
+    ``[h / tp, 2h]``, a transformer layer built from the spec of the stage's last decoder
+    layer (the model's last layer: MoE or dense as the pattern says) and a final norm.
+
+    (Megatron builds a MoE layer instead when the last stage has no decoder layer, which
+    needs a ``pipeline_model_parallel_layout``; first/last stage sizes must be >= 1.)"""
+    m, p = spec.model, spec.parallel
+    h = m.hidden_size
+    moe = m.is_moe_layer(m.num_layers - 1)
+    out: list[ParamTensor] = []
+    for k in range(m.mtp_num_layers or 0):
+        prefix = f"{tag}mtp.layers.{k}"
+        out += _norm(f"{prefix}.enorm", h, m.normalization)
+        out += _norm(f"{prefix}.hnorm", h, m.normalization)
+        out.append(ParamTensor(f"{prefix}.eh_proj.weight", h // p.tp * 2 * h))
+        out += layer_params(spec, f"{prefix}.transformer_layer", moe)
+        out += _norm(f"{prefix}.final_layernorm", h, m.normalization)
     return out
 
 
@@ -71,35 +184,26 @@ def rank_params(spec: TrainingSpec, pos: RankPosition) -> list[ParamTensor]:
     """Every parameter tensor the rank at ``pos`` holds, over all its virtual chunks."""
     m, p = spec.model, spec.parallel
     chunks = p.vpp or 1
-    per_chunk = layers_per_chunk(spec)
+    per_chunk = layers_per_chunk(spec, pos.pp_rank)
     out: list[ParamTensor] = []
     for chunk in range(chunks):
         first = pos.pp_rank == 0 and chunk == 0
         last = pos.pp_rank == p.pp - 1 and chunk == chunks - 1
+        mtp = last and bool(m.mtp_num_layers)
         tag = f"chunk{chunk}." if chunks > 1 else ""
-        if first:
-            out.append(
-                ParamTensor(
-                    f"{tag}embedding.word_embeddings.weight", m.vocab_size // p.tp * m.hidden_size
-                )
-            )
-            if m.position_embedding_type == "learned_absolute":
-                positions = m.max_position_embeddings or m.seq_length
-                out.append(
-                    ParamTensor(
-                        f"{tag}embedding.position_embeddings.weight", positions * m.hidden_size
-                    )
-                )
-        start = (chunk * p.pp + pos.pp_rank) * per_chunk
-        for i in range(per_chunk):
-            out += layer_params(spec, f"{tag}decoder.layers.{start + i}")
+        if first or mtp:  # MTP needs the embedding on its stage too (a tied copy)
+            out += _embedding(spec, tag)
+        start = _chunk_offset(spec, pos.pp_rank, chunk)
+        for i in range(start, start + per_chunk):
+            out += layer_params(spec, f"{tag}decoder.layers.{i}", m.is_moe_layer(i))
         if last:
             out += _norm(f"{tag}decoder.final_layernorm", m.hidden_size, m.normalization)
-            shared = m.tie_embeddings and first
-            if not shared:  # with pp > 1 the last stage keeps its own tied copy
-                out.append(
-                    ParamTensor(f"{tag}output_layer.weight", m.vocab_size // p.tp * m.hidden_size)
-                )
+        if mtp:
+            out += _mtp(spec, tag)
+        if last and not (m.tie_embeddings and first):
+            # with pp > 1 the last stage keeps its own tied copy (also with MTP)
+            vocab_shard = m.vocab_size // p.tp
+            out.append(ParamTensor(f"{tag}output_layer.weight", vocab_shard * m.hidden_size))
     return out
 
 

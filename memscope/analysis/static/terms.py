@@ -42,8 +42,10 @@ def persistent_terms(spec: TrainingSpec, params: list[ParamTensor]) -> Persisten
     else:
         per_param = (FP32 if prec.sgd_momentum else 0) + (FP32 if prec.mixed_precision else 0)
     optimizer = count * per_param
-    if prec.distributed_optimizer:
-        optimizer = -(-optimizer // spec.parallel.dp)
+    if prec.distributed_optimizer:  # routed experts shard over the expert-data-parallel group
+        expert = sum(t.numel for t in params if t.expert) * per_param
+        dense = optimizer - expert
+        optimizer = -(-dense // spec.parallel.dp) + -(-expert // spec.parallel.expert_dp)
     if prec.torch_optimizer and prec.optimizer == "adam":
         optimizer += FP32 * len(params)  # one float32 ``step`` tensor per parameter tensor
     return PersistentTerms(count, weights, grads, optimizer)

@@ -20,7 +20,19 @@ from memscope.config import RuntimeConfig
 from memscope.reporters.runtime_json import RuntimeReportInputs
 
 StaticEstimateProvider = Callable[[Any, ParallelInfo], dict[str, Any] | None]
-NO_ESTIMATOR_REASON = f"memscope {__version__} has no static estimator yet"
+NO_ESTIMATOR_REASON = "static estimation is off (static_estimate_provider=None)"
+
+
+def default_static_estimate(args: Any, parallel: ParallelInfo) -> dict[str, Any]:
+    """MemScope's own per-rank estimate for this run's Megatron args."""
+    from memscope.analysis.static.estimator import estimate_for_runtime
+
+    if args is None:
+        raise ValueError("no Megatron args were given to the runtime (from_megatron_args)")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return estimate_for_runtime(args, parallel, device=device)
+
+
 TRACE_POLICY = (
     "step phases for up to 2000 steps (then evenly thinned); module/grad events for the first "
     "detail_steps traced steps; all recorded events in the JSONL trace"
@@ -83,6 +95,8 @@ def static_comparison(
         return compare_with_static(runtime_peak, categories, None, NO_ESTIMATOR_REASON)
     try:
         estimate = provider(args, parallel)
+    except ValueError as exc:  # a config the estimator does not model, said as such
+        return compare_with_static(runtime_peak, categories, None, f"no static estimate: {exc}")
     except Exception as exc:
         reason = f"the static estimator failed: {type(exc).__name__}: {exc}"
         return compare_with_static(runtime_peak, categories, None, reason)

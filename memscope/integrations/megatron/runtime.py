@@ -43,6 +43,7 @@ from memscope.events.trace_sink import JsonlTraceSink
 from memscope.integrations.megatron.crash_guard import CrashGuard
 from memscope.integrations.megatron.report_assembly import (
     StaticEstimateProvider,
+    default_static_estimate,
     report_inputs,
     runtime_metadata,
     static_comparison,
@@ -83,7 +84,7 @@ class MemScopeMegatronRuntime:
         self,
         config: RuntimeConfig,
         args: Any = None,
-        static_estimate_provider: StaticEstimateProvider | None = None,
+        static_estimate_provider: StaticEstimateProvider | None = default_static_estimate,
     ) -> None:
         self.config = config.validate()
         self.args = args

@@ -1,0 +1,369 @@
+"""Activation memory of one rank at its high-water mark (megatron-core local spec, unfused).
+
+The model counts the tensors autograd keeps for backward in megatron-core's local-spec
+transformer layer (``DotProductAttention`` with the ``[b, a, s, s]`` scores materialised,
+unfused bias/activation/dropout), tensor by tensor, and the working set of the backward pass
+on top of them. It was derived from megatron-core 0.16 and is checked against real CPU runs
+measured with the exact storage backend (``tools/bench_static_accuracy.py``).
+
+The peak of a pipeline stage is reached while the backward of one microbatch runs and the
+other in-flight microbatches (1F1B warm-up) still hold their saved tensors. Inside that
+backward, three moments compete: the output layer's weight gradient (last stage), the MLP
+activation backward and the attention-core backward, each of a layer whose later siblings
+have already released their tensors. :func:`activation_estimate` walks the chunk's layers in
+backward order and keeps the largest.
+
+Notation: ``s`` sequence per rank (``seq / cp``), ``b`` micro batch, ``h`` hidden, ``a``
+attention heads per TP rank, ``d`` head dim, ``f`` FFN width per TP rank, ``V`` padded vocab
+per TP rank, ``e`` activation bytes, ``sp`` = TP size under sequence parallelism else 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from memscope.analysis.static.config import TrainingSpec
+
+FP32 = 4
+INT64 = 8
+# Vocab-parallel cross entropy keeps, per token: the int64 masked target, the bool target
+# mask and three fp32 [s, b] tensors (predicted logit, sum of exps, loss).
+CE_BYTES_PER_TOKEN = INT64 + 1 + 3 * FP32
+
+
+@dataclass(frozen=True)
+class Dims:
+    """Per-rank tensor sizes of one microbatch (see the module notation)."""
+
+    s: int
+    b: int
+    h: int
+    a: int
+    d: int
+    f: int
+    vocab: int
+    e: int
+    sp: int
+    norm_stats: int  # fp32 statistics tensors per norm: LayerNorm 2 (mean, rstd), RMSNorm 1
+    mask_bytes: int  # per dropout-mask element: bool on CUDA, the activation dtype on CPU
+
+    @property
+    def hidden(self) -> int:
+        """One ``[s/sp, b, h]`` activation."""
+        return self.s // self.sp * self.b * self.h * self.e
+
+    @property
+    def heads(self) -> int:
+        """One ``[s, b, a, d]`` per-head activation (query, key, value or context)."""
+        return self.s * self.b * self.a * self.d * self.e
+
+    @property
+    def scores(self) -> int:
+        """One ``[b, a, s, s]`` attention-score tensor."""
+        return self.b * self.a * self.s * self.s * self.e
+
+    @property
+    def ffn(self) -> int:
+        """One ``[s, b, f]`` MLP activation."""
+        return self.s * self.b * self.f * self.e
+
+    @property
+    def stats(self) -> int:
+        """Statistics of one norm over ``[s/sp, b]`` tokens."""
+        return self.norm_stats * self.s // self.sp * self.b * FP32
+
+    @property
+    def hidden_mask(self) -> int:
+        """A dropout mask over one ``[s/sp, b, h]`` activation."""
+        return self.hidden // self.e * self.mask_bytes
+
+    @property
+    def scores_mask(self) -> int:
+        """A dropout mask over the attention probabilities."""
+        return self.scores // self.e * self.mask_bytes
+
+
+def dims(spec: TrainingSpec) -> Dims:
+    """Tensor sizes of ``spec`` as seen by one rank."""
+    m, p = spec.model, spec.parallel
+    return Dims(
+        s=m.seq_length // p.cp,
+        b=spec.micro_batch_size,
+        h=m.hidden_size,
+        a=m.num_attention_heads // p.tp,
+        d=m.head_dim,
+        f=m.ffn // p.tp,
+        vocab=m.vocab_size // p.tp,
+        e=spec.precision.param_bytes,
+        sp=p.tp if p.sequence_parallel else 1,
+        norm_stats=2 if m.normalization == "LayerNorm" else 1,
+        mask_bytes=spec.precision.param_bytes if spec.device == "cpu" else 1,
+    )
+
+
+def layer_saved(spec: TrainingSpec, x: Dims) -> dict[str, int]:
+    """What one layer keeps for backward per microbatch, itemised (without its input).
+
+    ``layer_output`` is the output kept by the next consumer (next layer's input norm, the
+    final norm); callers drop it where nothing keeps it (a pipeline stage's last output).
+    """
+    m = spec.model
+    per_ffn = 5 if m.gated_linear_unit else 2
+    items = {
+        "norm_outputs": 2 * x.hidden,  # inputs of linear_qkv and linear_fc1
+        "norm_statistics": 2 * x.stats,
+        "attention_residual": x.hidden,  # input of the pre-MLP norm
+        "layer_output": x.hidden,
+        "attention_qkv": 3 * x.heads,  # query, key, value (GQA: key/value repeated to a heads)
+        "attention_context": x.heads,  # input of linear_proj
+        # GeLU: fc1 output (+bias) and the activation; SwiGLU: the 2f-wide fc1 output, silu,
+        # the linear branch (+offset) and their product
+        "mlp": per_ffn * x.ffn,
+    }
+    if m.multi_latent_attention:  # approximate, not measured: see approximate_moe_mla()
+        items.update(_mla_items(spec, x))
+    if m.num_experts is not None:
+        items["mlp"] = _moe_mlp_bytes(spec, x, per_ffn)
+    if spec.flash_attention:
+        items["attention_softmax_lse"] = x.b * x.a * x.s * FP32
+    elif spec.recompute == "selective":
+        items["attention_mask_recompute"] = FP32  # the checkpoint's saved RNG/shape scalar
+    else:
+        items["attention_scores"] = x.scores  # softmax output
+        if m.attention_dropout > 0:
+            items["attention_dropout"] = x.scores + x.scores_mask  # output (bmm input), mask
+    if m.hidden_dropout > 0:
+        items["residual_dropout_masks"] = 2 * x.hidden_mask
+    return items
+
+
+def _mla_items(spec: TrainingSpec, x: Dims) -> dict[str, int]:
+    """Multi-latent attention (approximate, first order; not checked against measurement).
+
+    Query/key carry ``qk_head_dim + qk_pos_emb_head_dim`` per head, value and context
+    ``v_head_dim``; the compressed kv (and query) latents and their norm outputs are kept.
+    """
+    m = spec.model
+    tokens = x.s * x.b * x.e
+    qk, v = m.qk_head_dim + m.qk_pos_emb_head_dim, m.v_head_dim
+    latents = m.kv_lora_rank + m.qk_pos_emb_head_dim + (m.q_lora_rank or 0)
+    return {
+        "attention_qkv": tokens * x.a * (2 * qk + v),
+        "attention_context": tokens * x.a * v,
+        "attention_latents": 2 * tokens * latents,  # down-projection outputs, their norms
+    }
+
+
+def _moe_mlp_bytes(spec: TrainingSpec, x: Dims, per_ffn: int) -> int:
+    """A MoE MLP under balanced routing (approximate, first order; not measured).
+
+    Each rank's experts receive ``s b topk`` tokens on average; each keeps its permuted input
+    and the expert MLP's tensors at ``moe_ffn / etp``; the router keeps fp32 logits and
+    probabilities over the experts; a shared expert is a dense MLP of its own width.
+    """
+    m, p = spec.model, spec.parallel
+    routed = x.s * x.b * m.moe_router_topk
+    expert = routed * (x.h + per_ffn * m.moe_ffn // p.expert_tp) * x.e
+    router = 2 * x.s * x.b * (m.num_experts or 0) * FP32
+    shared = per_ffn * x.s * x.b * (m.moe_shared_expert_intermediate_size or 0) // p.tp * x.e
+    return expert + router + shared
+
+
+def _attention_backward(
+    spec: TrainingSpec, x: Dims, saved: dict[str, int], output_stored: bool
+) -> int:
+    """Working set at the attention-core backward of a layer, relative to its saved set.
+
+    Released by then: everything the layer saved after the attention core. Without attention
+    dropout the high-water mark is the masked-fill of the score gradient: the incoming
+    gradient, the value gradient and four score-sized tensors (probability and score
+    gradients, the masked-fill result, the flat buffer the view's backward zero-fills) are
+    alive and the softmax output is gone. With dropout it is the probability gradient
+    (``bmm`` backward), next to the context and value gradients, probabilities still alive.
+    """
+    released = saved["norm_outputs"] // 2 + saved["norm_statistics"] // 2  # pre-MLP norm
+    released += sum(
+        saved.get(k, 0)
+        for k in ("attention_context", "attention_residual", "mlp", "residual_dropout_masks")
+    )
+    released += saved["layer_output"] if output_stored else 0
+    if spec.flash_attention:
+        return x.hidden + 3 * x.heads - released  # dq, dk, dv
+    if "attention_dropout" in saved:
+        return x.hidden + 2 * x.heads + x.scores - released
+    work = x.hidden + x.heads + 4 * x.scores - saved.get("attention_scores", 0)
+    if spec.recompute == "selective":
+        work += 2 * x.heads  # the recomputed query/key copies
+    return work - released
+
+
+def _mlp_backward(spec: TrainingSpec, x: Dims, saved: dict[str, int], output_stored: bool) -> int:
+    """Working set at the MLP backward of a layer, relative to its saved set.
+
+    Two moments compete: fc2's weight gradient (next to the incoming gradient and fc2's input
+    gradient) and the activation backward (its one or two gradients, fc2's input released).
+    """
+    released = saved.get("residual_dropout_masks", 0) // 2
+    released += saved["layer_output"] if output_stored else 0
+    incoming = x.hidden * (2 if "residual_dropout_masks" in saved else 1)  # (+ masked copy)
+    fc2_weight_grad = x.h * x.f * x.e
+    activation_grads = 2 if spec.model.gated_linear_unit else 1
+    return incoming + x.ffn + max(fc2_weight_grad, (activation_grads - 1) * x.ffn) - released
+
+
+@dataclass(frozen=True)
+class ActivationEstimate:
+    """Activation bytes of one rank at its forward/backward high-water mark."""
+
+    per_layer: dict[str, int]  # one layer, one microbatch (no recompute applied)
+    chunk_saved_bytes: int  # one (chunk-)microbatch's saved tensors on this rank
+    in_flight: int  # (chunk-)microbatches whose saved tensors coexist at the peak
+    backward_working_bytes: int  # on top of the saved tensors, at the peak moment
+    peak_moment: str  # which backward moment is the high-water mark
+    buffer_bytes: int  # megatron's global "mpu" buffer (attention scores / SP all-gather)
+    logits_bytes: int  # last stage: fp32 softmax kept by the cross entropy (one microbatch)
+    detail: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def saved_bytes(self) -> int:
+        """Saved tensors of every in-flight (chunk-)microbatch."""
+        return self.in_flight * self.chunk_saved_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        """All activation-side bytes at the peak (saved + working set + buffer)."""
+        return self.saved_bytes + self.backward_working_bytes + self.buffer_bytes
+
+
+def in_flight_microbatches(spec: TrainingSpec, pp_rank: int) -> int:
+    """(Chunk-)microbatches with live activations at the 1F1B high-water mark of a stage.
+
+    No pipelining: one. 1F1B: ``min(M, pp - rank)`` (warm-up forwards plus one). Interleaved
+    1F1B: Megatron's warm-up ``2 (pp - rank - 1) + (vpp - 1) pp`` chunk-forwards plus one.
+    """
+    p, mb = spec.parallel, spec.num_microbatches
+    if p.pp == 1:
+        return 1
+    if p.vpp is None:
+        return min(mb, p.pp - pp_rank)
+    return min(mb * p.vpp, 2 * (p.pp - pp_rank - 1) + (p.vpp - 1) * p.pp + 1)
+
+
+def _checkpointed(spec: TrainingSpec, n_layers: int) -> list[int | None]:
+    """Per layer of a chunk: its full-recompute group id, or None when it stores its tensors."""
+    if spec.recompute != "full":
+        return [None] * n_layers
+    k = spec.recompute_num_layers
+    if spec.recompute_method == "block":
+        return [i if i < k else None for i in range(n_layers)]
+    return [i // k for i in range(n_layers)]
+
+
+def chunk_activations(
+    spec: TrainingSpec, n_layers: int, first: bool, last: bool
+) -> tuple[int, int, str, dict[str, int]]:
+    """(saved bytes, peak working bytes above them, peak moment, detail) of one chunk."""
+    x = dims(spec)
+    full = layer_saved(spec, x)
+    groups = _checkpointed(spec, n_layers)
+    layer_total = sum(full.values())
+    extras: dict[str, int] = {"chunk_input": x.hidden}
+    if not spec.flash_attention:
+        extras["causal_mask"] = x.s * x.s  # [1, 1, s, s] bool, kept by the masked fill
+    if first:
+        positions = spec.model.position_embedding_type == "learned_absolute"
+        extras["token_ids"] = x.s * x.b * INT64 * (2 if positions else 1)
+        if spec.model.hidden_dropout > 0:
+            extras["embedding_dropout_mask"] = x.hidden_mask
+    if last:
+        extras["final_norm"] = x.hidden + x.stats
+        extras["cross_entropy_softmax"] = x.s * x.b * x.vocab * FP32
+        extras["cross_entropy_small"] = x.s * x.b * CE_BYTES_PER_TOKEN
+    stored = []
+    for i, g in enumerate(groups):
+        ends_group = i + 1 == n_layers or groups[i + 1] != g
+        output_kept = i + 1 < n_layers or last  # a stage's last output is sent, then freed
+        if g is None:
+            stored.append(layer_total - (0 if output_kept else x.hidden))
+        else:  # a checkpoint keeps only its group's input: the previous group's output
+            stored.append(x.hidden if ends_group and output_kept else 0)
+    saved = sum(stored) + sum(extras.values())
+    hold = x.vocab * x.h * x.e if spec.parallel.pp == 1 and spec.model.tie_embeddings else 0
+    best, moment = 0, "none"
+    if last:
+        best, moment = x.vocab * x.h * x.e + x.s * x.b * x.h * x.e, "output_layer_backward"
+    released_extras = sum(
+        extras.get(k, 0) for k in ("final_norm", "cross_entropy_softmax", "cross_entropy_small")
+    )
+    below = saved - released_extras  # what is alive when the layers' backward starts
+    for i in reversed(range(n_layers)):
+        below -= stored[i]
+        group = groups[i]
+        if group is None:
+            own = layer_total
+        else:  # the group's layers up to i are recomputed and alive, with the recomputed
+            # output and the gradient handed to it
+            own = layer_total * sum(1 for j in range(i + 1) if groups[j] == group)
+            own += 2 * x.hidden
+        base = below + own + hold - saved
+        output_stored = i + 1 < n_layers or last
+        for name, work in (
+            ("attention_backward", _attention_backward(spec, x, full, output_stored)),
+            ("mlp_backward", _mlp_backward(spec, x, full, output_stored)),
+        ):
+            if base + work > best:
+                best, moment = base + work, f"layer {i} {name}"
+    detail = dict(extras)
+    detail["layers"] = sum(stored)
+    return saved, best, moment, detail
+
+
+def buffer_bytes(spec: TrainingSpec) -> int:
+    """Megatron's global ``"mpu"`` buffer: sized by the largest of its uses, kept forever."""
+    x = dims(spec)
+    uses = [0]
+    if not spec.flash_attention:
+        uses.append(x.scores)  # the baddbmm output buffer of DotProductAttention
+    if x.sp > 1:
+        uses.append(x.s * x.b * x.h * x.e)  # the sequence-parallel all-gather
+    return max(uses)
+
+
+def activation_estimate(
+    spec: TrainingSpec, pp_rank: int, layer_counts: list[int]
+) -> ActivationEstimate:
+    """Activation terms of stage ``pp_rank``; ``layer_counts`` are its chunks' layers."""
+    p = spec.parallel
+    chunks = []
+    for c, n in enumerate(layer_counts):
+        first = pp_rank == 0 and c == 0
+        last = pp_rank == p.pp - 1 and c == len(layer_counts) - 1
+        chunks.append(chunk_activations(spec, n, first, last))
+    saved, work, moment, detail = max(chunks, key=lambda r: r[0] + r[1])
+    x = dims(spec)
+    if p.vpp is not None:
+        work += x.hidden  # the interleaved schedule holds one more p2p receive buffer
+    logits = x.s * x.b * x.vocab * FP32 if pp_rank == p.pp - 1 else 0
+    return ActivationEstimate(
+        per_layer=layer_saved(spec, x),
+        chunk_saved_bytes=saved,
+        in_flight=in_flight_microbatches(spec, pp_rank),
+        backward_working_bytes=work,
+        peak_moment=moment,
+        buffer_bytes=buffer_bytes(spec),
+        logits_bytes=logits,
+        detail=detail,
+    )
+
+
+def optimizer_step_bytes(spec: TrainingSpec, largest_param_numel: int) -> int:
+    """Temporaries of the optimizer step (beyond its state).
+
+    ``torch.optim.Adam`` (single-tensor path) builds the denominator of one parameter at a
+    time: ``sqrt`` then the division, two fp32 tensors of that parameter's size. Megatron's
+    fused Adam works in place.
+    """
+    prec = spec.precision
+    if prec.torch_optimizer and prec.optimizer == "adam":
+        return 2 * largest_param_numel * FP32
+    return 0

@@ -1,0 +1,155 @@
+"""Per-rank static memory estimate: exact persistent terms plus modelled activations.
+
+``estimate_rank`` combines the exact parameter inventory (:mod:`.params`), the persistent
+terms (:mod:`.terms`) and the activation model (:mod:`.activations`). The peak is the larger
+of the forward/backward high-water mark (persistent + in-flight saved tensors + backward
+working set + Megatron's global buffer) and the optimizer step (persistent + buffer + step
+temporaries). What no formula sees on a GPU (CUDA context, NCCL buffers, allocator
+rounding and fragmentation) is a separate allowance (:mod:`.allowance`), never added here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from memscope._version import __version__
+from memscope.analysis.static.activations import (
+    ActivationEstimate,
+    activation_estimate,
+    optimizer_step_bytes,
+)
+from memscope.analysis.static.config import TrainingSpec, stage_layer_counts
+from memscope.analysis.static.params import (
+    ParamTensor,
+    RankPosition,
+    layers_per_chunk,
+    rank_params,
+)
+from memscope.analysis.static.sources import spec_from_megatron_args
+from memscope.analysis.static.terms import PersistentTerms, persistent_terms
+
+SOURCE = f"memscope static estimator {__version__}"
+
+
+@dataclass(frozen=True)
+class RankEstimate:
+    """The estimate for one (tp_rank, pp_rank) position; DP/CP peers are identical."""
+
+    position: RankPosition
+    params: list[ParamTensor]
+    persistent: PersistentTerms
+    activations: ActivationEstimate
+    optimizer_step_bytes: int  # optimizer-step temporaries
+
+    @property
+    def peak_stage(self) -> str:
+        """``forward_backward`` or ``optimizer_step``: where the high-water mark is."""
+        step = self.activations.buffer_bytes + self.optimizer_step_bytes
+        return "optimizer_step" if step > self.activations.total_bytes else "forward_backward"
+
+    @property
+    def transient_bytes(self) -> int:
+        """Non-persistent bytes at the peak (activations, working sets, buffers)."""
+        if self.peak_stage == "optimizer_step":
+            return self.activations.buffer_bytes + self.optimizer_step_bytes
+        return self.activations.total_bytes
+
+    @property
+    def peak_memory_bytes(self) -> int:
+        return self.persistent.total_bytes + self.transient_bytes
+
+    def components(self) -> dict[str, int]:
+        """Bytes per MemScope category at the peak (``compare_with_static`` names)."""
+        return {
+            "parameters": self.persistent.weight_bytes,
+            "gradients": self.persistent.grad_bytes,
+            "optimizer_state": self.persistent.optimizer_bytes,
+            "activations": self.transient_bytes,
+            "other": 0,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain summary (no per-tensor list)."""
+        return {
+            "tp_rank": self.position.tp_rank,
+            "pp_rank": self.position.pp_rank,
+            "param_count": self.persistent.param_count,
+            "param_tensors": len(self.params),
+            "components": self.components(),
+            "activation_detail": {
+                **asdict(self.activations),
+                "saved_bytes": self.activations.saved_bytes,
+            },
+            "optimizer_step_bytes": self.optimizer_step_bytes,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "peak_stage": self.peak_stage,
+        }
+
+
+def estimate_rank(spec: TrainingSpec, position: RankPosition) -> RankEstimate:
+    """Estimate one rank (``position`` picks its TP shard and pipeline stage)."""
+    p = spec.parallel
+    if not (0 <= position.tp_rank < p.tp and 0 <= position.pp_rank < p.pp):
+        raise ValueError(f"rank position {position} is outside tp={p.tp} x pp={p.pp}")
+    params = rank_params(spec, position)
+    per_chunk = layers_per_chunk(spec, position.pp_rank)
+    assert per_chunk * (p.vpp or 1) == stage_layer_counts(spec.model, p)[position.pp_rank]
+    largest = max((t.numel for t in params), default=0)
+    return RankEstimate(
+        position=position,
+        params=params,
+        persistent=persistent_terms(spec, params),
+        activations=activation_estimate(spec, position.pp_rank, [per_chunk] * (p.vpp or 1)),
+        optimizer_step_bytes=optimizer_step_bytes(spec, largest),
+    )
+
+
+def estimate_all_ranks(spec: TrainingSpec) -> list[RankEstimate]:
+    """One estimate per distinct (pp_rank, tp_rank), pipeline-major."""
+    p = spec.parallel
+    return [
+        estimate_rank(spec, RankPosition(tp_rank=t, pp_rank=s))
+        for s in range(p.pp)
+        for t in range(p.tp)
+    ]
+
+
+def position_of_rank(spec: TrainingSpec, rank: int) -> RankPosition:
+    """Megatron's default rank order (tp fastest, then cp, dp, pp)."""
+    p = spec.parallel
+    if not 0 <= rank < p.world_size:
+        raise ValueError(f"rank {rank} is outside the world size {p.world_size}")
+    return RankPosition(tp_rank=rank % p.tp, pp_rank=rank // (p.tp * p.cp * p.dp))
+
+
+def global_ranks(spec: TrainingSpec, position: RankPosition) -> list[int]:
+    """The global ranks holding ``position`` (its data- and context-parallel peers)."""
+    return [r for r in range(spec.parallel.world_size) if position_of_rank(spec, r) == position]
+
+
+def estimate_for_runtime(args: Any, parallel: Any, device: str = "cuda") -> dict[str, Any]:
+    """The ``StaticEstimateProvider`` for the runtime tracer (``compare_with_static`` input).
+
+    ``parallel`` is the rank's :class:`~memscope.capture.parallel.ParallelInfo`; its data-
+    parallel size overrides the one in ``args``. ``device`` is where the run's tensors live.
+    Raises ``ValueError`` when ``args`` describe a model the estimator does not support.
+    """
+    spec = spec_from_megatron_args(args)
+    sizes = replace(
+        spec.parallel,
+        dp=max(1, int(getattr(parallel, "dp_size", spec.parallel.dp) or 1)),
+    )
+    spec = replace(spec, parallel=sizes, device=device)
+    position = RankPosition(
+        tp_rank=int(getattr(parallel, "tp_rank", None) or 0),
+        pp_rank=int(getattr(parallel, "pp_rank", None) or 0),
+    )
+    est = estimate_rank(spec, position)
+    return {
+        "peak_memory_bytes": est.peak_memory_bytes,
+        "components": est.components(),
+        "source": SOURCE,
+        "peak_stage": est.peak_stage,
+        "peak_moment": est.activations.peak_moment,
+    }

@@ -1,0 +1,93 @@
+"""Validation of the mixture-of-experts, multi-latent attention and multi-token prediction
+fields of a spec: the constraints megatron-core 0.16 asserts when it builds those modules,
+raised as ``ValueError`` naming the field."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from memscope.analysis.static.config import ModelSpec, ParallelSpec
+
+
+def validate_moe(m: ModelSpec, p: ParallelSpec) -> None:
+    """Expert counts, layer pattern and expert sharding (EP x ETP)."""
+    if p.etp is not None and p.etp < 1:
+        raise ValueError(f"parallel.etp must be >= 1, got {p.etp}")
+    if m.num_experts is None:
+        if p.ep > 1:
+            raise ValueError(f"parallel.ep ({p.ep}) > 1 needs model.num_experts")
+        for name in ("moe_ffn_hidden_size", "moe_shared_expert_intermediate_size"):
+            if getattr(m, name) is not None:
+                raise ValueError(f"model.{name} is set but model.num_experts is not")
+        if m.moe_layer_pattern is not None:
+            raise ValueError("model.moe_layer_pattern is set but model.num_experts is not")
+        return
+    if m.num_experts < 1:
+        raise ValueError(f"model.num_experts must be >= 1, got {m.num_experts}")
+    if m.num_experts % p.ep:
+        raise ValueError(f"parallel.ep ({p.ep}) must divide model.num_experts ({m.num_experts})")
+    if not 1 <= m.moe_router_topk <= m.num_experts:
+        raise ValueError(
+            f"model.moe_router_topk ({m.moe_router_topk}) must be in 1..model.num_experts "
+            f"({m.num_experts})"
+        )
+    pattern = m.moe_layer_pattern
+    if pattern is not None:
+        if len(pattern) != m.num_layers:
+            raise ValueError(
+                f"model.moe_layer_pattern has {len(pattern)} entries, model.num_layers is "
+                f"{m.num_layers}"
+            )
+        if set(pattern) - {0, 1}:
+            raise ValueError("model.moe_layer_pattern entries must be 0 (dense) or 1 (MoE)")
+    if m.moe_ffn < 1 or m.moe_ffn % p.expert_tp:
+        raise ValueError(
+            f"parallel.etp ({p.expert_tp}) must divide model.moe_ffn_hidden_size ({m.moe_ffn})"
+        )
+    if (p.tp * p.cp * p.dp) % (p.expert_tp * p.ep):
+        raise ValueError(
+            f"parallel.ep x etp ({p.ep} x {p.expert_tp}) must divide parallel.tp x cp x dp "
+            f"({p.tp} x {p.cp} x {p.dp})"
+        )
+    if m.add_bias_linear and p.expert_tp > 1:
+        raise ValueError("model.add_bias_linear with MoE needs parallel.etp == 1 (megatron-core)")
+    if m.add_bias_linear and m.moe_grouped_gemm and m.transformer_impl == "local":
+        raise ValueError("model.moe_grouped_gemm (local GroupedMLP) needs add_bias_linear off")
+    shared = m.moe_shared_expert_intermediate_size
+    if shared is not None:
+        if shared < 1 or shared % p.tp:
+            raise ValueError(
+                f"parallel.tp ({p.tp}) must divide model.moe_shared_expert_intermediate_size "
+                f"({shared})"
+            )
+        if m.add_bias_linear:
+            raise ValueError(
+                "model.moe_shared_expert_intermediate_size needs add_bias_linear off "
+                "(megatron-core)"
+            )
+
+
+def validate_mla_mtp(m: ModelSpec, p: ParallelSpec) -> None:
+    """Multi-latent attention dimensions and their TP sharding; MTP depth."""
+    if m.mtp_num_layers is not None and m.mtp_num_layers < 1:
+        raise ValueError(f"model.mtp_num_layers must be >= 1, got {m.mtp_num_layers}")
+    if not m.multi_latent_attention:
+        return
+    for name in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
+        if getattr(m, name) < 1:
+            raise ValueError(f"model.{name} must be positive, got {getattr(m, name)}")
+    if m.q_lora_rank is not None and m.q_lora_rank < 1:
+        raise ValueError(f"model.q_lora_rank must be positive, got {m.q_lora_rank}")
+    if m.transformer_impl == "local":  # the local spec shards the down-projections over TP
+        kv_down = m.kv_lora_rank + m.qk_pos_emb_head_dim
+        if kv_down % p.tp:
+            raise ValueError(
+                f"parallel.tp ({p.tp}) must divide model.kv_lora_rank + qk_pos_emb_head_dim "
+                f"({kv_down}) with the local MLA spec"
+            )
+        if m.q_lora_rank is not None and m.q_lora_rank % p.tp:
+            raise ValueError(
+                f"parallel.tp ({p.tp}) must divide model.q_lora_rank ({m.q_lora_rank}) with the "
+                "local MLA spec"
+            )

@@ -1,0 +1,98 @@
+"""``memscope analyze-static``: static per-rank memory estimate from a training config."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import replace
+from typing import Any
+
+from memscope.analysis.static.estimator import estimate_all_ranks, position_of_rank
+from memscope.analysis.static.sources import load_config_file
+from memscope.cli.common import CliError, progress
+from memscope.io.atomic import atomic_write_json, atomic_write_text
+from memscope.reporters.static_json import build_static_report
+from memscope.reporters.static_markdown import render_static_markdown
+from memscope.units import format_bytes
+
+
+def register(sub: Any) -> None:
+    """Add the ``analyze-static`` subcommand."""
+    p = sub.add_parser(
+        "analyze-static",
+        help="estimate per-rank memory from a JSON or FlagScale YAML training config",
+        description=(
+            "Estimate weights, gradients, optimizer state and activations per rank from a "
+            "config (original MemScope JSON or FlagScale training YAML), without running."
+        ),
+    )
+    p.add_argument("--config", required=True, help="config file (.json, or .yaml/.yml)")
+    p.add_argument("--outdir", default="outputs", help="where static_report.json/.md go")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument(
+        "--rank", type=int, default=None, help="global rank to detail (default: the worst rank)"
+    )
+    which.add_argument(
+        "--all-ranks", action="store_true", help="also print one line per rank position"
+    )
+    p.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="where the tensors live (CPU dropout masks are not bool); default cuda",
+    )
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="unpadded vocabulary size when the config leaves it to the tokenizer",
+    )
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Estimate every rank position, write the reports, print the detailed rank's peak."""
+    try:
+        spec = replace(load_config_file(args.config, args.vocab_size), device=args.device)
+        estimates = estimate_all_ranks(spec)
+        if args.rank is None:
+            selected = max(estimates, key=lambda e: e.peak_memory_bytes)
+        else:
+            position = position_of_rank(spec, args.rank)
+            selected = next(e for e in estimates if e.position == position)
+    except ValueError as exc:
+        raise CliError(f"{args.config}: {exc}") from None
+    report = build_static_report(spec, estimates, selected, os.path.abspath(args.config))
+    json_path = os.path.join(args.outdir, "static_report.json")
+    try:
+        os.makedirs(args.outdir, exist_ok=True)
+        atomic_write_json(json_path, report)
+        atomic_write_text(
+            os.path.join(args.outdir, "static_report.md"), render_static_markdown(report)
+        )
+    except OSError as exc:
+        raise CliError(f"{args.outdir}: cannot write ({exc.strerror})") from None
+    progress(f"wrote {json_path} and static_report.md")
+    if args.all_ranks:
+        for r in report["ranks"]:
+            print(
+                f"tp={r['tp_rank']} pp={r['pp_rank']} ranks {_span(r['global_ranks'])}: peak "
+                f"{format_bytes(r['peak_memory_bytes'])} ({r['peak_stage']})"
+            )
+    s = report["summary"]
+    print(
+        f"peak {format_bytes(s['peak_memory_bytes'])} on rank {s['global_ranks'][0]} "
+        f"(tp={s['tp_rank']} pp={s['pp_rank']}, {s['peak_stage']}): {s['param_count']:,} "
+        f"parameters, persistent {format_bytes(s['persistent_memory_bytes'])}, activations "
+        f"{format_bytes(s['activation_memory_bytes'])}, temporary "
+        f"{format_bytes(s['temporary_memory_bytes'])}"
+    )
+    return 0
+
+
+def _span(ranks: list[int]) -> str:
+    """``0,4,8`` or ``0..3`` style list of global ranks (first few)."""
+    if len(ranks) > 1 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}..{ranks[-1]}"
+    shown = ",".join(str(r) for r in ranks[:6])
+    return shown + (",..." if len(ranks) > 6 else "")

@@ -1,0 +1,230 @@
+"""Builds ``static_report.json``: the original Phase-1 schema plus per-rank estimates.
+
+``summary`` / ``operators`` / ``metadata`` keep the original keys and describe the selected
+rank; ``ranks`` holds every distinct rank position of the job (with the global ranks that
+share it: data- and context-parallel peers hold the same shard), ``allowance`` what the
+estimate leaves out on a GPU. ``peak_memory_bytes`` = ``persistent_memory_bytes`` +
+``activation_memory_bytes`` + ``temporary_memory_bytes`` at ``peak_stage`` (activations are
+zero when the optimizer step is the peak, as in the original).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from memscope._version import __version__
+from memscope.analysis.static.activations import dims
+from memscope.analysis.static.allowance import allowance
+from memscope.analysis.static.config import TrainingSpec
+from memscope.analysis.static.estimator import SOURCE, RankEstimate, global_ranks
+from memscope.events.schema import SCHEMA_VERSION
+
+REPORT_TYPE_STATIC = "static"
+APPROXIMATE = (
+    "parameters, gradients and optimizer state are exact for megatron-core GPTModel (local "
+    "spec; the distributed optimizer's bucket padding is not modelled); activations follow "
+    "the tensors megatron-core's unfused local-spec layers keep, the 1F1B/interleaved "
+    "in-flight microbatches and the backward working set, checked against exact CPU "
+    "measurement (tools/bench_static_accuracy.py); CUDA context, NCCL buffers and allocator "
+    "fragmentation are a separate allowance"
+)
+# per-layer item -> (shape in the notation, formula) for the operator records
+LAYER_ITEMS = {
+    "norm_outputs": ("[s/sp, b, h] x2", "2 s b h e / sp"),
+    "norm_statistics": ("[s/sp, b] x2 per norm", "2 x stats x s b 4 / sp"),
+    "attention_residual": ("[s/sp, b, h]", "s b h e / sp"),
+    "layer_output": ("[s/sp, b, h]", "s b h e / sp"),
+    "attention_qkv": ("[s, b, a/t, d] x3", "3 s b a d e / t"),
+    "attention_context": ("[s, b, a/t, d]", "s b a d e / t"),
+    "attention_scores": ("[b, a/t, s, s]", "b a s^2 e / t"),
+    "attention_dropout": ("[b, a/t, s, s] x2", "b a s^2 (e + mask) / t"),
+    "attention_softmax_lse": ("[b, a/t, s]", "4 b a s / t"),
+    "attention_mask_recompute": ("[]", "4"),
+    "mlp": ("[s, b, f/t] x2 (SwiGLU x5)", "(2 | 5) s b f e / t"),
+    "residual_dropout_masks": ("[s/sp, b, h] x2", "2 s b h mask / sp"),
+}
+
+
+def _op(
+    name: str,
+    category: str,
+    phase: str,
+    memory: int,
+    persistent: bool,
+    formula: str,
+    notes: str,
+    shape: str = "",
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    outputs = [{"name": name, "shape": shape, "dtype": "", "bytes": memory}] if shape else []
+    return {
+        "name": name,
+        "category": category,
+        "phase": phase,
+        "inputs": [],
+        "outputs": outputs,
+        "memory_bytes": memory,
+        "persistent": persistent,
+        "formula": formula,
+        "notes": notes,
+        "extra": extra or {},
+    }
+
+
+def operator_records(spec: TrainingSpec, est: RankEstimate) -> list[dict[str, Any]]:
+    """Operator-level records of one rank (notation: see memscope.analysis.static.activations).
+
+    Per-layer records are per layer and microbatch; ``extra`` says how often they count.
+    """
+    per, act = est.persistent, est.activations
+    x = dims(spec)
+    dtype = spec.precision.params_dtype
+    ops = [
+        _op(
+            "parameters",
+            "weights",
+            "persistent",
+            per.weight_bytes,
+            True,
+            "param_count x e",
+            f"{per.param_count:,} parameters in {len(est.params)} tensors on this rank",
+            extra={"tensors": {t.name: t.numel for t in est.params}},
+        ),
+        _op(
+            "gradients",
+            "gradients",
+            "backward",
+            per.grad_bytes,
+            True,
+            "param_count x (4 if fp32 grads else e)",
+            "Megatron DDP gradient buffer",
+        ),
+        _op(
+            "optimizer_state",
+            "optimizer",
+            "optimizer_step",
+            per.optimizer_bytes,
+            True,
+            "param_count x (8 [Adam m, v] + 4 [fp32 master under bf16/fp16]) / dp if distributed",
+            f"{spec.precision.optimizer}, distributed={spec.precision.distributed_optimizer}",
+        ),
+    ]
+    counts = {"in_flight": act.in_flight, "dtype": dtype}
+    for key, value in act.per_layer.items():
+        shape, formula = LAYER_ITEMS.get(key, ("", ""))
+        ops.append(
+            _op(
+                f"transformer_layer.{key}",
+                "activations",
+                "forward",
+                value,
+                False,
+                formula,
+                f"per layer and microbatch (recompute={spec.recompute})",
+                shape,
+                counts,
+            )
+        )
+    for key, value in act.detail.items():
+        ops.append(
+            _op(
+                f"chunk.{key}",
+                "activations",
+                "forward",
+                value,
+                False,
+                "",
+                "per (chunk-)microbatch in flight"
+                if key != "layers"
+                else "all layers of the chunk as stored (recompute applied)",
+                extra=counts,
+            )
+        )
+    ops += [
+        _op(
+            "backward.working_set",
+            "temporary",
+            "backward",
+            act.backward_working_bytes,
+            False,
+            "gradients alive minus saved tensors released",
+            f"peak at {act.peak_moment}",
+        ),
+        _op(
+            "megatron.global_buffer",
+            "temporary",
+            "forward",
+            act.buffer_bytes,
+            False,
+            "max(b a s^2 e / t, s b h e if SP)",
+            "reused for attention scores / SP all-gather",
+            f"[{x.b}, {x.a}, {x.s}, {x.s}]",
+        ),
+        _op(
+            "optimizer_step.temporaries",
+            "temporary",
+            "optimizer_step",
+            est.optimizer_step_bytes,
+            False,
+            "2 x largest parameter x 4 (torch Adam)",
+            "sqrt and division of one parameter's denominator",
+        ),
+    ]
+    return ops
+
+
+def summary(est: RankEstimate) -> dict[str, Any]:
+    """The original summary keys for one rank."""
+    per, act = est.persistent, est.activations
+    forward_backward = est.peak_stage == "forward_backward"
+    activations = act.saved_bytes if forward_backward else 0
+    return {
+        "param_count": per.param_count,
+        "weight_memory_bytes": per.weight_bytes,
+        "grad_memory_bytes": per.grad_bytes,
+        "optimizer_memory_bytes": per.optimizer_bytes,
+        "activation_memory_bytes": activations,
+        "temporary_memory_bytes": est.transient_bytes - activations,
+        "persistent_memory_bytes": per.total_bytes,
+        "peak_memory_bytes": est.peak_memory_bytes,
+        "peak_stage": est.peak_stage,
+    }
+
+
+def build_static_report(
+    spec: TrainingSpec,
+    estimates: list[RankEstimate],
+    selected: RankEstimate,
+    config_path: str | None = None,
+) -> dict[str, Any]:
+    """The report as a JSON-ready dict; ``summary``/``operators`` describe ``selected``."""
+    ranks = [
+        {**est.to_dict(), **summary(est), "global_ranks": global_ranks(spec, est.position)}
+        for est in estimates
+    ]
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "report_type": REPORT_TYPE_STATIC,
+        "tool": {"name": "memscope", "version": __version__},
+        "world_size": spec.parallel.world_size,
+        "summary": {
+            **summary(selected),
+            "tp_rank": selected.position.tp_rank,
+            "pp_rank": selected.position.pp_rank,
+            "global_ranks": global_ranks(spec, selected.position),
+        },
+        "operators": operator_records(spec, selected),
+        "ranks": ranks,
+        "allowance": allowance(spec).to_dict(),
+        "metadata": {
+            "mode": "static",
+            "model_type": "gpt",
+            "dtype": spec.precision.params_dtype,
+            "source": SOURCE,
+            "config_path": config_path,
+            "spec": asdict(spec),
+            "world_size": spec.parallel.world_size,
+            "approximations": APPROXIMATE,
+        },
+    }

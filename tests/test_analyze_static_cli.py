@@ -1,0 +1,89 @@
+"""memscope analyze-static as a user runs it: reports, rank selection, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(REPO, "configs", "static", "llama3_8b_tp4_pp2.json")
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "memscope.cli", "analyze-static", *args],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_json_config_gives_the_original_schema_plus_every_rank(tmp_path):
+    res = _cli("--config", EXAMPLE, "--outdir", str(tmp_path), "--all-ranks")
+    assert res.returncode == 0, res.stderr
+    report = json.loads((tmp_path / "static_report.json").read_text())
+    s = report["summary"]
+    for key in ("param_count", "weight_memory_bytes", "grad_memory_bytes",
+                "optimizer_memory_bytes", "activation_memory_bytes", "temporary_memory_bytes",
+                "persistent_memory_bytes", "peak_memory_bytes", "peak_stage"):  # fmt: skip
+        assert key in s
+    assert s["peak_memory_bytes"] == (
+        s["persistent_memory_bytes"] + s["activation_memory_bytes"] + s["temporary_memory_bytes"]
+    )
+    assert report["schema_version"] and report["world_size"] == 64
+    assert len(report["ranks"]) == 8  # tp 4 x pp 2 positions, each with its 8 DP peers
+    assert sorted(g for r in report["ranks"] for g in r["global_ranks"]) == list(range(64))
+    assert s["peak_memory_bytes"] == max(r["peak_memory_bytes"] for r in report["ranks"])
+    op = report["operators"][0]
+    for key in ("name", "category", "phase", "inputs", "outputs", "memory_bytes", "persistent",
+                "formula", "notes", "extra"):  # fmt: skip
+        assert key in op
+    assert report["allowance"]["cuda_context_bytes"] > 0
+    assert len(res.stdout.strip().splitlines()) == 9  # 8 positions + the summary line
+    md = (tmp_path / "static_report.md").read_text()
+    assert "## Ranks" in md and "GPU allowance" in md
+
+
+def test_rank_option_details_that_rank(tmp_path):
+    res = _cli("--config", EXAMPLE, "--outdir", str(tmp_path), "--rank", "33")
+    assert res.returncode == 0, res.stderr
+    s = json.loads((tmp_path / "static_report.json").read_text())["summary"]
+    assert (s["tp_rank"], s["pp_rank"]) == (1, 1) and 33 in s["global_ranks"]
+
+
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        ({"model": {"num_heads": 30}}, "must divide model.hidden_size"),
+        ({"train": {"tp": 3}}, "parallel.tp (3) must divide"),
+        ({"train": {"pp": 3}}, "must divide model.num_layers"),
+        ({"train": {"dtype": "fp8x"}}, "dtype 'fp8x' is unknown"),
+        ({"model": {"num_kv_heads": 5}}, "model.num_query_groups (5) must divide"),
+    ],
+)
+def test_contradictory_config_fails_with_one_line_naming_the_field(tmp_path, change, needle):
+    config = json.loads(pathlib.Path(EXAMPLE).read_text())
+    for section, values in change.items():
+        config[section].update(values)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(config))
+    res = _cli("--config", str(path), "--outdir", str(tmp_path / "out"))
+    assert res.returncode == 2 and res.stdout == ""
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in res.stderr, res.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_and_truncated_files_fail_cleanly_and_keep_old_reports(tmp_path):
+    assert _cli("--config", EXAMPLE, "--outdir", str(tmp_path)).returncode == 0
+    before = (tmp_path / "static_report.json").read_bytes()
+    truncated = tmp_path / "cut.json"
+    truncated.write_text(pathlib.Path(EXAMPLE).read_text()[:120])
+    for path, needle in ((tmp_path / "none.json", "cannot read"), (truncated, "invalid JSON")):
+        res = _cli("--config", str(path), "--outdir", str(tmp_path))
+        assert res.returncode == 2 and needle in res.stderr and "Traceback" not in res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1
+    assert (tmp_path / "static_report.json").read_bytes() == before  # nothing lost
