@@ -20,7 +20,7 @@ setup(
     install_requires=["torch", "pyyaml", "jinja2", "plotly"],
     extras_require={
         "megatron": ["megatron-core==0.16.1"],
-        "dev": ["pytest", "ruff", "mypy", "types-PyYAML"],
+        "dev": ["pytest", "ruff", "mypy", "types-PyYAML", "omegaconf"],
     },
     entry_points={"console_scripts": ["memscope=memscope.cli:main"]},
 )
