@@ -26,9 +26,16 @@ from unittest import mock
 
 import pytest
 
-from memscope.analysis.static.config import ModelSpec, ParallelSpec, PrecisionSpec, TrainingSpec
+from memscope.analysis.static.config import (
+    ModelSpec,
+    ParallelSpec,
+    PrecisionSpec,
+    TrainingSpec,
+    stage_spec,
+)
+from memscope.analysis.static.estimator import estimate_all_ranks, estimate_rank, position_of_rank
 from memscope.analysis.static.flagscale_checks import eval_layer_pattern
-from memscope.analysis.static.params import RankPosition, rank_params
+from memscope.analysis.static.params import RankPosition, layer_params, rank_params
 from memscope.analysis.static.sources import (
     load_config_file,
     spec_from_flagscale_yaml,
@@ -395,9 +402,27 @@ def test_flagscale_yaml_gets_megatron_defaults_vocab_hint_and_hetero_meshes():
     }
     spec = spec_from_flagscale_yaml(_yaml({}, hetero=hetero), vocab_size=1000)
     p = spec.parallel
-    assert (p.tp, p.pp, p.dp, p.first_stage_layers, p.last_stage_layers) == (2, 3, 2, 1, 1)
+    assert (p.tp, p.pp, p.dp, p.stage_layers, p.stage_meshes) == (2, 3, 2, (1, 2, 1), None)
+    # meshes of different tp and dp: each stage gets its own, ranks mesh after mesh
     hetero["hetero_process_meshes"] = [2, 1, 1, 2, 1, 1, 1, 1, 4, 2]
-    with pytest.raises(ValueError, match=r"hetero_process_meshes: .* different tp sizes \[2, 1\]"):
+    spec = spec_from_flagscale_yaml(_yaml({}, hetero=hetero), vocab_size=1000)
+    p = spec.parallel
+    assert p.stage_meshes == ((2, 2), (1, 4), (1, 4)) and p.world_size == 4 + 4 + 4
+    assert [position_of_rank(spec, r) for r in (0, 3, 4, 7, 8, 11)] == [
+        RankPosition(0, 0), RankPosition(1, 0), RankPosition(0, 1), RankPosition(0, 1),
+        RankPosition(0, 2), RankPosition(0, 2),
+    ]  # fmt: skip
+    stage0, stage1 = (
+        estimate_rank(spec, RankPosition(0, 0)),
+        estimate_rank(spec, RankPosition(0, 1)),
+    )
+    full_layer = sum(t.numel for t in layer_params(stage_spec(spec, 1), "layer"))
+    half_layer = sum(t.numel for t in layer_params(stage_spec(spec, 0), "layer"))
+    assert stage1.persistent.param_count == 2 * full_layer  # two layers at tp 1
+    assert half_layer < full_layer  # stage 0 shards its one layer over tp 2
+    assert stage0.persistent.param_count > half_layer  # plus its embedding shard
+    hetero["hetero_process_meshes"] = [2, 1, 1, 2, 1, 2, 2, 1, 2, 2]
+    with pytest.raises(ValueError, match=r"hetero_process_meshes: .* different cp sizes \[1, 2\]"):
         spec_from_flagscale_yaml(_yaml({}, hetero=hetero), vocab_size=1000)
 
 
@@ -405,7 +430,7 @@ def test_flagscale_yaml_gets_megatron_defaults_vocab_hint_and_hetero_meshes():
 # Every example training YAML of the FlagScale 0.8.0 wheel
 
 GPT_EXAMPLES = {"aquila", "llama2", "llama3", "qwen2_5", "qwen3", "qwq", "mixtral", "deepseek_v3"}
-# Stages on meshes of different tp or dp: one homogeneous spec cannot describe them.
+# Stages on meshes of different tp or dp (FlagScale's heterogeneous training)
 MIXED_MESHES = {"aquila/hetero", "deepseek_v3/hetero", "llama3/8b_hetero"}
 
 
@@ -426,24 +451,24 @@ def test_every_flagscale_example_yaml_is_estimated_or_refused_with_the_reason():
     for path in _wheel_yamls():
         example = path.split(os.sep)[-4]
         key = f"{example}/{os.path.splitext(os.path.basename(path))[0]}"
-        if example in GPT_EXAMPLES and key not in MIXED_MESHES:
+        if example in GPT_EXAMPLES:
             spec = load_config_file(path, vocab_size=151851)
-            p = spec.parallel
-            for pp_rank in range(p.pp):
-                counts = {
-                    sum(t.numel for t in rank_params(spec, RankPosition(tp_rank, pp_rank)))
-                    for tp_rank in range(p.tp)
-                }
-                assert len(counts) == 1 and counts.pop() > 0, key
+            estimates = estimate_all_ranks(spec)
+            for pp_rank in range(spec.parallel.pp):
+                counts = {e.persistent.param_count for e in estimates
+                          if e.position.pp_rank == pp_rank}  # fmt: skip
+                assert len(counts) == 1 and counts.pop() > 0, key  # TP shards agree
+            assert all(e.peak_memory_bytes > e.persistent.total_bytes for e in estimates)
+            if key in MIXED_MESHES:
+                assert spec.parallel.stage_meshes is not None, key
             estimated.append(key)
         else:
-            reason = "hetero_process_meshes" if key in MIXED_MESHES else "not a GPTModel"
-            with pytest.raises(ValueError, match=reason):
+            with pytest.raises(ValueError, match="not a GPTModel"):
                 load_config_file(path, vocab_size=151851)
             refused.append(key)
-    assert len(estimated) == 20 and len(refused) == 16
+    assert len(estimated) == 23 and len(refused) == 13
     moe = [k for k in estimated if re.search(r"mixtral|a\d+b|deepseek", k)]
-    assert len(moe) == 6
+    assert len(moe) == 7  # mixtral, qwen3 a3b/a22b, deepseek_v3 (4, one hetero)
 
 
 def test_wheel_moe_mla_mtp_yamls_read_every_expert_field():

@@ -8,7 +8,7 @@ the field.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from memscope.analysis.static.feature_checks import validate_mla_mtp, validate_moe
 
@@ -102,10 +102,20 @@ class ParallelSpec:
     sequence_parallel: bool = False
     first_stage_layers: int | None = None  # decoder_first_pipeline_num_layers
     last_stage_layers: int | None = None  # decoder_last_pipeline_num_layers
+    stage_layers: tuple[int, ...] | None = None  # per stage (FlagScale's hetero layer split)
+    stage_meshes: tuple[tuple[int, int], ...] | None = None  # hetero: (tp, dp) per stage
 
     @property
     def world_size(self) -> int:
+        if self.stage_meshes is not None:
+            return sum(tp * self.cp * dp for tp, dp in self.stage_meshes)
         return self.tp * self.pp * self.dp * self.cp
+
+    def stage_sizes(self, pp_rank: int) -> tuple[int, int]:
+        """(tp, dp) of pipeline stage ``pp_rank`` (differs per stage on hetero meshes)."""
+        if self.stage_meshes is not None:
+            return self.stage_meshes[pp_rank]
+        return self.tp, self.dp
 
     @property
     def expert_tp(self) -> int:
@@ -176,17 +186,8 @@ class TrainingSpec:
         for name in ("tp", "pp", "dp", "cp", "ep"):
             if getattr(p, name) < 1:
                 raise ValueError(f"parallel.{name} must be >= 1, got {getattr(p, name)}")
-        if m.num_attention_heads % p.tp:
-            raise ValueError(
-                f"parallel.tp ({p.tp}) must divide model.num_attention_heads "
-                f"({m.num_attention_heads})"
-            )
-        if m.query_groups % p.tp:
-            raise ValueError(
-                f"parallel.tp ({p.tp}) must divide model.num_query_groups ({m.query_groups})"
-            )
-        if m.vocab_size % p.tp:
-            raise ValueError(f"parallel.tp ({p.tp}) must divide model.vocab_size ({m.vocab_size})")
+        for tp in sorted({p.tp} | {tp for tp, _ in p.stage_meshes or ()}):
+            _validate_tp(m, tp)
         _validate_stage_layers(m, p)
         if self.recompute not in RECOMPUTE:
             raise ValueError(f"training.recompute must be one of {RECOMPUTE}")
@@ -197,7 +198,8 @@ class TrainingSpec:
         if self.micro_batch_size < 1 or self.num_microbatches < 1:
             raise ValueError("micro_batch_size and num_microbatches must be >= 1")
         chunks = p.pp * (p.vpp or 1)
-        if p.first_stage_layers is None and p.last_stage_layers is None and m.num_layers % chunks:
+        uneven = (p.first_stage_layers, p.last_stage_layers, p.stage_layers) != (None,) * 3
+        if not uneven and m.num_layers % chunks:
             raise ValueError(
                 f"parallel.pp x vpp ({chunks}) must divide model.num_layers ({m.num_layers})"
             )
@@ -223,8 +225,34 @@ class TrainingSpec:
         return self
 
 
+def _validate_tp(m: ModelSpec, tp: int) -> None:
+    if m.num_attention_heads % tp:
+        raise ValueError(
+            f"parallel.tp ({tp}) must divide model.num_attention_heads ({m.num_attention_heads})"
+        )
+    if m.query_groups % tp:
+        raise ValueError(
+            f"parallel.tp ({tp}) must divide model.num_query_groups ({m.query_groups})"
+        )
+    if m.vocab_size % tp:
+        raise ValueError(f"parallel.tp ({tp}) must divide model.vocab_size ({m.vocab_size})")
+
+
+def stage_spec(spec: TrainingSpec, pp_rank: int) -> TrainingSpec:
+    """``spec`` as pipeline stage ``pp_rank`` sees it (its own tp and dp on hetero meshes)."""
+    p = spec.parallel
+    if p.stage_meshes is None:
+        return spec
+    tp, dp = p.stage_meshes[pp_rank]
+    sizes = replace(p, tp=tp, dp=dp, sequence_parallel=p.sequence_parallel and tp > 1)
+    return replace(spec, parallel=sizes)
+
+
 def stage_layer_counts(m: ModelSpec, p: ParallelSpec) -> list[int]:
-    """Decoder layers per pipeline stage (even split, or Megatron's uneven first/last)."""
+    """Decoder layers per pipeline stage (even split, Megatron's uneven first/last, or an
+    explicit per-stage split)."""
+    if p.stage_layers is not None:
+        return list(p.stage_layers)
     if p.first_stage_layers is None and p.last_stage_layers is None:
         return [m.num_layers // p.pp] * p.pp
     fixed = [p.first_stage_layers, p.last_stage_layers]
@@ -240,6 +268,18 @@ def stage_layer_counts(m: ModelSpec, p: ParallelSpec) -> list[int]:
 
 
 def _validate_stage_layers(m: ModelSpec, p: ParallelSpec) -> None:
+    if p.stage_meshes is not None and len(p.stage_meshes) != p.pp:
+        raise ValueError(f"parallel.stage_meshes: {len(p.stage_meshes)} stages, pp is {p.pp}")
+    if p.stage_layers is not None:
+        counts = list(p.stage_layers)
+        if len(counts) != p.pp or sum(counts) != m.num_layers or min(counts) < 1:
+            raise ValueError(
+                f"parallel.stage_layers {counts} must give each of the {p.pp} stages >= 1 "
+                f"layer and add up to model.num_layers ({m.num_layers})"
+            )
+        if p.vpp is not None:
+            raise ValueError("parallel.vpp with a per-stage layer split is not supported")
+        return
     if p.first_stage_layers is None and p.last_stage_layers is None:
         return
     for name in ("first_stage_layers", "last_stage_layers"):

@@ -19,7 +19,7 @@ from memscope.analysis.static.activations import (
     activation_estimate,
     optimizer_step_bytes,
 )
-from memscope.analysis.static.config import TrainingSpec, stage_layer_counts
+from memscope.analysis.static.config import TrainingSpec, stage_layer_counts, stage_spec
 from memscope.analysis.static.params import (
     ParamTensor,
     RankPosition,
@@ -89,8 +89,13 @@ class RankEstimate:
 
 def estimate_rank(spec: TrainingSpec, position: RankPosition) -> RankEstimate:
     """Estimate one rank (``position`` picks its TP shard and pipeline stage)."""
+    if not 0 <= position.pp_rank < spec.parallel.pp:
+        raise ValueError(
+            f"rank position {position} is outside tp={spec.parallel.tp} x pp={spec.parallel.pp}"
+        )
+    spec = stage_spec(spec, position.pp_rank)  # its own tp and dp on hetero meshes
     p = spec.parallel
-    if not (0 <= position.tp_rank < p.tp and 0 <= position.pp_rank < p.pp):
+    if not 0 <= position.tp_rank < p.tp:
         raise ValueError(f"rank position {position} is outside tp={p.tp} x pp={p.pp}")
     params = rank_params(spec, position)
     per_chunk = layers_per_chunk(spec, position.pp_rank)
@@ -111,16 +116,23 @@ def estimate_all_ranks(spec: TrainingSpec) -> list[RankEstimate]:
     return [
         estimate_rank(spec, RankPosition(tp_rank=t, pp_rank=s))
         for s in range(p.pp)
-        for t in range(p.tp)
+        for t in range(p.stage_sizes(s)[0])
     ]
 
 
 def position_of_rank(spec: TrainingSpec, rank: int) -> RankPosition:
-    """Megatron's default rank order (tp fastest, then cp, dp, pp)."""
+    """Megatron's default rank order (tp fastest, then cp, dp, pp); on FlagScale's hetero
+    meshes, mesh after mesh, each in that order."""
     p = spec.parallel
     if not 0 <= rank < p.world_size:
         raise ValueError(f"rank {rank} is outside the world size {p.world_size}")
-    return RankPosition(tp_rank=rank % p.tp, pp_rank=rank // (p.tp * p.cp * p.dp))
+    first = 0
+    for stage in range(p.pp):
+        tp, dp = p.stage_sizes(stage)
+        if rank < first + tp * p.cp * dp:
+            return RankPosition(tp_rank=(rank - first) % tp, pp_rank=stage)
+        first += tp * p.cp * dp
+    raise AssertionError("unreachable: rank < world_size")
 
 
 def global_ranks(spec: TrainingSpec, position: RankPosition) -> list[int]:

@@ -5,8 +5,8 @@
   refused with one ``ValueError`` that names the key or the experiment file proving it.
 * :func:`megatron_defaults`: the argument defaults ``validate_args`` fills in that the
   estimator needs (SwiGLU FFN width, ``group_query_attention`` off unless set).
-* :func:`apply_hetero`: FlagScale's heterogeneous process meshes, when every mesh has the
-  same parallel sizes (the only case one spec describes exactly).
+* :func:`apply_hetero`: FlagScale's heterogeneous process meshes: each stage gets its
+  mesh's tp and dp and the layer split; cp and ep must agree across meshes.
 * :func:`eval_layer_pattern`: Megatron's ``--moe-layer-freq`` list expressions, evaluated
   without ``eval``.
 """
@@ -125,8 +125,8 @@ def megatron_defaults(merged: dict[str, Any]) -> None:
 def apply_hetero(merged: dict[str, Any]) -> None:
     """FlagScale's ``enable_hetero``: meshes ``[tp, cp, ep, dp, pp] * n`` and a layer split.
 
-    Every mesh must have the same tp, cp, ep, dp (and expert tp); the stages' layer counts
-    must be expressible as first/last stage plus equal middle stages."""
+    Each mesh's stages get that mesh's tp and dp (``hetero_stage_meshes``); cp, ep and the
+    expert tp must agree across meshes (one spec holds one of each)."""
     if not merged.get("enable_hetero"):
         return
     meshes = merged.get("hetero_process_meshes")
@@ -135,21 +135,21 @@ def apply_hetero(merged: dict[str, Any]) -> None:
     rows = [[_as_int(v, "hetero_process_meshes") for v in meshes[i : i + 5]]
             for i in range(0, len(meshes), 5)]  # fmt: skip
     etps = merged.get("expert_tensor_parallel_size_per_process_mesh")
-    for column, name in enumerate(("tp", "cp", "ep", "dp")):
+    for column, name in ((1, "cp"), (2, "ep")):
         values = [row[column] for row in rows]
         if len(set(values)) > 1:
             raise ValueError(
-                f"hetero_process_meshes: the meshes use different {name} sizes {values}; one "
-                "spec describes one parallel layout -- estimate each mesh's stages as their own "
-                "homogeneous config"
+                f"hetero_process_meshes: the meshes use different {name} sizes {values}; "
+                "estimate each mesh's stages as their own homogeneous config"
             )
     if isinstance(etps, list) and len({int(x) for x in etps}) > 1:
         raise ValueError(
             f"expert_tensor_parallel_size_per_process_mesh: different sizes {etps}; one spec "
-            "describes one parallel layout"
+            "holds one expert tensor-parallel size"
         )
     tp, cp, ep, dp, _ = rows[0]
     pp = sum(row[4] for row in rows)
+    stages = [(row[0], row[3]) for row in rows for _ in range(row[4])]
     merged.update(
         tensor_model_parallel_size=tp,
         context_parallel_size=cp,
@@ -157,6 +157,8 @@ def apply_hetero(merged: dict[str, Any]) -> None:
         data_parallel_size=dp,
         pipeline_model_parallel_size=pp,
     )
+    if len(set(stages)) > 1:
+        merged["hetero_stage_meshes"] = stages
     if isinstance(etps, list) and etps:
         merged["expert_tensor_parallel_size"] = int(etps[0])
     split = merged.get("hetero_pipeline_layer_split")
@@ -165,14 +167,7 @@ def apply_hetero(merged: dict[str, Any]) -> None:
     counts = [_as_int(v, "hetero_pipeline_layer_split") for v in split]
     if len(counts) != pp:
         raise ValueError(f"hetero_pipeline_layer_split: {len(counts)} stages, the meshes have {pp}")
-    if len(counts) > 2 and len(set(counts[1:-1])) > 1:
-        raise ValueError(
-            f"hetero_pipeline_layer_split {counts}: only the first and last stage may differ "
-            "from the others"
-        )
-    if len(counts) > 1:
-        merged["decoder_first_pipeline_num_layers"] = counts[0]
-        merged["decoder_last_pipeline_num_layers"] = counts[-1]
+    merged["hetero_stage_layers"] = counts
 
 
 _PATTERN_CHARS = re.compile(r"[^,\d\[\]()+*\s]")

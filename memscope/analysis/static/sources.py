@@ -9,6 +9,7 @@ aliases. Every problem is a ``ValueError`` that names the field.
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any
 
@@ -71,6 +72,8 @@ def _vocab(args: Any, tp: int, vocab_size: int | None) -> int:
             )
         raw = vocab_size
     divisible = _int(args, "make_vocab_size_divisible_by", 128)
+    for stage_tp, _ in _stage_meshes(args) or ():  # hetero: every stage's tp must divide it
+        tp = math.lcm(tp, stage_tp)
     return padded_vocab_size(int(raw), divisible, tp) if _get(args, "pad_vocab", True) else int(raw)
 
 
@@ -200,6 +203,8 @@ def spec_from_megatron_args(args: Any, vocab_size: int | None = None) -> Trainin
         sequence_parallel=bool(_get(args, "sequence_parallel", False)) and tp > 1,
         first_stage_layers=_int(args, "decoder_first_pipeline_num_layers"),
         last_stage_layers=_int(args, "decoder_last_pipeline_num_layers"),
+        stage_layers=_int_tuple(args, "hetero_stage_layers"),
+        stage_meshes=_stage_meshes(args),
     )
     precision = PrecisionSpec(
         params_dtype=dtype,
@@ -329,3 +334,13 @@ def _flatten(d: dict[str, Any]) -> dict[str, Any]:
         else:
             out[key] = value
     return out
+
+
+def _int_tuple(args: Any, name: str) -> tuple[int, ...] | None:
+    value = _get(args, name)
+    return None if value is None else tuple(int(v) for v in value)
+
+
+def _stage_meshes(args: Any) -> tuple[tuple[int, int], ...] | None:
+    value = _get(args, "hetero_stage_meshes")
+    return None if value is None else tuple((int(tp), int(dp)) for tp, dp in value)
