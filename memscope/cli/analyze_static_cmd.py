@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
             selected = next(e for e in estimates if e.position == position)
     except ValueError as exc:
         raise CliError(f"{args.config}: {exc}") from None
-    report = build_static_report(spec, estimates, selected, os.path.abspath(args.config))
+    report = build_static_report(spec, estimates, selected, args.config)
     json_path = os.path.join(args.outdir, "static_report.json")
     try:
         os.makedirs(args.outdir, exist_ok=True)

@@ -13,7 +13,7 @@ from memscope.io.report_reader import ReportError, load_report
 from memscope.reporters.html import render_job_html, render_runtime_html
 from memscope.reporters.html_payload import RankEntry, job_payload, runtime_payload
 from memscope.reporters.runtime_json import REPORT_TYPE_RUNTIME
-from memscope.units import format_bytes
+from memscope.units import format_bytes, format_ratio
 
 
 def register(sub: Any) -> None:
@@ -84,10 +84,16 @@ def run(args: argparse.Namespace) -> int:
         entries.append(RankEntry(r.rank, report))
         html_path = os.path.splitext(r.report_path)[0] + ".html"
         atomic_write_text(html_path, render_runtime_html(runtime_payload(report)))
-        peak = report["peak"]
+        peak, comp = report["peak"], report["comparisons"]
+        static = (
+            f"static estimate {format_bytes(comp['static_peak_memory_bytes'])} "
+            f"({format_ratio(comp['peak_diff_ratio'])})"
+            if comp.get("status") == "ok"
+            else "no static estimate"
+        )
         print(
             f"rank {r.rank}: peak {format_bytes(peak['memory_bytes'])} at step {peak['step']} "
-            f"({peak['phase']}, {peak['module'] or 'step boundary'}) -> {html_path}"
+            f"({peak['phase']}, {peak['module'] or 'step boundary'}); {static} -> {html_path}"
         )
     job_html = os.path.join(outdir, "job_report.html")
     atomic_write_text(job_html, render_job_html(job_payload(entries)))

@@ -293,6 +293,8 @@ def spec_from_json_config(config: dict[str, Any], vocab_size: int | None = None)
         flat.setdefault("position_embedding_type", "rope")
         flat.setdefault("disable_bias_linear", True)
         flat.setdefault("untie_embeddings_and_output_weights", True)
+        flat.setdefault("hidden_dropout", 0.0)  # LLaMA recipes train without dropout
+        flat.setdefault("attention_dropout", 0.0)
     return spec_from_megatron_args(flat, vocab_size)
 
 
