@@ -15,6 +15,7 @@ from memscope.analysis.static.activations import (
     dims,
     in_flight_microbatches,
     layer_saved,
+    mlp_backward_work,
 )
 from memscope.analysis.static.config import ParallelSpec, PrecisionSpec
 from memscope.analysis.static.estimator import (
@@ -124,6 +125,25 @@ def test_recompute_shrinks_what_a_chunk_stores():
     block = tiny(recompute_granularity="full", recompute_method="block", recompute_num_layers=2)
     stored, _, _, _ = chunk_activations(block, 4, False, False)
     assert stored == 2 * x.hidden + 2 * layer - x.hidden + extras
+
+
+def test_schedule_and_sequence_parallel_backward_terms_by_hand():
+    pp2 = dict(num_layers=2, pipeline_model_parallel_size=2)
+    x = dims(tiny(**pp2))
+    one = activation_estimate(tiny(**pp2, num_microbatches=1), 1, [1])
+    four = activation_estimate(tiny(**pp2, num_microbatches=4), 1, [1])
+    # later stages: the previous microbatch's input gradient is still held by the schedule
+    assert four.backward_working_bytes - one.backward_working_bytes == x.hidden
+    first = activation_estimate(tiny(**pp2, num_microbatches=4), 0, [1])
+    assert first.in_flight == 2 and first.peak_moment.startswith("layer 0")
+    # sequence parallel: fc2's output gradient is gathered to the full sequence
+    sp = tiny(swiglu=True, tensor_model_parallel_size=2, sequence_parallel=True)
+    no_sp = tiny(swiglu=True, tensor_model_parallel_size=2)
+    xs, xn = dims(sp), dims(no_sp)
+    gathered = xs.s * xs.b * xs.h * xs.e
+    mlp_sp = mlp_backward_work(sp, xs, layer_saved(sp, xs), True)
+    mlp_no = mlp_backward_work(no_sp, xn, layer_saved(no_sp, xn), True)
+    assert mlp_sp - mlp_no == gathered  # (incoming and released layer-output shards cancel)
 
 
 def test_last_stage_keeps_the_fp32_cross_entropy_softmax():

@@ -169,7 +169,7 @@ def _moe_mlp_bytes(spec: TrainingSpec, x: Dims, per_ffn: int) -> int:
     return expert + router + shared
 
 
-def _attention_backward(
+def attention_backward_work(
     spec: TrainingSpec, x: Dims, saved: dict[str, int], output_stored: bool
 ) -> int:
     """Working set at the attention-core backward of a layer, relative to its saved set.
@@ -197,15 +197,20 @@ def _attention_backward(
     return work - released
 
 
-def _mlp_backward(spec: TrainingSpec, x: Dims, saved: dict[str, int], output_stored: bool) -> int:
+def mlp_backward_work(
+    spec: TrainingSpec, x: Dims, saved: dict[str, int], output_stored: bool
+) -> int:
     """Working set at the MLP backward of a layer, relative to its saved set.
 
     Two moments compete: fc2's weight gradient (next to the incoming gradient and fc2's input
     gradient) and the activation backward (its one or two gradients, fc2's input released).
+    Under sequence parallelism the incoming gradient is also all-gathered for fc2.
     """
     released = saved.get("residual_dropout_masks", 0) // 2
     released += saved["layer_output"] if output_stored else 0
     incoming = x.hidden * (2 if "residual_dropout_masks" in saved else 1)  # (+ masked copy)
+    if x.sp > 1:  # sequence parallel: fc2's output gradient all-gathered to the full sequence
+        incoming += x.s * x.b * x.h * x.e
     fc2_weight_grad = x.h * x.f * x.e
     activation_grads = 2 if spec.model.gated_linear_unit else 1
     return incoming + x.ffn + max(fc2_weight_grad, (activation_grads - 1) * x.ffn) - released
@@ -308,8 +313,8 @@ def chunk_activations(
         base = below + own + hold - saved
         output_stored = i + 1 < n_layers or last
         for name, work in (
-            ("attention_backward", _attention_backward(spec, x, full, output_stored)),
-            ("mlp_backward", _mlp_backward(spec, x, full, output_stored)),
+            ("attention_backward", attention_backward_work(spec, x, full, output_stored)),
+            ("mlp_backward", mlp_backward_work(spec, x, full, output_stored)),
         ):
             if base + work > best:
                 best, moment = base + work, f"layer {i} {name}"
@@ -343,6 +348,10 @@ def activation_estimate(
     x = dims(spec)
     if p.vpp is not None:
         work += x.hidden  # the interleaved schedule holds one more p2p receive buffer
+    if pp_rank > 0 and spec.num_microbatches > 1:
+        # the schedule still holds the previous microbatch's input gradient (just sent
+        # upstream) while the next backward runs
+        work += x.hidden
     logits = x.s * x.b * x.vocab * FP32 if pp_rank == p.pp - 1 else 0
     return ActivationEstimate(
         per_layer=layer_saved(spec, x),
