@@ -67,3 +67,6 @@ def test_job_page_renders_with_a_missing_rank(tmp_path, traced_run):
     assert res.returncode == 0, res.stderr[-2000:]
     assert 'class="main-svg"' in res.stdout and _remote_refs(res.stdout) == []
     assert "truncated JSON" in res.stdout and "no rank directory" in res.stdout
+    assert "<th>static estimate</th>" in res.stdout  # rendered by the page's own script
+    ratio = report["comparisons"]["peak_diff_ratio"]
+    assert f"{'+' if ratio >= 0 else ''}{ratio * 100:.1f}%" in res.stdout

@@ -151,4 +151,9 @@ def test_committed_example_job_builds_a_page_with_both_stages():
     assert [row["pp_rank"] for row in payload["ranks"]] == [0, 1]
     assert payload["imbalance"]["max_rank"] == 0  # the first stage holds more activations
     assert payload["missing"] == 0 and payload["incomplete"] == 0
-    assert EVIL not in render_job_html(payload)
+    # each rank's static estimate sits next to its measured peak (the demo's real numbers)
+    for row in payload["ranks"]:
+        assert row["static_peak"] - row["peak_allocated"] == row["static_diff"]
+        assert abs(row["static_ratio"]) < 0.03
+    html = render_job_html(payload)
+    assert EVIL not in html and '"static estimate"' in html

@@ -167,6 +167,7 @@ def job_payload(entries: list[RankEntry], max_points: int = MAX_POINTS) -> dict[
             continue
         r = entry.report
         meta, peak = r.get("metadata") or {}, r.get("peak") or {}
+        comp = r.get("comparisons") or {}
         rows.append(
             {
                 "rank": rank,
@@ -180,6 +181,9 @@ def job_payload(entries: list[RankEntry], max_points: int = MAX_POINTS) -> dict[
                 "peak_step": peak.get("step"),
                 "peak_phase": peak.get("phase"),
                 "peak_module": peak.get("module"),
+                "static_peak": comp.get("static_peak_memory_bytes"),
+                "static_diff": comp.get("peak_diff_bytes"),
+                "static_ratio": comp.get("peak_diff_ratio"),
             }
         )
         timelines[str(rank)] = _step_series(r.get("steps") or [], max_points)
