@@ -17,7 +17,7 @@ from memscope._version import __version__
 from memscope.analysis.static.activations import dims
 from memscope.analysis.static.allowance import allowance
 from memscope.analysis.static.config import TrainingSpec
-from memscope.analysis.static.estimator import SOURCE, RankEstimate, global_ranks
+from memscope.analysis.static.estimator import SOURCE, RankEstimate, ranks_by_position
 from memscope.events.schema import SCHEMA_VERSION
 
 REPORT_TYPE_STATIC = "static"
@@ -199,9 +199,9 @@ def build_static_report(
     config_path: str | None = None,
 ) -> dict[str, Any]:
     """The report as a JSON-ready dict; ``summary``/``operators`` describe ``selected``."""
+    peers = ranks_by_position(spec)
     ranks = [
-        {**est.to_dict(), **summary(est), "global_ranks": global_ranks(spec, est.position)}
-        for est in estimates
+        {**est.to_dict(), **summary(est), "global_ranks": peers[est.position]} for est in estimates
     ]
     return {
         "schema_version": SCHEMA_VERSION,
@@ -212,7 +212,7 @@ def build_static_report(
             **summary(selected),
             "tp_rank": selected.position.tp_rank,
             "pp_rank": selected.position.pp_rank,
-            "global_ranks": global_ranks(spec, selected.position),
+            "global_ranks": peers[selected.position],
         },
         "operators": operator_records(spec, selected),
         "ranks": ranks,

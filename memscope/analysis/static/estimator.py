@@ -10,6 +10,7 @@ rounding and fragmentation) is a separate allowance (:mod:`.allowance`), never a
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -120,24 +121,34 @@ def estimate_all_ranks(spec: TrainingSpec) -> list[RankEstimate]:
     ]
 
 
-def position_of_rank(spec: TrainingSpec, rank: int) -> RankPosition:
-    """Megatron's default rank order (tp fastest, then cp, dp, pp); on FlagScale's hetero
-    meshes, mesh after mesh, each in that order."""
-    p = spec.parallel
-    if not 0 <= rank < p.world_size:
-        raise ValueError(f"rank {rank} is outside the world size {p.world_size}")
-    first = 0
+def _stage_blocks(spec: TrainingSpec) -> Iterator[tuple[int, int, int, int]]:
+    """(stage, its tp, its first global rank, its rank count), stage after stage: Megatron's
+    default order (tp fastest, then cp, dp, pp); on FlagScale's hetero meshes, mesh after
+    mesh, each in that order."""
+    p, first = spec.parallel, 0
     for stage in range(p.pp):
         tp, dp = p.stage_sizes(stage)
-        if rank < first + tp * p.cp * dp:
-            return RankPosition(tp_rank=(rank - first) % tp, pp_rank=stage)
+        yield stage, tp, first, tp * p.cp * dp
         first += tp * p.cp * dp
+
+
+def position_of_rank(spec: TrainingSpec, rank: int) -> RankPosition:
+    """The (tp_rank, pp_rank) position of global ``rank``."""
+    if not 0 <= rank < spec.parallel.world_size:
+        raise ValueError(f"rank {rank} is outside the world size {spec.parallel.world_size}")
+    for stage, tp, first, size in _stage_blocks(spec):
+        if rank < first + size:
+            return RankPosition(tp_rank=(rank - first) % tp, pp_rank=stage)
     raise AssertionError("unreachable: rank < world_size")
 
 
-def global_ranks(spec: TrainingSpec, position: RankPosition) -> list[int]:
-    """The global ranks holding ``position`` (its data- and context-parallel peers)."""
-    return [r for r in range(spec.parallel.world_size) if position_of_rank(spec, r) == position]
+def ranks_by_position(spec: TrainingSpec) -> dict[RankPosition, list[int]]:
+    """The global ranks holding each position (its data- and context-parallel peers)."""
+    out: dict[RankPosition, list[int]] = {}
+    for stage, tp, first, size in _stage_blocks(spec):
+        for local in range(size):
+            out.setdefault(RankPosition(local % tp, stage), []).append(first + local)
+    return out
 
 
 def estimate_for_runtime(args: Any, parallel: Any, device: str = "cuda") -> dict[str, Any]:

@@ -82,25 +82,35 @@ def runtime_metadata(
     }
 
 
-def static_comparison(
-    peak: dict[str, Any],
-    provider: StaticEstimateProvider | None,
-    args: Any,
-    parallel: ParallelInfo,
-) -> dict[str, Any]:
-    """The ``comparisons`` section; a failing estimator is reported, never raised."""
-    runtime_peak = int(peak.get("memory_bytes") or 0)
-    categories = peak.get("categories")
+@dataclasses.dataclass(frozen=True)
+class StaticEstimate:
+    """The run's static estimate (``compare_with_static`` input), or why there is none."""
+
+    estimate: dict[str, Any] | None
+    missing_reason: str = ""
+
+    def compare(self, peak: dict[str, Any]) -> dict[str, Any]:
+        """The ``comparisons`` section for the runtime ``peak``."""
+        runtime_peak = int(peak.get("memory_bytes") or 0)
+        if self.estimate is None:
+            return compare_with_static(
+                runtime_peak, peak.get("categories"), None, self.missing_reason
+            )
+        return compare_with_static(runtime_peak, peak.get("categories"), self.estimate)
+
+
+def static_estimate(
+    provider: StaticEstimateProvider | None, args: Any, parallel: ParallelInfo
+) -> StaticEstimate:
+    """Ask ``provider`` once; a failing estimator is reported, never raised."""
     if provider is None:
-        return compare_with_static(runtime_peak, categories, None, NO_ESTIMATOR_REASON)
+        return StaticEstimate(None, NO_ESTIMATOR_REASON)
     try:
-        estimate = provider(args, parallel)
+        return StaticEstimate(provider(args, parallel))
     except ValueError as exc:  # a config the estimator does not model, said as such
-        return compare_with_static(runtime_peak, categories, None, f"no static estimate: {exc}")
+        return StaticEstimate(None, f"no static estimate: {exc}")
     except Exception as exc:
-        reason = f"the static estimator failed: {type(exc).__name__}: {exc}"
-        return compare_with_static(runtime_peak, categories, None, reason)
-    return compare_with_static(runtime_peak, categories, estimate)
+        return StaticEstimate(None, f"the static estimator failed: {type(exc).__name__}: {exc}")
 
 
 def report_inputs(

@@ -42,11 +42,12 @@ from memscope.events import schema as s
 from memscope.events.trace_sink import JsonlTraceSink
 from memscope.integrations.megatron.crash_guard import CrashGuard
 from memscope.integrations.megatron.report_assembly import (
+    StaticEstimate,
     StaticEstimateProvider,
     default_static_estimate,
     report_inputs,
     runtime_metadata,
-    static_comparison,
+    static_estimate,
 )
 from memscope.io.atomic import atomic_write_json, atomic_write_text
 from memscope.reporters.markdown import render_runtime_markdown
@@ -89,6 +90,7 @@ class MemScopeMegatronRuntime:
         self.config = config.validate()
         self.args = args
         self.static_estimate_provider = static_estimate_provider
+        self._static: StaticEstimate | None = None  # see _static_estimate()
         self.parallel = discover_parallel_info(args)
         self.rank = self.parallel.rank
         self.enabled = config.enabled and config.traces_rank(self.rank)
@@ -382,14 +384,18 @@ class MemScopeMegatronRuntime:
                 metadata=self.metadata(),
                 status=self._status,
                 status_reason=self._status_reason,
-                comparisons_for=lambda peak: static_comparison(
-                    peak, self.static_estimate_provider, self.args, self.parallel
-                ),
+                comparisons_for=self._static_estimate().compare,
                 extra_errors=self._startup_failures,
                 warnings=list(self.warnings),
                 artifacts=self._artifact_list(),
             )
         )
+
+    def _static_estimate(self) -> StaticEstimate:
+        """The estimate for this rank, computed at the first report (args do not change)."""
+        if self._static is None:
+            self._static = static_estimate(self.static_estimate_provider, self.args, self.parallel)
+        return self._static
 
     def _artifact_list(self) -> dict[str, str]:
         out = dict(self.artifacts)
