@@ -20,7 +20,18 @@ setup(
     install_requires=["torch", "pyyaml", "jinja2", "plotly"],
     extras_require={
         "megatron": ["megatron-core==0.16.1"],
-        "dev": ["pytest", "ruff", "mypy", "types-PyYAML", "omegaconf"],
+        # What the tests need beyond the package: FlagScale's bundled Megatron-LM (the patch
+        # and train_step tests run it) imports six and regex; hypothesis for property tests.
+        "dev": [
+            "pytest",
+            "ruff",
+            "mypy",
+            "types-PyYAML",
+            "omegaconf",
+            "six",
+            "regex",
+            "hypothesis",
+        ],
     },
     entry_points={"console_scripts": ["memscope=memscope.cli:main"]},
 )

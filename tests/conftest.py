@@ -1,4 +1,5 @@
-"""Shared fixtures. Megatron runs use the clearly labelled CPU shims in memscope.demo."""
+"""Shared fixtures. Megatron runs use the clearly labelled CPU shims in memscope.demo and the
+test-only instrumentation in ``harness`` (tests/harness/)."""
 
 from __future__ import annotations
 
@@ -7,17 +8,17 @@ import os
 from typing import Any
 
 import pytest
+from harness import InstrumentedResult, instrumented_worker
 
 from memscope.demo.launcher import free_port
 from memscope.demo.tiny_gpt import TinyGPTConfig
-from memscope.demo.traced_training import WorkerResult, traced_worker
 
 
 def run_in_process(
     cfg: TinyGPTConfig, steps: int, memscope_argv: list[str] | None, fault: str | None = None
-) -> WorkerResult:
-    """One real megatron-core training run in this process (world size 1, gloo)."""
-    return traced_worker(0, 1, free_port(), cfg, steps, memscope_argv, fault)
+) -> InstrumentedResult:
+    """One real megatron-core training run in this process (world size 1, gloo), instrumented."""
+    return instrumented_worker(0, 1, free_port(), cfg, steps, memscope_argv, fault)
 
 
 def load_json(path: str) -> dict[str, Any]:
@@ -36,7 +37,7 @@ def small_cfg() -> TinyGPTConfig:
 
 
 @pytest.fixture(scope="module")
-def traced_run(tmp_path_factory, small_cfg) -> tuple[WorkerResult, dict[str, Any], str]:
+def traced_run(tmp_path_factory, small_cfg) -> tuple[InstrumentedResult, dict[str, Any], str]:
     """A 4-step traced single-rank run with default settings: (result, report, outdir)."""
     outdir = str(tmp_path_factory.mktemp("traced"))
     result = run_in_process(small_cfg, 4, ["--memscope", "--memscope-outdir", outdir])

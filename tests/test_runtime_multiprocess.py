@@ -6,12 +6,12 @@ import dataclasses
 
 import pytest
 from conftest import load_json
+from harness import instrumented_worker
 
 from memscope.demo.launcher import free_port, spawn
 from memscope.demo.tiny_gpt import TinyGPTConfig
-from memscope.demo.traced_training import traced_worker
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.integration]
 
 BASE = TinyGPTConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_microbatches=4)
 STEPS = 3
@@ -20,8 +20,8 @@ STEPS = 3
 def _pair(tmp_path_factory, cfg: TinyGPTConfig, name: str, fault: str | None = None):
     outdir = str(tmp_path_factory.mktemp(name))
     argv = ["--memscope", "--memscope-outdir", outdir]
-    traced = spawn(2, traced_worker, free_port(), cfg, STEPS, argv, fault)
-    plain = spawn(2, traced_worker, free_port(), cfg, STEPS, None)
+    traced = spawn(2, instrumented_worker, free_port(), cfg, STEPS, argv, fault)
+    plain = spawn(2, instrumented_worker, free_port(), cfg, STEPS, None)
     reports = [load_json(r.report_path) for r in traced]
     return traced, plain, reports
 
@@ -105,7 +105,7 @@ def test_failing_output_grad_hooks_do_not_change_pipeline_training(tmp_path_fact
     cfg = dataclasses.replace(BASE, pp=2)
     outdir = str(tmp_path_factory.mktemp("fault"))
     argv = ["--memscope", "--memscope-outdir", outdir]
-    faulty = spawn(2, traced_worker, free_port(), cfg, STEPS, argv, "output_grads")
+    faulty = spawn(2, instrumented_worker, free_port(), cfg, STEPS, argv, "output_grads")
     for on, off in zip(faulty, plain, strict=True):
         assert on.losses == off.losses and on.grad_digest == off.grad_digest
         assert {e["site"] for e in load_json(on.report_path)["errors"]} == {"output_grad_hooks"}

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from conftest import load_json
+from harness import instrumented_worker
 
 from memscope.analysis.static.activations import (
     activation_estimate,
@@ -31,7 +32,9 @@ from memscope.analysis.static.terms import persistent_terms
 from memscope.capture.parallel import ParallelInfo
 from memscope.demo.launcher import free_port, spawn
 from memscope.demo.tiny_gpt import TinyGPTConfig
-from memscope.demo.traced_training import megatron_like_args, traced_worker
+from memscope.demo.traced_training import megatron_like_args
+
+pytestmark = pytest.mark.integration
 
 # s=32 b=2 h=64 a=g=4 d=16 ffn=256 V=128, fp32, no dropout: the harness' default model
 TINY: dict[str, Any] = dict(
@@ -192,7 +195,7 @@ def test_estimate_matches_a_real_traced_run(tmp_path):
     cfg = TinyGPTConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_microbatches=2)
     argv = ["--memscope", "--memscope-outdir", str(tmp_path)]
     # a fresh process: in this one, tensors left by earlier tests would be live memory too
-    (result,) = spawn(1, traced_worker, free_port(), cfg, 3, argv)
+    (result,) = spawn(1, instrumented_worker, free_port(), cfg, 3, argv)
     args = megatron_like_args(cfg, [])
     info = ParallelInfo(dp_size=1, tp_rank=0, pp_rank=0)
     estimate = estimate_for_runtime(args, info, device="cpu")

@@ -7,7 +7,9 @@ the "off" run done just before it; its ratio is the median over repeats of
 
 All runs execute inside one set of worker processes (one per rank): starting fresh processes
 costs ~20 s of imports each, far more than the runs themselves.  Each run still builds its own
-process group, model, optimizer and MemScope runtime (``traced_worker``).
+process group, model, optimizer and MemScope runtime (``traced_worker`` of ``memscope demo``,
+through the test suite's ``instrumented_worker`` in ``tests/harness/``, which only measures
+before and after the timed steps).
 
 Usage::
 
@@ -35,10 +37,16 @@ from typing import Any
 
 import torch
 
+# The test suite's instrumented worker (tests/harness/); spawned workers inherit sys.path.
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+)
+
+from harness import instrumented_worker
+
 from memscope.capture.backends import BACKEND_CHOICES
 from memscope.demo.launcher import WorkerError, free_port, spawn
 from memscope.demo.tiny_gpt import TinyGPTConfig
-from memscope.demo.traced_training import traced_worker
 
 OFF = "off"
 _HOOK_FLAGS = (
@@ -156,7 +164,7 @@ def bench_worker(
     out: list[dict[str, Any]] = []
     for spec, port in zip(plan, ports, strict=True):
         gc.collect()
-        result = traced_worker(rank, world_size, port, cfg, steps, spec.argv)
+        result = instrumented_worker(rank, world_size, port, cfg, steps, spec.argv)
         events, backend = _events_per_step(result.report_path)
         if result.report_path is not None:
             shutil.rmtree(os.path.dirname(result.report_path), ignore_errors=True)

@@ -24,15 +24,20 @@ import types
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The test suite's instrumented worker (tests/harness/); spawned workers inherit sys.path.
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+)
 
 from flagscale_wheel import flagscale_tree
+from harness import instrumented_worker
 
 from memscope.analysis.static.estimator import estimate_rank
 from memscope.analysis.static.params import RankPosition
 from memscope.analysis.static.sources import spec_from_megatron_args
 from memscope.demo.launcher import free_port, spawn
 from memscope.demo.tiny_gpt import TinyGPTConfig
-from memscope.demo.traced_training import megatron_like_args, traced_worker
+from memscope.demo.traced_training import megatron_like_args
 
 BASE: dict[str, Any] = dict(
     num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=128, micro_batch_size=2,
@@ -68,7 +73,7 @@ def measure(name: str, world: int, overrides: dict[str, Any], steps: int = 3) ->
     cfg = TinyGPTConfig(**{**BASE, **overrides})
     outdir = tempfile.mkdtemp(prefix=f"memscope-acc-{name}-")
     argv = ["--memscope", "--memscope-backend", "storage", "--memscope-outdir", outdir]
-    results = spawn(world, traced_worker, free_port(), cfg, steps, argv)
+    results = spawn(world, instrumented_worker, free_port(), cfg, steps, argv)
     rows = []
     for res in results:
         assert res.report_path is not None

@@ -1,19 +1,21 @@
 """A traced worker: the tiny real megatron-core GPT trained with MemScope wired in.
 
-This is the training loop of ``memscope demo``, of the multi-process tests and of
-``tools/bench_overhead.py``. It wires the runtime exactly as the FlagScale / Megatron-LM
-patches do (``from_megatron_args`` → ``attach_model`` → ``start`` → step callbacks →
-``finalize``; ``on_exception`` when training raises).
+This is the training loop of ``memscope demo`` (and, through an observer, of the tests and
+benchmarks). It wires the runtime exactly as the FlagScale / Megatron-LM patches do
+(``from_megatron_args`` → ``attach_model`` → ``start`` → step callbacks → ``finalize``;
+``on_exception`` when training raises).
+
+An optional :class:`TrainingObserver` sees the model, optimizer and runtime at fixed points of
+the run without changing it; the test suite's instrumentation (digests, hook counts, injected
+faults) lives in the repository's ``tests/harness/``, not in this package.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
 
 import torch
 
@@ -35,14 +37,47 @@ class WorkerResult:
 
     rank: int
     losses: list[float | None]
-    grad_digest: str
-    param_digest: str
     step_times: list[float] = field(default_factory=list)
     report_path: str | None = None
-    param_bytes: int = 0
-    optimizer_state_bytes: int = 0
-    handles_left: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class TrainingObserver(Protocol):
+    """Watches one :func:`traced_worker` run; called in the worker process, in this order.
+
+    ``model_built`` once the model chunks and optimizer exist, before MemScope touches them;
+    ``attached`` (traced runs only) once the runtime is attached to them but not yet started;
+    ``started`` once MemScope runs (``runtime`` is ``None`` for an untraced run), just before
+    the first step; ``finished`` after the last step and MemScope's ``finalize`` (report
+    written, hooks removed). Not called when training raises. An observer handed to
+    :func:`memscope.demo.launcher.spawn` must be picklable; a subclass inherits no-op methods.
+    """
+
+    def model_built(self, chunks: list[torch.nn.Module], optimizer: torch.optim.Optimizer) -> None:
+        """The model and optimizer are built; nothing is traced yet."""
+
+    def attached(
+        self,
+        runtime: MemScopeMegatronRuntime,
+        chunks: list[torch.nn.Module],
+        optimizer: torch.optim.Optimizer,
+    ) -> None:
+        """MemScope is attached to the model and optimizer; ``start`` comes next."""
+
+    def started(
+        self,
+        runtime: MemScopeMegatronRuntime | None,
+        chunks: list[torch.nn.Module],
+        optimizer: torch.optim.Optimizer,
+    ) -> None:
+        """MemScope is started (``None``: untraced); no step has run."""
+
+    def finished(
+        self,
+        result: WorkerResult,
+        chunks: list[torch.nn.Module],
+        optimizer: torch.optim.Optimizer,
+    ) -> None:
+        """Every step ran and MemScope is finalized; ``result`` is about to be returned."""
 
 
 def megatron_like_args(cfg: TinyGPTConfig, memscope_argv: list[str]) -> argparse.Namespace:
@@ -83,25 +118,6 @@ def megatron_like_args(cfg: TinyGPTConfig, memscope_argv: list[str]) -> argparse
     return args
 
 
-def _digest(tensors: Sequence[torch.Tensor]) -> str:
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(t.detach().contiguous().cpu().numpy().tobytes())
-    return h.hexdigest()
-
-
-def _count_hooks(chunks: list[torch.nn.Module]) -> int:
-    total = 0
-    for chunk in chunks:
-        for m in chunk.modules():
-            total += len(m._forward_hooks) + len(m._forward_pre_hooks)
-        for p in chunk.parameters():
-            total += len(p._backward_hooks or {}) + len(
-                getattr(p, "_post_accumulate_grad_hooks", None) or {}
-            )
-    return total
-
-
 def traced_worker(
     rank: int,
     world_size: int,
@@ -109,13 +125,11 @@ def traced_worker(
     cfg: TinyGPTConfig,
     steps: int,
     memscope_argv: list[str] | None,
-    fault: str | None = None,
+    observer: TrainingObserver | None = None,
 ) -> WorkerResult:
     """Train ``steps`` steps; with ``memscope_argv`` (e.g. ``["--memscope", ...]``) traced.
 
-    ``fault`` injects an error inside MemScope (``"module_hooks"``, ``"output_grads"``,
-    ``"param_grads"``, ``"step_callbacks"``, ``"static_estimator"``) to show training is
-    unaffected.
+    ``observer`` (see :class:`TrainingObserver`) is told about the run at fixed points.
     """
     torch.set_num_threads(1)
     init_process(rank, world_size, port, cfg)
@@ -123,16 +137,19 @@ def traced_worker(
     try:
         chunks = build_model(cfg)
         optimizer = build_optimizer(chunks, cfg)
-        hooks_before = _count_hooks(chunks)
+        if observer is not None:
+            observer.model_built(chunks, optimizer)
         if memscope_argv is not None:
             runtime = MemScopeMegatronRuntime.from_megatron_args(
                 megatron_like_args(cfg, memscope_argv)
             )
             runtime.attach_model(chunks)
             runtime.attach_optimizer(optimizer)
+            if observer is not None:
+                observer.attached(runtime, chunks, optimizer)
             runtime.start()
-            if fault is not None:
-                _inject_fault(runtime, fault)
+        if observer is not None:
+            observer.started(runtime, chunks, optimizer)
         iterators = make_data_iterators(cfg)
         losses: list[float | None] = []
         times: list[float] = []
@@ -145,48 +162,14 @@ def traced_worker(
             if runtime is not None:
                 runtime.on_exception(exc)
             raise
-        params = [p for c in chunks for p in c.parameters()]
-        grads = [p.grad for p in params if p.grad is not None]
-        result = WorkerResult(
-            rank=rank,
-            losses=losses,
-            grad_digest=_digest(grads),
-            param_digest=_digest(params),
-            step_times=times,
-            param_bytes=sum(p.numel() * p.element_size() for p in params),
-            optimizer_state_bytes=sum(
-                v.numel() * v.element_size()
-                for st in optimizer.state.values()
-                for v in st.values()
-                if isinstance(v, torch.Tensor)
-            ),
-        )
+        result = WorkerResult(rank=rank, losses=losses, step_times=times)
         if runtime is not None:
             runtime.finalize()
             result.report_path = runtime.report_path
-        result.handles_left = _count_hooks(chunks) - hooks_before
+        if observer is not None:
+            observer.finished(result, chunks, optimizer)
         return result
     finally:
         if runtime is not None:
             runtime.finalize()
         destroy_process()
-
-
-def _inject_fault(runtime: MemScopeMegatronRuntime, fault: str) -> None:
-    tracer = runtime.tracer
-    assert tracer is not None
-
-    def boom(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(f"injected fault in {fault}")
-
-    targets = {
-        "module_hooks": (tracer, "module_enter"),
-        "output_grads": (tracer, "output_grad"),
-        "param_grads": (tracer, "param_grad_accumulated"),
-        "step_callbacks": (tracer, "phase_end"),
-        "static_estimator": (runtime, "static_estimate_provider"),
-    }
-    if fault not in targets:
-        raise ValueError(f"unknown fault {fault!r}; choose from {sorted(targets)}")
-    obj, name = targets[fault]
-    setattr(obj, name, boom)

@@ -1,0 +1,166 @@
+"""The tiny GPT worker with the test suite's instrumentation (see :mod:`harness`).
+
+:func:`instrumented_worker` runs ``memscope.demo.traced_training.traced_worker`` (the same
+training loop as ``memscope demo``) with an :class:`Instrumentation` observer and returns what
+the tests compare: losses and report path as usual, plus sha256 digests of the gradients and
+parameters, exact parameter / optimizer-state byte sums, the hooks left on the model after
+MemScope finalized, and, with ``fault``, an error injected inside MemScope.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+
+from memscope.demo.tiny_gpt import TinyGPTConfig
+from memscope.demo.traced_training import WorkerResult, traced_worker
+
+# What ``fault=`` accepts; fault_targets() maps each to the attribute it replaces.
+FAULTS = ("module_hooks", "output_grads", "param_grads", "step_callbacks", "static_estimator")
+
+
+def fault_targets(runtime: Any) -> dict[str, tuple[Any, str]]:
+    """For each fault, the (object, attribute) inside MemScope that the fault replaces.
+
+    The only place that knows the runtime's internals: adapt it when they move. It is asked
+    twice, once the runtime is attached (before ``start``) and once it has started; a fault
+    goes in at the first of the two where its object is not ``None`` (the tracer only exists
+    once started; the static estimator may be asked at ``start``).
+    """
+    tracer = runtime.tracer
+    return {
+        "module_hooks": (tracer, "module_enter"),
+        "output_grads": (tracer, "output_grad"),
+        "param_grads": (tracer, "param_grad_accumulated"),
+        "step_callbacks": (tracer, "phase_end"),
+        "static_estimator": (runtime, "static_estimate_provider"),
+    }
+
+
+def inject_fault(runtime: Any, fault: str) -> bool:
+    """Make the MemScope part named ``fault`` raise ``RuntimeError("injected fault in ...")``.
+
+    Returns whether it went in (False: its object does not exist yet, see fault_targets).
+    """
+    targets = fault_targets(runtime)
+    if fault not in targets:
+        raise ValueError(f"unknown fault {fault!r}; choose from {sorted(targets)}")
+    obj, name = targets[fault]
+    if obj is None:
+        return False
+
+    def boom(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"injected fault in {fault}")
+
+    setattr(obj, name, boom)
+    return True
+
+
+def digest(tensors: Sequence[torch.Tensor]) -> str:
+    """sha256 over the tensors' bytes, in order (bit-identical tensors, same digest)."""
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.detach().contiguous().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def count_hooks(chunks: Sequence[torch.nn.Module]) -> int:
+    """Forward / pre-forward hooks on every module plus gradient hooks on every parameter."""
+    total = 0
+    for chunk in chunks:
+        for m in chunk.modules():
+            total += len(m._forward_hooks) + len(m._forward_pre_hooks)
+        for p in chunk.parameters():
+            total += len(p._backward_hooks or {}) + len(
+                getattr(p, "_post_accumulate_grad_hooks", None) or {}
+            )
+    return total
+
+
+@dataclass
+class InstrumentedResult(WorkerResult):
+    """A :class:`WorkerResult` plus what :class:`Instrumentation` measured."""
+
+    grad_digest: str = ""
+    param_digest: str = ""
+    param_bytes: int = 0
+    optimizer_state_bytes: int = 0
+    handles_left: int = 0  # hooks on the model after finalize beyond those before MemScope
+
+
+@dataclass
+class Instrumentation:
+    """A ``TrainingObserver``: measures the run and optionally injects ``fault`` (picklable)."""
+
+    fault: str | None = None
+    injected: bool = False
+    hooks_before: int = 0
+    measured: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.fault is not None and self.fault not in FAULTS:
+            raise ValueError(f"unknown fault {self.fault!r}; choose from {sorted(FAULTS)}")
+
+    def model_built(self, chunks: list[torch.nn.Module], optimizer: torch.optim.Optimizer) -> None:
+        self.hooks_before = count_hooks(chunks)
+
+    def attached(
+        self, runtime: Any, chunks: list[torch.nn.Module], optimizer: torch.optim.Optimizer
+    ) -> None:
+        if self.fault is not None:
+            self.injected = inject_fault(runtime, self.fault)
+
+    def started(
+        self, runtime: Any, chunks: list[torch.nn.Module], optimizer: torch.optim.Optimizer
+    ) -> None:
+        if self.fault is None or self.injected:
+            return
+        if runtime is None:
+            raise ValueError(f"fault {self.fault!r} needs a traced run (memscope_argv)")
+        if not inject_fault(runtime, self.fault):
+            raise RuntimeError(f"fault {self.fault!r}: its target does not exist after start")
+        self.injected = True
+
+    def finished(
+        self,
+        result: WorkerResult,
+        chunks: list[torch.nn.Module],
+        optimizer: torch.optim.Optimizer,
+    ) -> None:
+        params = [p for c in chunks for p in c.parameters()]
+        self.measured = {
+            "grad_digest": digest([p.grad for p in params if p.grad is not None]),
+            "param_digest": digest(params),
+            "param_bytes": sum(p.numel() * p.element_size() for p in params),
+            "optimizer_state_bytes": sum(
+                v.numel() * v.element_size()
+                for st in optimizer.state.values()
+                for v in st.values()
+                if isinstance(v, torch.Tensor)
+            ),
+            "handles_left": count_hooks(chunks) - self.hooks_before,
+        }
+
+
+def instrumented_worker(
+    rank: int,
+    world_size: int,
+    port: int,
+    cfg: TinyGPTConfig,
+    steps: int,
+    memscope_argv: list[str] | None,
+    fault: str | None = None,
+) -> InstrumentedResult:
+    """``traced_worker`` with :class:`Instrumentation`; same arguments plus ``fault``.
+
+    ``fault`` (one of :data:`FAULTS`) injects an error inside MemScope to show training is
+    unaffected. Picklable by reference, so it runs under ``spawn`` too.
+    """
+    observer = Instrumentation(fault)
+    result = traced_worker(rank, world_size, port, cfg, steps, memscope_argv, observer)
+    plain = {f.name: getattr(result, f.name) for f in fields(WorkerResult)}
+    return InstrumentedResult(**plain, **observer.measured)
