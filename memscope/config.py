@@ -1,14 +1,130 @@
-"""One typed configuration object for the runtime, built from Megatron args at the boundary."""
+"""One typed configuration object for the runtime, built from Megatron args at the boundary.
+
+Every runtime setting is written once, as a :class:`RuntimeConfig` field declared with
+:func:`setting`: its name, type (the annotation), default, help text, and where needed its
+choices or command-line spelling. :func:`runtime_settings` reads the fields back as
+:class:`Setting` records, from which ``add_memscope_args`` builds the argparse flags and
+:meth:`RuntimeConfig.from_megatron_args` reads a parsed namespace back.
+
+The command line spells each field ``--memscope-<name with dashes>`` (dest
+``memscope_<name>``) unless the field gives its own ``flag``.
+
+This module imports nothing else from ``memscope``: it sits below every other layer.
+"""
 
 from __future__ import annotations
 
+import functools
+import types
+import typing
 import warnings
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
-from memscope.capture.backends import BACKEND_CHOICES
-
+BACKEND_CHOICES = ("auto", "cuda", "storage")
 SNAPSHOT_STACKS = ("python", "all")
+FLAG_PREFIX = "--memscope-"
+# Flat fields that the report nests as one schedule dict (see RuntimeConfig.to_report_dict).
+_SCHEDULE_PARTS = {
+    "profiler_wait": "profiler_schedule",
+    "profiler_warmup": "profiler_schedule",
+    "profiler_active": "profiler_schedule",
+    "snapshot_start_step": "snapshot_schedule",
+    "snapshot_steps": "snapshot_schedule",
+}
+
+
+def setting(
+    default: Any,
+    help: str,
+    *,
+    choices: tuple[str, ...] | None = None,
+    flag: str | None = None,
+    none_as: int | None = None,
+    shown_default: str | None = None,
+    metavar: str | None = None,
+) -> Any:
+    """A :class:`RuntimeConfig` field that is also a command-line setting.
+
+    ``help``: the flag's help text, without the default (the parser appends it).
+    ``choices``: the allowed values (argparse ``choices``; :meth:`RuntimeConfig.validate`
+    checks them too). ``flag``: the option string when it is not ``--memscope-<name>``.
+    ``none_as``: a negative int that spells ``None`` on the command line (the parser's
+    default; any negative value reads back as ``None``). ``shown_default``: how the help
+    text shows the default, when the value itself says little (``None``). ``metavar``: the
+    value's name in the help (default ``N`` for numbers).
+    """
+    metadata = {
+        "help": help,
+        "choices": choices,
+        "flag": flag,
+        "none_as": none_as,
+        "shown_default": shown_default,
+        "metavar": metavar,
+    }
+    if isinstance(default, list):
+        items = list(default)
+        return field(default_factory=lambda: list(items), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One command-line setting, as :func:`runtime_settings` derives it from its field."""
+
+    name: str  # the RuntimeConfig attribute
+    flag: str  # e.g. "--memscope-top-k"
+    dest: str  # e.g. "memscope_top_k": the attribute on a parsed namespace
+    value_type: type  # int, str or bool; for a list field, the type of one item
+    is_list: bool  # nargs="+"
+    default: Any  # the field's default (cli_default and from_cli hand out copies)
+    help: str
+    choices: tuple[str, ...] | None = None
+    none_as: int | None = None
+    shown_default: str | None = None
+    metavar: str | None = None
+
+    @property
+    def is_switch(self) -> bool:
+        return self.value_type is bool and not self.is_list
+
+    @property
+    def cli_default(self) -> Any:
+        """The parser's default: the field default, or ``none_as`` standing for ``None``."""
+        if self.default is None and self.none_as is not None:
+            return self.none_as
+        return _copy(self.default)
+
+    def from_cli(self, value: Any) -> Any:
+        """The field value for a namespace attribute (``None``: absent, use the default)."""
+        if value is None:
+            return _copy(self.default)
+        if self.none_as is not None and value < 0:
+            return None
+        if self.is_list:
+            return list(value)
+        if self.is_switch:
+            return bool(value)
+        return value
+
+
+def _copy(value: Any) -> Any:
+    return list(value) if isinstance(value, list) else value
+
+
+def _unpack(annotation: Any) -> tuple[type, bool]:
+    """``(item type, is_list)`` for ``T``, ``list[T]``, ``T | None`` or ``list[T] | None``."""
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        members = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(members) != 1:
+            raise TypeError(f"setting type {annotation!r} is not T, T | None or list[T]")
+        annotation = members[0]
+    if typing.get_origin(annotation) is list:
+        (item,) = typing.get_args(annotation)
+        return item, True
+    if not isinstance(annotation, type):
+        raise TypeError(f"setting type {annotation!r} is not T, T | None or list[T]")
+    return annotation, False
 
 
 @dataclass
@@ -31,41 +147,82 @@ class ProfilerSchedule:
 class RuntimeConfig:
     """Everything the runtime tracer needs; defaults are what ``--memscope`` alone gives."""
 
-    enabled: bool = False
-    outdir: str = "memscope_outputs"
-    top_k: int = 20
-    backend: str = "auto"
-    hook_modules: bool = True
-    hook_output_grads: bool = True
-    hook_param_grads: bool = True
-    sync_on_step_boundaries: bool = False
-    sync_on_module_hooks: bool = False
-    ranks: list[int] | None = None  # None: every rank
-    step_start: int = 0
-    step_end: int | None = None  # exclusive; None: until the end
-    hook_steps: int = 20  # module/grad hooks record this many steps of the window; 0: all
-    detail_steps: int = 2
-    max_trace_events: int = 200_000
-    trace_jsonl: bool = True
-    report_interval: int = 50
-    record_tensor_shapes: bool = True
-    enable_profiler: bool = False
-    profiler_ranks: list[int] = field(default_factory=lambda: [0])
-    profiler_schedule: ProfilerSchedule = field(default_factory=ProfilerSchedule)
-    enable_memory_snapshot: bool = False
-    snapshot_ranks: list[int] = field(default_factory=lambda: [0])
-    snapshot_schedule: ProfilerSchedule = field(
-        default_factory=lambda: ProfilerSchedule(wait=0, warmup=0, active=2)
+    enabled: bool = setting(False, "Enable MemScope runtime memory tracing", flag="--memscope")
+    outdir: str = setting("memscope_outputs", "Report directory", metavar="DIR")
+    top_k: int = setting(20, "Hot spots kept")
+    backend: str = setting(
+        "auto",
+        "auto: cuda on a GPU, storage (exact tensor accounting) on CPU",
+        choices=BACKEND_CHOICES,
     )
-    snapshot_max_entries: int = 100_000
-    snapshot_stacks: str = "python"
+    hook_modules: bool = setting(True, "Module forward hooks")
+    hook_output_grads: bool = setting(True, "Output-tensor grad hooks")
+    hook_param_grads: bool = setting(True, "Parameter grad hooks")
+    sync_on_step_boundaries: bool = setting(False, "torch.cuda.synchronize at step callbacks")
+    sync_on_module_hooks: bool = setting(False, "torch.cuda.synchronize in module hooks (slow)")
+    # RUF009 waived on list fields: setting() returns a field with a default_factory.
+    ranks: list[int] | None = setting(None, "Ranks to trace", shown_default="all", metavar="RANK")  # noqa: RUF009
+    step_start: int = setting(0, "First step whose module/grad events are recorded")
+    step_end: int | None = setting(
+        None,
+        "Step (exclusive) after which module/grad events stop; -1: never",
+        none_as=-1,
+    )
+    hook_steps: int = setting(
+        20,
+        "Module/grad hooks record this many steps inside the window, then only step "
+        "boundaries are recorded (0: every step)",
+    )
+    detail_steps: int = setting(2, "Traced steps whose module/grad events are kept in the report")
+    max_trace_events: int = setting(200_000, "Upper bound on events held in memory for the report")
+    trace_jsonl: bool = setting(True, "Stream every event to rankNNNNN/trace.jsonl")
+    report_interval: int = setting(50, "Rewrite the report every N steps (0: only at the end)")
+    record_tensor_shapes: bool = setting(True, "Record input/output shapes")
+    enable_profiler: bool = setting(False, "torch.profiler on a step schedule")
+    profiler_ranks: list[int] = setting([0], "Ranks that run torch.profiler", metavar="RANK")  # noqa: RUF009
+    profiler_wait: int = setting(1, "Profiler schedule: steps skipped before warm-up")
+    profiler_warmup: int = setting(1, "Profiler schedule: warm-up steps (traced, discarded)")
+    profiler_active: int = setting(2, "Profiler schedule: steps recorded")
+    enable_memory_snapshot: bool = setting(False, "CUDA allocator history snapshot")
+    snapshot_ranks: list[int] = setting([0], "Ranks recording allocator history", metavar="RANK")  # noqa: RUF009
+    snapshot_start_step: int = setting(0, "First step the allocator history is recorded from")
+    snapshot_steps: int = setting(2, "Steps of allocator history recorded, then dumped")
+    snapshot_max_entries: int = setting(100_000, "Allocator history entries kept")
+    snapshot_stacks: str = setting(
+        "python",
+        "python (fast) or all (adds C++ frames; dumping can take minutes)",
+        choices=SNAPSHOT_STACKS,
+    )
+
+    @property
+    def profiler_schedule(self) -> ProfilerSchedule:
+        return ProfilerSchedule(self.profiler_wait, self.profiler_warmup, self.profiler_active)
+
+    @property
+    def snapshot_schedule(self) -> ProfilerSchedule:
+        return ProfilerSchedule(self.snapshot_start_step, 0, self.snapshot_steps)
+
+    def to_report_dict(self) -> dict[str, Any]:
+        """The report's ``config`` block: the fields, each schedule as one nested dict.
+
+        Same keys, order and values as ``dataclasses.asdict`` gave when the schedules were
+        ``ProfilerSchedule`` fields, so the report schema does not change.
+        """
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            schedule = _SCHEDULE_PARTS.get(f.name)
+            if schedule is None:
+                out[f.name] = _copy(getattr(self, f.name))
+            elif schedule not in out:
+                out[schedule] = asdict(getattr(self, schedule))
+        return out
 
     def validate(self) -> RuntimeConfig:
         """Raise ``ValueError`` naming the offending setting; return ``self``."""
-        if self.backend not in BACKEND_CHOICES:
-            raise ValueError(
-                f"memscope backend must be one of {BACKEND_CHOICES}, not {self.backend!r}"
-            )
+        for s in runtime_settings():
+            value = getattr(self, s.name)
+            if s.choices is not None and value not in s.choices:
+                raise ValueError(f"memscope {s.name} must be one of {s.choices}, not {value!r}")
         if self.top_k < 1:
             raise ValueError(f"memscope top_k must be >= 1, got {self.top_k}")
         if self.step_start < 0:
@@ -79,11 +236,6 @@ class RuntimeConfig:
             raise ValueError(
                 "memscope detail_steps, max_trace_events, report_interval must be >= 0"
             )
-        if self.snapshot_stacks not in SNAPSHOT_STACKS:
-            raise ValueError(
-                f"memscope snapshot_stacks must be one of {SNAPSHOT_STACKS}, not "
-                f"{self.snapshot_stacks!r}"
-            )
         self.profiler_schedule.validate("memscope profiler")
         self.snapshot_schedule.validate("memscope snapshot")
         return self
@@ -96,17 +248,18 @@ class RuntimeConfig:
 
     def warn_ignored(self, cuda_available: bool, backend: str) -> list[str]:
         """Warn (and return the messages) for settings that this run will ignore."""
+        flag = {s.name: s.flag for s in runtime_settings()}
         notes: list[str] = []
         if not cuda_available and self.enable_memory_snapshot:
             notes.append(
-                "memscope: memory snapshot needs CUDA; --memscope-enable-memory-snapshot ignored"
+                f"memscope: memory snapshot needs CUDA; {flag['enable_memory_snapshot']} ignored"
             )
         if backend != "cuda" and (self.sync_on_module_hooks or self.sync_on_step_boundaries):
             notes.append(f"memscope: CUDA sync options have no effect with the {backend} backend")
         if not self.hook_modules and self.hook_output_grads:
             notes.append(
                 "memscope: output-grad hooks are attached from module forwards; "
-                "--memscope-hook-output-grads ignored while --memscope-hook-modules is off"
+                f"{flag['hook_output_grads']} ignored while {flag['hook_modules']} is off"
             )
         for note in notes:
             warnings.warn(note, stacklevel=2)
@@ -114,30 +267,39 @@ class RuntimeConfig:
 
     @classmethod
     def from_megatron_args(cls, args: Any) -> RuntimeConfig:
-        """Build from an argparse namespace produced with :func:`add_memscope_args`.
+        """Build from an argparse namespace produced with ``add_memscope_args``.
 
         Missing attributes fall back to the defaults, so a namespace from an older provider
         (the original flag set) works too.
         """
-        base = cls()
-
-        def get(name: str, default: Any) -> Any:
-            value = getattr(args, f"memscope_{name}", None)
-            return default if value is None else value
-
-        kwargs: dict[str, Any] = {}
-        for f in fields(cls):
-            if f.name in ("enabled", "profiler_schedule", "snapshot_schedule"):
-                continue
-            kwargs[f.name] = get(f.name, getattr(base, f.name))
-        kwargs["enabled"] = bool(getattr(args, "memscope", False))
-        kwargs["ranks"] = list(kwargs["ranks"]) if kwargs["ranks"] is not None else None
-        if kwargs["step_end"] is not None and kwargs["step_end"] < 0:
-            kwargs["step_end"] = None
-        kwargs["profiler_schedule"] = ProfilerSchedule(
-            get("profiler_wait", 1), get("profiler_warmup", 1), get("profiler_active", 2)
-        )
-        kwargs["snapshot_schedule"] = ProfilerSchedule(
-            get("snapshot_start_step", 0), 0, get("snapshot_steps", 2)
-        )
+        kwargs = {s.name: s.from_cli(getattr(args, s.dest, None)) for s in runtime_settings()}
         return cls(**kwargs).validate()
+
+
+@functools.cache
+def runtime_settings() -> tuple[Setting, ...]:
+    """Every :class:`RuntimeConfig` field declared with :func:`setting`, in field order."""
+    hints = typing.get_type_hints(RuntimeConfig)
+    out = []
+    for f in fields(RuntimeConfig):
+        if "help" not in f.metadata:
+            continue
+        item, is_list = _unpack(hints[f.name])
+        flag = f.metadata["flag"] or FLAG_PREFIX + f.name.replace("_", "-")
+        default = f.default if f.default_factory is MISSING else f.default_factory()
+        out.append(
+            Setting(
+                name=f.name,
+                flag=flag,
+                dest=flag.lstrip("-").replace("-", "_"),
+                value_type=item,
+                is_list=is_list,
+                default=default,
+                help=f.metadata["help"],
+                choices=f.metadata["choices"],
+                none_as=f.metadata["none_as"],
+                shown_default=f.metadata["shown_default"],
+                metavar=f.metadata["metavar"] or ("N" if item is int else None),
+            )
+        )
+    return tuple(out)

@@ -1,10 +1,11 @@
 """add_memscope_args: every switch settable on and off, FlagScale-style, and composition."""
 
 import argparse
+import dataclasses
 
 import pytest
 
-from memscope.config import RuntimeConfig
+from memscope.config import BACKEND_CHOICES, SNAPSHOT_STACKS, RuntimeConfig, runtime_settings
 from memscope.integrations.megatron import add_memscope_args, compose_args_providers, parse_bool
 
 ORIGINAL_FLAGS = [
@@ -119,3 +120,84 @@ def test_parse_bool_rejects_garbage():
     assert parse_bool("ON") is True and parse_bool("n") is False
     with pytest.raises(argparse.ArgumentTypeError):
         parse_bool("2")
+
+
+# -- one source of truth: the RuntimeConfig fields ----------------------------------------
+
+
+def _visible_actions(parser):
+    return [a for a in parser._actions if a.option_strings and a.help != argparse.SUPPRESS]
+
+
+def test_every_setting_has_exactly_one_flag_with_the_field_default():
+    parser = add_memscope_args(argparse.ArgumentParser())
+    actions = [a for a in _visible_actions(parser) if a.dest != "help"]
+    fields_with_help = [f for f in dataclasses.fields(RuntimeConfig) if "help" in f.metadata]
+    assert fields_with_help and len(actions) == len(fields_with_help)
+    defaults = RuntimeConfig()
+    for f in fields_with_help:
+        s = next(s for s in runtime_settings() if s.name == f.name)
+        mine = [a for a in actions if a.dest == s.dest]
+        assert len(mine) == 1, f.name
+        (action,) = mine
+        assert action.option_strings == [s.flag]
+        assert s.from_cli(action.default) == getattr(defaults, f.name), f.name
+        assert f.metadata["help"] in action.help
+        assert action.choices == f.metadata["choices"]
+    parsed = vars(parser.parse_args([]))
+    assert parsed["memscope_step_end"] == -1  # the CLI spelling of "no end"
+    assert parsed["memscope_ranks"] is None and parsed["memscope_profiler_ranks"] == [0]
+
+
+def test_a_namespace_of_defaults_round_trips_to_the_default_config():
+    assert RuntimeConfig.from_megatron_args(_parse([])) == RuntimeConfig()
+    assert RuntimeConfig.from_megatron_args(argparse.Namespace()) == RuntimeConfig()
+
+
+def test_every_option_round_trips_to_its_field():
+    argv = [
+        "--memscope", "--memscope-outdir", "d", "--memscope-top-k", "3",
+        "--memscope-backend", "cuda", "--memscope-no-hook-modules",
+        "--memscope-ranks", "0", "2", "--memscope-step-start", "1", "--memscope-step-end", "9",
+        "--memscope-profiler-wait", "0", "--memscope-profiler-warmup", "2",
+        "--memscope-profiler-active", "3", "--memscope-snapshot-start-step", "4",
+        "--memscope-snapshot-steps", "5", "--memscope-snapshot-stacks", "all",
+    ]  # fmt: skip
+    cfg = RuntimeConfig.from_megatron_args(_parse(argv))
+    assert cfg == RuntimeConfig(
+        enabled=True, outdir="d", top_k=3, backend="cuda", hook_modules=False, ranks=[0, 2],
+        step_start=1, step_end=9, profiler_wait=0, profiler_warmup=2, profiler_active=3,
+        snapshot_start_step=4, snapshot_steps=5, snapshot_stacks="all",
+    )  # fmt: skip
+    assert cfg.profiler_schedule.warmup == 2 and cfg.snapshot_schedule.wait == 4
+
+
+def test_switches_keep_their_forms_and_dests():
+    parser = add_memscope_args(argparse.ArgumentParser())
+    by_flag = {s: a for a in parser._actions for s in a.option_strings}
+    assert by_flag["--memscope"].dest == "memscope"
+    assert "--memscope-no-" not in by_flag  # --memscope has no hidden negative form
+    for s in runtime_settings():
+        action = by_flag[s.flag]
+        if s.is_switch:
+            assert (action.nargs, action.const, action.metavar) == ("?", True, "BOOL")
+            assert action.type is parse_bool
+            if s.flag != "--memscope":
+                hidden = by_flag["--memscope-no-" + s.flag.removeprefix("--memscope-")]
+                assert hidden.dest == s.dest and hidden.help == argparse.SUPPRESS
+        else:
+            assert action.nargs == ("+" if s.is_list else None)
+
+
+def test_choices_come_from_the_config():
+    parser = add_memscope_args(argparse.ArgumentParser())
+    by_flag = {s: a for a in parser._actions for s in a.option_strings}
+    assert tuple(by_flag["--memscope-backend"].choices) == BACKEND_CHOICES
+    assert tuple(by_flag["--memscope-snapshot-stacks"].choices) == SNAPSHOT_STACKS
+
+
+def test_help_shows_the_defaults():
+    text = add_memscope_args(argparse.ArgumentParser()).format_help()
+    assert "(default: 20)" in text and "(default: memscope_outputs)" in text
+    assert "(default on;" in text and "(default off;" in text
+    assert "Ranks to trace (default: all)" in text

@@ -1,10 +1,19 @@
 """RuntimeConfig: validation errors name the setting; ignored settings warn."""
 
 import argparse
+import ast
+import dataclasses
+import json
 
 import pytest
 
-from memscope.config import RuntimeConfig
+from memscope.config import (
+    BACKEND_CHOICES,
+    SNAPSHOT_STACKS,
+    ProfilerSchedule,
+    RuntimeConfig,
+    runtime_settings,
+)
 
 
 def test_from_args_accepts_the_original_flag_set_only():
@@ -40,3 +49,77 @@ def test_ignored_settings_warn():
         notes = cfg.warn_ignored(cuda_available=False, backend="storage")
     assert len(notes) == 3 and len(record) == 3
     assert any("snapshot" in n for n in notes)
+
+
+def test_config_imports_no_other_memscope_module():
+    """config sits below every layer: it may import only ``memscope._version``."""
+    import memscope.config
+
+    with open(memscope.config.__file__, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    imported: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, "relative import in memscope/config.py"
+            imported.append(node.module or "")
+    ours = {m for m in imported if m == "memscope" or m.startswith("memscope.")}
+    assert ours <= {"memscope._version"}, ours
+
+
+def test_backend_choices_live_in_config():
+    assert BACKEND_CHOICES == ("auto", "cuda", "storage")
+    assert SNAPSHOT_STACKS == ("python", "all")
+
+
+def test_every_field_is_a_setting_with_help():
+    names = [s.name for s in runtime_settings()]
+    assert names == [f.name for f in dataclasses.fields(RuntimeConfig)]
+    assert all(s.help for s in runtime_settings())
+
+
+def test_report_dict_keeps_the_nested_schedule_schema():
+    report = RuntimeConfig().to_report_dict()
+    assert list(report) == [
+        "enabled", "outdir", "top_k", "backend", "hook_modules", "hook_output_grads",
+        "hook_param_grads", "sync_on_step_boundaries", "sync_on_module_hooks", "ranks",
+        "step_start", "step_end", "hook_steps", "detail_steps", "max_trace_events",
+        "trace_jsonl", "report_interval", "record_tensor_shapes", "enable_profiler",
+        "profiler_ranks", "profiler_schedule", "enable_memory_snapshot", "snapshot_ranks",
+        "snapshot_schedule", "snapshot_max_entries", "snapshot_stacks",
+    ]  # fmt: skip
+    assert report["profiler_schedule"] == {"wait": 1, "warmup": 1, "active": 2}
+    assert report["snapshot_schedule"] == {"wait": 0, "warmup": 0, "active": 2}
+    assert report["ranks"] is None and report["profiler_ranks"] == [0]
+    json.dumps(report)  # plain data only
+    cfg = RuntimeConfig(profiler_wait=3, snapshot_start_step=4, snapshot_steps=5, ranks=[1])
+    report = cfg.to_report_dict()
+    assert report["profiler_schedule"] == {"wait": 3, "warmup": 1, "active": 2}
+    assert report["snapshot_schedule"] == {"wait": 4, "warmup": 0, "active": 5}
+    report["ranks"].append(9)  # a copy, not the config's own list
+    assert cfg.ranks == [1]
+
+
+def test_schedules_are_views_of_the_flat_fields():
+    cfg = RuntimeConfig(profiler_wait=0, profiler_warmup=2, profiler_active=3)
+    assert cfg.profiler_schedule == ProfilerSchedule(wait=0, warmup=2, active=3)
+    assert RuntimeConfig().snapshot_schedule == ProfilerSchedule(wait=0, warmup=0, active=2)
+    with pytest.raises(ValueError, match="profiler schedule"):
+        RuntimeConfig(profiler_active=0).validate()
+    with pytest.raises(ValueError, match="snapshot schedule"):
+        RuntimeConfig(snapshot_steps=0).validate()
+
+
+def test_list_defaults_are_not_shared():
+    a, b = RuntimeConfig(), RuntimeConfig()
+    a.profiler_ranks.append(1)
+    assert b.profiler_ranks == [0] and RuntimeConfig().profiler_ranks == [0]
+
+
+def test_from_args_maps_a_negative_step_end_to_none_and_validates():
+    ns = argparse.Namespace(memscope=True, memscope_step_end=-1, memscope_profiler_active=4)
+    cfg = RuntimeConfig.from_megatron_args(ns)
+    assert cfg.step_end is None and cfg.profiler_schedule.active == 4
+    with pytest.raises(ValueError, match="backend"):
+        RuntimeConfig.from_megatron_args(argparse.Namespace(memscope_backend="tpu"))
