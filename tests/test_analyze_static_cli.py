@@ -1,28 +1,43 @@
-"""memscope analyze-static as a user runs it: reports, rank selection, bad input."""
+"""memscope analyze-static as a user runs it (in-process through ``memscope.cli.main``):
+reports, rank selection, bad input."""
 
 from __future__ import annotations
 
 import json
 import os
 import pathlib
-import subprocess
-import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
+
+from memscope.cli import main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(REPO, "configs", "static", "llama3_8b_tp4_pp2.json")
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "memscope.cli", "analyze-static", *args],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
 
 
-def test_json_config_gives_the_original_schema_plus_every_rank(tmp_path):
-    res = _cli("--config", EXAMPLE, "--outdir", str(tmp_path), "--all-ranks")
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
+    """``cli(*args)`` runs ``memscope analyze-static ARGS``: exit code, stdout, stderr."""
+
+    def run(*args: str) -> Result:
+        rc = main(["analyze-static", *args])
+        captured = capsys.readouterr()
+        return Result(rc, captured.out, captured.err)
+
+    return run
+
+
+def test_json_config_gives_the_original_schema_plus_every_rank(tmp_path, cli):
+    res = cli("--config", EXAMPLE, "--outdir", str(tmp_path), "--all-ranks")
     assert res.returncode == 0, res.stderr
     report = json.loads((tmp_path / "static_report.json").read_text())
     s = report["summary"]
@@ -47,8 +62,8 @@ def test_json_config_gives_the_original_schema_plus_every_rank(tmp_path):
     assert "## Ranks" in md and "GPU allowance" in md
 
 
-def test_rank_option_details_that_rank(tmp_path):
-    res = _cli("--config", EXAMPLE, "--outdir", str(tmp_path), "--rank", "33")
+def test_rank_option_details_that_rank(tmp_path, cli):
+    res = cli("--config", EXAMPLE, "--outdir", str(tmp_path), "--rank", "33")
     assert res.returncode == 0, res.stderr
     s = json.loads((tmp_path / "static_report.json").read_text())["summary"]
     assert (s["tp_rank"], s["pp_rank"]) == (1, 1) and 33 in s["global_ranks"]
@@ -64,26 +79,26 @@ def test_rank_option_details_that_rank(tmp_path):
         ({"model": {"num_kv_heads": 5}}, "model.num_query_groups (5) must divide"),
     ],
 )
-def test_contradictory_config_fails_with_one_line_naming_the_field(tmp_path, change, needle):
+def test_contradictory_config_fails_with_one_line_naming_the_field(tmp_path, cli, change, needle):
     config = json.loads(pathlib.Path(EXAMPLE).read_text())
     for section, values in change.items():
         config[section].update(values)
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(config))
-    res = _cli("--config", str(path), "--outdir", str(tmp_path / "out"))
+    res = cli("--config", str(path), "--outdir", str(tmp_path / "out"))
     assert res.returncode == 2 and res.stdout == ""
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in res.stderr, res.stderr
     assert not (tmp_path / "out").exists()
 
 
-def test_missing_and_truncated_files_fail_cleanly_and_keep_old_reports(tmp_path):
-    assert _cli("--config", EXAMPLE, "--outdir", str(tmp_path)).returncode == 0
+def test_missing_and_truncated_files_fail_cleanly_and_keep_old_reports(tmp_path, cli):
+    assert cli("--config", EXAMPLE, "--outdir", str(tmp_path)).returncode == 0
     before = (tmp_path / "static_report.json").read_bytes()
     truncated = tmp_path / "cut.json"
     truncated.write_text(pathlib.Path(EXAMPLE).read_text()[:120])
     for path, needle in ((tmp_path / "none.json", "cannot read"), (truncated, "invalid JSON")):
-        res = _cli("--config", str(path), "--outdir", str(tmp_path))
+        res = cli("--config", str(path), "--outdir", str(tmp_path))
         assert res.returncode == 2 and needle in res.stderr and "Traceback" not in res.stderr
         assert len(res.stderr.strip().splitlines()) == 1
     assert (tmp_path / "static_report.json").read_bytes() == before  # nothing lost

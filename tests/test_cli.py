@@ -1,4 +1,5 @@
-"""The memscope CLI as a user runs it (subprocesses)."""
+"""The memscope CLI as a user runs it: in-process through ``memscope.cli.main``, plus one
+subprocess for the ``python -m memscope.cli`` entry point itself."""
 
 from __future__ import annotations
 
@@ -9,22 +10,37 @@ import sys
 import pytest
 from conftest import load_json
 
-
-def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "memscope.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+from memscope.cli import main
 
 
-def test_help_lists_subcommands_and_each_has_help():
-    out = _cli("--help")
-    assert out.returncode == 0 and "demo" in out.stdout and "summarize" in out.stdout
+def _help(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    with pytest.raises(SystemExit) as exc:
+        main([*args, "--help"])
+    assert exc.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_help_lists_subcommands_and_each_has_help(capsys):
+    out = _help(capsys)
+    for sub in ("demo", "summarize", "visualize-runtime", "analyze-static", "analyze"):
+        assert sub in out
     for sub in ("demo", "summarize"):
-        res = _cli(sub, "--help")
-        assert res.returncode == 0 and "usage: memscope " + sub in res.stdout
+        assert "usage: memscope " + sub in _help(capsys, sub)
+
+
+def test_help_shows_defaults(capsys):
+    demo = _help(capsys, "demo")
+    assert "(default: memscope_demo)" in demo and "(default: 4)" in demo
+    assert "(default: None)" not in demo and "(default: False)" not in demo
+    static = _help(capsys, "analyze-static")
+    assert "(default: outputs)" in static and "(default: cuda)" in static
+    assert "(default: None)" not in static and "(default: False)" not in static
+
+
+def test_no_command_prints_usage_and_exit_2(capsys):
+    assert main([]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "usage: memscope" in captured.err
 
 
 @pytest.mark.parametrize("command", ["summarize", "visualize-runtime"])
@@ -33,36 +49,50 @@ def test_help_lists_subcommands_and_each_has_help():
     [(None, "no such file"), ('{"schema_version": "1.0", "pe', "truncated JSON"),
      ('{"schema_version": "3.1"}', "newer than")],
 )  # fmt: skip
-def test_bad_report_gives_one_line_and_exit_2(tmp_path, command, content, needle):
+def test_bad_report_gives_one_line_and_exit_2(tmp_path, capsys, command, content, needle):
     path = tmp_path / "runtime_report.json"
     if content is not None:
         path.write_text(content)
-    res = _cli(command, "--report", str(path))
-    assert res.returncode == 2
-    assert res.stdout == ""
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in res.stderr
+    assert main([command, "--report", str(path)]) == 2
+    res = capsys.readouterr()
+    assert res.out == ""
+    lines = res.err.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in res.err
     if content is not None:
         assert path.read_text() == content  # nothing already written is touched
     assert not (tmp_path / "runtime_report.html").exists()
 
 
-def test_summarize_prints_the_markdown(traced_run):
+def test_module_entry_point_passes_the_exit_code_and_one_line(tmp_path):
+    """``python -m memscope.cli``: the process boundary itself (exit status, stderr)."""
+    res = subprocess.run(
+        [sys.executable, "-m", "memscope.cli", "summarize", "--report", str(tmp_path / "x.json")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 2 and res.stdout == ""
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("memscope summarize: error:")
+    assert "no such file" in lines[0]
+
+
+def test_summarize_prints_the_markdown(traced_run, capsys):
     _, _, outdir = traced_run
-    res = _cli("summarize", "--report", os.path.join(outdir, "rank00000", "runtime_report.json"))
-    assert res.returncode == 0 and res.stderr == ""
-    assert res.stdout.startswith("# MemScope runtime report — rank 0 of 1")
-    assert "## Peak" in res.stdout
+    rc = main(["summarize", "--report", os.path.join(outdir, "rank00000", "runtime_report.json")])
+    res = capsys.readouterr()
+    assert rc == 0 and res.err == ""
+    assert res.out.startswith("# MemScope runtime report — rank 0 of 1")
+    assert "## Peak" in res.out
 
 
 @pytest.mark.multiprocess
-def test_demo_trains_two_processes_and_leaves_reports(tmp_path):
-    res = _cli("demo", "--outdir", str(tmp_path), "--steps", "2", timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
+def test_demo_trains_two_processes_and_leaves_reports(tmp_path, capsys):
+    rc = main(["demo", "--outdir", str(tmp_path), "--steps", "2"])
+    res = capsys.readouterr()
+    assert rc == 0, res.err[-3000:]
     for rank in (0, 1):
         report = load_json(str(tmp_path / f"rank{rank:05d}" / "runtime_report.json"))
         assert report["status"] == "complete" and report["metadata"]["pp_size"] == 2
-        assert f"rank {rank}: peak" in res.stdout
+        assert f"rank {rank}: peak" in res.out
         assert (tmp_path / f"rank{rank:05d}" / "runtime_report.html").stat().st_size > 100_000
     assert (tmp_path / "job_report.html").exists()
-    assert f"reports: {tmp_path}" in res.stdout
+    assert f"reports: {tmp_path}" in res.out

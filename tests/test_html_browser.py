@@ -8,8 +8,11 @@ import subprocess
 
 import pytest
 
+from memscope.analysis.job import RankEntry, rank_steps, summarize_job
 from memscope.reporters.html import plotly_js, render_job_html, render_runtime_html
-from memscope.reporters.html_payload import RankEntry, job_payload, runtime_payload
+from memscope.reporters.html_payload import job_payload, runtime_payload
+
+pytestmark = pytest.mark.integration
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -59,7 +62,7 @@ def test_page_renders_plotly_charts_offline(tmp_path, traced_run):
 def test_job_page_renders_with_a_missing_rank(tmp_path, traced_run):
     _, report, _ = traced_run
     entries = [RankEntry(0, dict(report, world_size=3)), RankEntry(1, None, "truncated JSON")]
-    html = render_job_html(job_payload(entries))
+    html = render_job_html(job_payload(summarize_job(entries), rank_steps(entries)))
     assert _remote_refs(html) == []
     page = tmp_path / "job.html"
     page.write_text(html, encoding="utf-8")

@@ -1,4 +1,5 @@
-"""HTML payloads and templates: bounded size, the peak always kept, no markup injection."""
+"""HTML payloads and templates: bounded size, the peak always kept, no markup injection;
+the job analysis the job page shows."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import re
 from pathlib import Path
 
+from memscope.analysis.job import RankEntry, rank_steps, summarize_job
 from memscope.reporters.html import (
     plotly_js,
     render_job_html,
@@ -14,7 +16,6 @@ from memscope.reporters.html import (
     script_safe_json,
 )
 from memscope.reporters.html_payload import (
-    RankEntry,
     choose_detail_steps,
     downsample_indices,
     job_payload,
@@ -22,6 +23,11 @@ from memscope.reporters.html_payload import (
 )
 
 EVIL = "</script><img src=x onerror=alert(1)>"
+
+
+def _job_payload(entries: list[RankEntry]) -> dict:
+    """The job page's payload, built the way the CLI builds it."""
+    return job_payload(summarize_job(entries), rank_steps(entries))
 
 
 def test_downsampling_bounds_points_and_keeps_the_peak():
@@ -92,9 +98,13 @@ def test_job_payload_lists_missing_and_incomplete_ranks(traced_run):
     r0 = dict(report, rank=0, world_size=4)
     r2 = dict(report, rank=2, world_size=4, status="oom", status_reason="CUDA out of memory")
     r2["peak"] = dict(report["peak"], memory_bytes=report["peak"]["memory_bytes"] * 2)
-    payload = job_payload(
-        [RankEntry(0, r0), RankEntry(1, None, "truncated JSON"), RankEntry(2, r2)]
-    )
+    entries = [RankEntry(0, r0), RankEntry(1, None, "truncated JSON"), RankEntry(2, r2)]
+    summary = summarize_job(entries)
+    payload = job_payload(summary, rank_steps(entries))
+    for key in ("world_size", "ranks", "missing", "incomplete", "imbalance"):
+        assert payload[key] == summary[key]  # the reporter shows the analysis as is
+    assert payload["kind"] == "job" and set(payload["timelines"]) == {"0", "2"}
+    assert payload["timelines"]["0"]["step"] == [s["step"] for s in report["steps"]]
     statuses = {row["rank"]: row["status"] for row in payload["ranks"]}
     assert statuses == {0: "complete", 1: "missing", 2: "oom", 3: "missing"}
     problems = {row["rank"]: row["problem"] for row in payload["ranks"]}
@@ -123,7 +133,7 @@ def test_hostile_module_names_stay_text(traced_run):
     )
     assert data is not None and json.loads(data.group(1))["peak"]["module"] == EVIL
     assert "&lt;/script&gt;&lt;img src=x onerror=alert(1)&gt;" in html  # the server-side banner
-    job = render_job_html(job_payload([RankEntry(0, evil)]))
+    job = render_job_html(_job_payload([RankEntry(0, evil)]))
     assert EVIL not in job
 
 
@@ -147,7 +157,7 @@ def test_committed_example_job_builds_a_page_with_both_stages():
         RankEntry(r, load_report(str(EXAMPLE / f"rank{r:05d}" / "runtime_report.json"), "runtime"))
         for r in (0, 1)
     ]
-    payload = job_payload(entries)
+    payload = _job_payload(entries)
     assert [row["pp_rank"] for row in payload["ranks"]] == [0, 1]
     assert payload["imbalance"]["max_rank"] == 0  # the first stage holds more activations
     assert payload["missing"] == 0 and payload["incomplete"] == 0
@@ -157,3 +167,41 @@ def test_committed_example_job_builds_a_page_with_both_stages():
         assert abs(row["static_ratio"]) < 0.03
     html = render_job_html(payload)
     assert EVIL not in html and '"static estimate"' in html
+
+
+def test_job_summary_is_plain_and_needs_no_reporter():
+    """The analysis alone: world size from ranks and reports, rows in rank order, imbalance."""
+    a = {
+        "world_size": 3,
+        "status": "complete",
+        "peak": {"memory_bytes": 300, "step": 2},
+        "metadata": {"pp_rank": 0, "tp_rank": 0},
+        "comparisons": {"peak_diff_ratio": 0.01},
+    }
+    b = dict(a, status="incomplete", peak={"memory_bytes": 100}, metadata={"pp_rank": 1})
+    summary = summarize_job([RankEntry(2, b), RankEntry(0, a)])
+    assert summary["world_size"] == 3 and [r["rank"] for r in summary["ranks"]] == [0, 1, 2]
+    assert summary["ranks"][1] == {
+        "rank": 1,
+        "status": "missing",
+        "problem": "no rank directory / report",
+    }
+    assert summary["ranks"][0]["static_ratio"] == 0.01 and summary["ranks"][0]["peak_step"] == 2
+    assert summary["missing"] == 1 and summary["incomplete"] == 1
+    assert summary["imbalance"] == {
+        "max_rank": 0,
+        "max_bytes": 300,
+        "max_pp_rank": 0,
+        "max_tp_rank": 0,
+        "min_rank": 2,
+        "min_bytes": 100,
+        "ratio": 3.0,
+    }
+    assert summarize_job([]) == {
+        "world_size": 0,
+        "ranks": [],
+        "missing": 0,
+        "incomplete": 0,
+        "imbalance": {},
+    }
+    json.dumps(summary)  # plain data

@@ -1,20 +1,20 @@
-"""memscope visualize-runtime as a user runs it."""
+"""memscope visualize-runtime as a user runs it (in-process through ``memscope.cli.main``)."""
 
 from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
+
+import pytest
+
+from memscope.cli import main
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "memscope.cli", "visualize-runtime", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """Exit code, stdout and stderr of ``memscope visualize-runtime ARGS``."""
+    rc = main(["visualize-runtime", *args])
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
 
 
 def _job_dir(tmp_path, report_path, ranks=(0, 1)):
@@ -25,46 +25,44 @@ def _job_dir(tmp_path, report_path, ranks=(0, 1)):
     return job
 
 
-def test_rank_report_gives_html_next_to_it_and_prints_only_the_path(tmp_path, traced_run):
+def test_rank_report_gives_html_next_to_it_and_prints_only_the_path(tmp_path, capsys, traced_run):
     _, _, outdir = traced_run
     src = tmp_path / "runtime_report.json"
     shutil.copy(f"{outdir}/rank00000/runtime_report.json", src)
-    res = _cli("--report", str(src))
-    assert res.returncode == 0, res.stderr
-    assert res.stdout == f"{tmp_path / 'runtime_report.html'}\n"
+    rc, out, err = _cli(capsys, "--report", str(src))
+    assert rc == 0, err
+    assert out == f"{tmp_path / 'runtime_report.html'}\n"
     assert (tmp_path / "runtime_report.html").stat().st_size > 100_000
-    out = tmp_path / "custom.html"
-    assert _cli("--report", str(src), "--out", str(out)).returncode == 0 and out.exists()
+    page = tmp_path / "custom.html"
+    assert _cli(capsys, "--report", str(src), "--out", str(page))[0] == 0 and page.exists()
 
 
-def test_job_dir_page_survives_a_broken_rank(tmp_path, traced_run):
+def test_job_dir_page_survives_a_broken_rank(tmp_path, capsys, traced_run):
     _, _, outdir = traced_run
     job = _job_dir(tmp_path, f"{outdir}/rank00000/runtime_report.json")
     (job / "rank00002").mkdir()
     (job / "rank00002" / "runtime_report.json").write_text('{"schema_version": "1.0", "pe')
-    res = _cli("--report", str(job))
-    assert res.returncode == 0, res.stderr
+    rc, _, err = _cli(capsys, "--report", str(job))
+    assert rc == 0, err
     html = (job / "job_report.html").read_text()
     data = html.split('id="memscope-data">', 1)[1].split("</script>", 1)[0]
     ranks = {r["rank"]: r for r in json.loads(data)["ranks"]}
     assert ranks[2]["status"] == "missing" and "truncated JSON" in ranks[2]["problem"]
 
 
-def test_job_dir_without_any_readable_rank_fails_clearly(tmp_path):
+def test_job_dir_without_any_readable_rank_fails_clearly(tmp_path, capsys):
     (tmp_path / "rank00000").mkdir()
-    res = _cli("--report", str(tmp_path))
-    assert res.returncode == 2 and "no readable runtime_report.json" in res.stderr
+    rc, _, err = _cli(capsys, "--report", str(tmp_path))
+    assert rc == 2 and "no readable runtime_report.json" in err
 
 
-def test_help():
-    res = subprocess.run(
-        [sys.executable, "-m", "memscope.cli", "visualize-runtime", "--help"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert res.returncode == 0 and "--report" in res.stdout
+def test_help(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["visualize-runtime", "--help"])
+    assert exc.value.code == 0 and "--report" in capsys.readouterr().out
 
 
-def test_bad_rank_reports_fail_with_one_line(tmp_path, traced_run):
+def test_bad_rank_reports_fail_with_one_line(tmp_path, capsys, traced_run):
     _, report, _ = traced_run
     truncated = tmp_path / "truncated.json"
     truncated.write_text(json.dumps(report)[:500])
@@ -76,17 +74,17 @@ def test_bad_rank_reports_fail_with_one_line(tmp_path, traced_run):
         str(newer): "newer than this memscope supports",
     }
     for path, message in cases.items():
-        res = _cli("--report", path)
-        assert res.returncode == 2, (path, res.stderr)
-        assert res.stdout == ""
-        lines = res.stderr.strip().splitlines()
-        assert len(lines) == 1 and message in lines[0], res.stderr
+        rc, out, err = _cli(capsys, "--report", path)
+        assert rc == 2, (path, err)
+        assert out == ""
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0], err
         assert lines[0].startswith("memscope visualize-runtime: error:")
-        assert "Traceback" not in res.stderr
+        assert "Traceback" not in err
     assert not list(tmp_path.glob("*.html"))
 
 
-def test_job_dir_with_a_malformed_and_an_incomplete_rank(tmp_path, traced_run):
+def test_job_dir_with_a_malformed_and_an_incomplete_rank(tmp_path, capsys, traced_run):
     _, report, _ = traced_run
     job = tmp_path / "job"
     ranks = {
@@ -97,11 +95,11 @@ def test_job_dir_with_a_malformed_and_an_incomplete_rank(tmp_path, traced_run):
     for rank, data in ranks.items():
         (job / f"rank{rank:05d}").mkdir(parents=True)
         (job / f"rank{rank:05d}" / "runtime_report.json").write_text(json.dumps(data))
-    out = tmp_path / "page.html"
-    res = _cli("--report", str(job), "--out", str(out))
-    assert res.returncode == 0, res.stderr
-    assert res.stdout == f"{out}\n" and "Traceback" not in res.stderr
-    data = out.read_text().split('id="memscope-data">', 1)[1].split("</script>", 1)[0]
+    page = tmp_path / "page.html"
+    rc, out, err = _cli(capsys, "--report", str(job), "--out", str(page))
+    assert rc == 0, err
+    assert out == f"{page}\n" and "Traceback" not in err
+    data = page.read_text().split('id="memscope-data">', 1)[1].split("</script>", 1)[0]
     rows = {r["rank"]: r for r in json.loads(data)["ranks"]}
     assert [rows[r]["status"] for r in range(4)] == ["complete", "oom", "missing", "missing"]
     assert "no rank directory" in rows[2]["problem"] and "malformed" in rows[3]["problem"]

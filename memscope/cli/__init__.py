@@ -2,6 +2,11 @@
 
 Only this layer touches file paths: it reads reports, calls analysis and reporters on plain
 data, and writes results. Bad input ends with one line on stderr and exit code 2.
+
+Registering a command imports nothing heavy: each command module imports only argparse, the
+standard library and :mod:`memscope.cli.common` at its top level, and the rest (reporters,
+jinja2, the static estimator, yaml, the demo harness) inside its ``run``. ``memscope --help``
+and the offline commands never import torch.
 """
 
 from __future__ import annotations
@@ -11,19 +16,26 @@ import sys
 from collections.abc import Sequence
 
 from memscope._version import __version__
-from memscope.cli import analyze_static_cmd, demo_cmd, summarize_cmd, visualize_cmd
-from memscope.cli.common import CliError
+from memscope.cli import (
+    analyze_cmd,
+    analyze_static_cmd,
+    demo_cmd,
+    summarize_cmd,
+    visualize_cmd,
+)
+from memscope.cli.common import CliError, CommandParser
 
-COMMANDS = (visualize_cmd, demo_cmd, summarize_cmd, analyze_static_cmd)
+COMMANDS = (visualize_cmd, demo_cmd, summarize_cmd, analyze_cmd, analyze_static_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``memscope`` parser with every subcommand registered."""
     parser = argparse.ArgumentParser(
         prog="memscope",
         description="Memory tracing and analysis for Megatron-LM / FlagScale training.",
     )
     parser.add_argument("--version", action="version", version=f"memscope {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=CommandParser)
     for command in COMMANDS:
         command.register(sub)
     return parser

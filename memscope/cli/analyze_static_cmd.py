@@ -7,13 +7,7 @@ import os
 from dataclasses import replace
 from typing import Any
 
-from memscope.analysis.static.estimator import estimate_all_ranks, position_of_rank
-from memscope.analysis.static.sources import load_config_file
 from memscope.cli.common import CliError, progress
-from memscope.io.atomic import atomic_write_json, atomic_write_text
-from memscope.reporters.static_json import build_static_report
-from memscope.reporters.static_markdown import render_static_markdown
-from memscope.units import format_bytes
 
 
 def register(sub: Any) -> None:
@@ -39,7 +33,7 @@ def register(sub: Any) -> None:
         "--device",
         choices=("cuda", "cpu"),
         default="cuda",
-        help="where the tensors live (CPU dropout masks are not bool); default cuda",
+        help="where the tensors live (CPU dropout masks are not bool)",
     )
     p.add_argument(
         "--vocab-size",
@@ -52,6 +46,13 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Estimate every rank position, write the reports, print the detailed rank's peak."""
+    from memscope.analysis.static.estimator import estimate_all_ranks, position_of_rank
+    from memscope.analysis.static.report import build_static_report
+    from memscope.analysis.static.sources import load_config_file
+    from memscope.io.atomic import atomic_write_json, atomic_write_text
+    from memscope.reporters.static_markdown import render_static_markdown
+    from memscope.units import format_bytes
+
     try:
         spec = replace(load_config_file(args.config, args.vocab_size), device=args.device)
         estimates = estimate_all_ranks(spec)

@@ -8,15 +8,10 @@ import time
 from typing import Any
 
 from memscope.cli.common import CliError, progress
-from memscope.io.atomic import atomic_write_text
-from memscope.io.report_reader import ReportError, load_report
-from memscope.reporters.html import render_job_html, render_runtime_html
-from memscope.reporters.html_payload import RankEntry, job_payload, runtime_payload
-from memscope.reporters.runtime_json import REPORT_TYPE_RUNTIME
-from memscope.units import format_bytes, format_ratio
 
 
 def register(sub: Any) -> None:
+    """Add the ``demo`` subcommand."""
     p = sub.add_parser(
         "demo",
         help="train a tiny megatron-core GPT on CPU (2 processes) with tracing on",
@@ -25,30 +20,32 @@ def register(sub: Any) -> None:
             "tensor or pipeline parallel size 2, MemScope on, and leave per-rank reports."
         ),
     )
-    p.add_argument(
-        "--outdir", default="memscope_demo", help="report directory (default %(default)s)"
-    )
+    p.add_argument("--outdir", default="memscope_demo", help="report directory")
     p.add_argument(
         "--parallel",
         choices=("tp", "pp"),
         default="pp",
-        help="tp: tensor parallel 2; pp: pipeline parallel 2, 1F1B (default %(default)s)",
+        help="tp: tensor parallel 2; pp: pipeline parallel 2, 1F1B",
     )
-    p.add_argument("--steps", type=int, default=4, help="training steps (default %(default)s)")
+    p.add_argument("--steps", type=int, default=4, help="training steps")
     p.add_argument("--microbatches", type=int, default=4, help="microbatches per step")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    """Train, then write each rank's page and the job page; one line per rank."""
     if args.steps < 1 or args.microbatches < 1:
         raise CliError("--steps and --microbatches must be at least 1")
     try:
         import megatron.core  # noqa: F401
     except ImportError:
         raise CliError("the demo needs megatron-core: pip install 'memscope[megatron]'") from None
+    from memscope.analysis.job import RankEntry
+    from memscope.cli import pages
     from memscope.demo.launcher import WorkerError, free_port, spawn
     from memscope.demo.tiny_gpt import TinyGPTConfig
     from memscope.demo.traced_training import traced_worker
+    from memscope.units import format_bytes, format_ratio
 
     outdir = os.path.abspath(args.outdir)
     cfg = TinyGPTConfig(
@@ -77,13 +74,8 @@ def run(args: argparse.Namespace) -> int:
     for r in results:
         if r.report_path is None:
             raise CliError(f"rank {r.rank} wrote no report")
-        try:
-            report = load_report(r.report_path, REPORT_TYPE_RUNTIME)
-        except ReportError as exc:
-            raise CliError(str(exc)) from None
+        html_path, report = pages.write_rank_page(r.report_path)
         entries.append(RankEntry(r.rank, report))
-        html_path = os.path.splitext(r.report_path)[0] + ".html"
-        atomic_write_text(html_path, render_runtime_html(runtime_payload(report)))
         peak, comp = report["peak"], report["comparisons"]
         static = (
             f"static estimate {format_bytes(comp['static_peak_memory_bytes'])} "
@@ -95,8 +87,7 @@ def run(args: argparse.Namespace) -> int:
             f"rank {r.rank}: peak {format_bytes(peak['memory_bytes'])} at step {peak['step']} "
             f"({peak['phase']}, {peak['module'] or 'step boundary'}); {static} -> {html_path}"
         )
-    job_html = os.path.join(outdir, "job_report.html")
-    atomic_write_text(job_html, render_job_html(job_payload(entries)))
+    job_html = pages.write_job_page(entries, pages.job_page_path(outdir))
     print(f"job page: {job_html}")
     print(f"reports: {outdir}")
     return 0

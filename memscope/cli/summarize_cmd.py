@@ -6,12 +6,10 @@ import argparse
 from typing import Any
 
 from memscope.cli.common import CliError
-from memscope.io.report_reader import ReportError, load_report
-from memscope.reporters.markdown import render_runtime_markdown
-from memscope.reporters.runtime_json import REPORT_TYPE_RUNTIME
 
 
 def register(sub: Any) -> None:
+    """Add the ``summarize`` subcommand."""
     p = sub.add_parser(
         "summarize",
         help="print the Markdown summary of a runtime_report.json",
@@ -22,6 +20,11 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Read the report and print its Markdown."""
+    from memscope.io.report_reader import ReportError, load_report
+    from memscope.reporters.markdown import render_runtime_markdown
+    from memscope.reporters.runtime_json import REPORT_TYPE_RUNTIME
+
     try:
         report = load_report(args.report, expected_type=REPORT_TYPE_RUNTIME)
     except ReportError as exc:

@@ -7,11 +7,9 @@ major number matches :data:`SCHEMA_VERSION` and refuse newer majors with a clear
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-import torch
-
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
 
 # Event types.
 STEP_PHASE = "step_phase"
@@ -35,9 +33,6 @@ CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "othe
 CAT_PARAMETERS, CAT_GRADIENTS, CAT_OPTIMIZER_STATE, CAT_ACTIVATIONS, CAT_OTHER = range(5)
 
 
-_DTYPE_NAMES: dict[torch.dtype, str] = {}
-
-
 @dataclass(frozen=True, slots=True)
 class TensorInfo:
     """Shape, dtype and storage-visible size of one tensor seen by a hook."""
@@ -47,19 +42,16 @@ class TensorInfo:
     bytes: int
     name: str = ""
 
-    @classmethod
-    def of(cls, tensor: torch.Tensor, name: str = "") -> TensorInfo:
-        dtype = tensor.dtype
-        dtype_name = _DTYPE_NAMES.get(dtype)
-        if dtype_name is None:
-            dtype_name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
-        return cls(tuple(tensor.shape), dtype_name, tensor.numel() * tensor.element_size(), name)
-
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"shape": list(self.shape), "dtype": self.dtype, "bytes": self.bytes}
         if self.name:
             out["name"] = self.name
         return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TensorInfo:
+        """Inverse of :meth:`to_dict`."""
+        return cls(tuple(d["shape"]), str(d["dtype"]), int(d["bytes"]), str(d.get("name", "")))
 
 
 @dataclass(slots=True)
@@ -96,6 +88,11 @@ class MemoryEvent:
     host_rss_bytes: int | None = None
     device: dict[str, int] | None = None
     notes: str = ""
+    #: Step-phase events of a backend that sees every allocation: where the window's
+    #: high-water mark was set (step, phase, module, microbatch) and the bytes per category
+    #: live at that moment.
+    peak_context: PeakContext | None = None
+    peak_categories: tuple[int, ...] | None = None
 
     @property
     def delta_allocated(self) -> int:
@@ -139,7 +136,84 @@ class MemoryEvent:
             out["host_rss_bytes"] = self.host_rss_bytes
         if self.device is not None:
             out["device"] = dict(self.device)
+        if self.peak_context is not None:
+            out["peak_context"] = self.peak_context.to_dict()
+        if self.peak_categories is not None:
+            out["peak_categories"] = dict(zip(CATEGORIES, self.peak_categories, strict=True))
         return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> MemoryEvent:
+        """Inverse of :meth:`to_dict` (a line of ``trace.jsonl``); raises on a bad shape."""
+        cats = d.get("categories")
+        peak_cats = d.get("peak_categories")
+        ctx = d.get("peak_context")
+        return cls(
+            seq=int(d["seq"]),
+            event_type=str(d["event_type"]),
+            phase=str(d["phase"]),
+            step=int(d["step"]),
+            module=str(d["module"]),
+            timestamp=float(d["timestamp"]),
+            rank=int(d["rank"]),
+            mem_allocated_before=int(d["mem_allocated_before"]),
+            mem_allocated_after=int(d["mem_allocated_after"]),
+            mem_reserved_before=int(d["mem_reserved_before"]),
+            mem_reserved_after=int(d["mem_reserved_after"]),
+            max_mem_allocated=int(d["max_mem_allocated"]),
+            max_mem_reserved=int(d["max_mem_reserved"]),
+            module_class=str(d.get("module_class", "")),
+            microbatch=_opt_int(d.get("microbatch")),
+            pipeline_stage=_opt_int(d.get("pipeline_stage")),
+            virtual_chunk=_opt_int(d.get("virtual_chunk")),
+            recompute=bool(d.get("recompute", False)),
+            inputs=[TensorInfo.from_dict(t) for t in d.get("inputs", ())],
+            outputs=[TensorInfo.from_dict(t) for t in d.get("outputs", ())],
+            grads=[TensorInfo.from_dict(t) for t in d.get("grads", ())],
+            categories=_category_tuple(cats) if cats is not None else None,
+            host_rss_bytes=_opt_int(d.get("host_rss_bytes")),
+            device={str(k): int(v) for k, v in d["device"].items()} if d.get("device") else None,
+            notes=str(d.get("notes", "")),
+            peak_context=PeakContext.from_dict(ctx) if ctx is not None else None,
+            peak_categories=_category_tuple(peak_cats) if peak_cats is not None else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PeakContext:
+    """Where in the training loop a backend saw its high-water mark being set."""
+
+    step: int
+    phase: str
+    module: str
+    microbatch: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "phase": self.phase,
+            "module": self.module,
+            "microbatch": self.microbatch,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PeakContext:
+        return cls(int(d["step"]), str(d["phase"]), str(d["module"]), _opt_int(d["microbatch"]))
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _category_tuple(by_name: dict[str, Any]) -> tuple[int, ...]:
+    return tuple(int(by_name.get(name, 0)) for name in CATEGORIES)
+
+
+class EventConsumer(Protocol):
+    """Anything fed the event stream: the bounded store, an analyzer, the trace writer."""
+
+    def consume(self, event: MemoryEvent) -> None:
+        """Take one event (called in emission order)."""
 
 
 def schema_major(version: str) -> int:

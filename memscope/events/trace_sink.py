@@ -36,3 +36,26 @@ class JsonlTraceSink:
         f, self._file = self._file, None
         if f is not None:
             f.close()
+
+
+class BufferedTraceWriter:
+    """An event consumer that buffers events and writes them to a sink on :meth:`flush`
+    (at step ends and report writes), so hooks never do file I/O."""
+
+    def __init__(self, sink: JsonlTraceSink) -> None:
+        self.sink = sink
+        self._pending: list[MemoryEvent] = []
+
+    def consume(self, event: MemoryEvent) -> None:
+        self._pending.append(event)
+
+    def flush(self) -> None:
+        """Write buffered events to the trace file."""
+        if self._pending:
+            pending, self._pending = self._pending, []
+            self.sink.write(pending)
+            self.sink.flush()
+
+    def close(self) -> None:
+        self.flush()
+        self.sink.close()

@@ -46,7 +46,8 @@ class BoundedTraceStore:
             return True
         return False
 
-    def add(self, e: MemoryEvent) -> None:
+    def consume(self, e: MemoryEvent) -> None:
+        """Keep ``e`` if the policy allows (see the module docstring)."""
         if len(self._kept) + len(self._tail) >= self.max_events:
             self.dropped += 1
             return

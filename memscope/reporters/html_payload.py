@@ -2,13 +2,13 @@
 
 Series are downsampled per bucket to their minimum and maximum, and the global maximum is
 always kept, so a page stays small and fast for huge traces without ever losing the peak.
-Tables are capped. Nothing here reads files.
+Tables are capped. Nothing here reads files or analyses: the job page takes the summary
+of :mod:`memscope.analysis.job`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 MAX_POINTS = 2000
@@ -140,73 +140,25 @@ def runtime_payload(
     }
 
 
-@dataclass
-class RankEntry:
-    """One rank of a job: its report, or why there is none."""
-
-    rank: int
-    report: dict[str, Any] | None
-    problem: str = ""
-
-
-def job_payload(entries: list[RankEntry], max_points: int = MAX_POINTS) -> dict[str, Any]:
-    """The job page: per-rank table, imbalance, timelines; missing ranks listed as such."""
-    world = max(
-        [e.rank + 1 for e in entries]
-        + [int(e.report.get("world_size") or 0) for e in entries if e.report],
-        default=0,
-    )
-    by_rank = {e.rank: e for e in entries}
-    rows: list[dict[str, Any]] = []
-    timelines: dict[str, dict[str, list[Any]]] = {}
-    for rank in range(world):
-        entry = by_rank.get(rank)
-        if entry is None or entry.report is None:
-            reason = entry.problem if entry else "no rank directory / report"
-            rows.append({"rank": rank, "status": "missing", "problem": reason})
-            continue
-        r = entry.report
-        meta, peak = r.get("metadata") or {}, r.get("peak") or {}
-        comp = r.get("comparisons") or {}
-        rows.append(
-            {
-                "rank": rank,
-                "status": r.get("status"),
-                "problem": r.get("status_reason", ""),
-                "tp_rank": meta.get("tp_rank"),
-                "pp_rank": meta.get("pp_rank"),
-                "dp_rank": meta.get("dp_rank"),
-                "peak_allocated": peak.get("memory_bytes"),
-                "peak_reserved": peak.get("reserved_bytes"),
-                "peak_step": peak.get("step"),
-                "peak_phase": peak.get("phase"),
-                "peak_module": peak.get("module"),
-                "static_peak": comp.get("static_peak_memory_bytes"),
-                "static_diff": comp.get("peak_diff_bytes"),
-                "static_ratio": comp.get("peak_diff_ratio"),
-            }
-        )
-        timelines[str(rank)] = _step_series(r.get("steps") or [], max_points)
-    present = [row for row in rows if row.get("peak_allocated")]
-    imbalance: dict[str, Any] = {}
-    if present:
-        hi = max(present, key=lambda row: row["peak_allocated"])
-        lo = min(present, key=lambda row: row["peak_allocated"])
-        imbalance = {
-            "max_rank": hi["rank"],
-            "max_bytes": hi["peak_allocated"],
-            "max_pp_rank": hi.get("pp_rank"),
-            "max_tp_rank": hi.get("tp_rank"),
-            "min_rank": lo["rank"],
-            "min_bytes": lo["peak_allocated"],
-            "ratio": hi["peak_allocated"] / lo["peak_allocated"],
-        }
+def job_payload(
+    summary: dict[str, Any],
+    steps_by_rank: Mapping[int, list[dict[str, Any]]],
+    max_points: int = MAX_POINTS,
+) -> dict[str, Any]:
+    """The job page from :func:`memscope.analysis.job.summarize_job` and each rank's step rows
+    (:func:`memscope.analysis.job.rank_steps`): the summary as is, plus one downsampled step
+    timeline per rank that has a report."""
+    reported = {row["rank"] for row in summary["ranks"] if row["status"] != "missing"}
     return {
         "kind": "job",
-        "world_size": world,
-        "ranks": rows,
-        "missing": sum(row["status"] == "missing" for row in rows),
-        "incomplete": sum(row["status"] not in ("complete", "missing") for row in rows),
-        "imbalance": imbalance,
-        "timelines": timelines,
+        "world_size": summary["world_size"],
+        "ranks": summary["ranks"],
+        "missing": summary["missing"],
+        "incomplete": summary["incomplete"],
+        "imbalance": summary["imbalance"],
+        "timelines": {
+            str(rank): _step_series(steps, max_points)
+            for rank, steps in sorted(steps_by_rank.items())
+            if rank in reported
+        },
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,12 +19,9 @@ class RuntimeReportInputs:
 
     metadata: dict[str, Any]
     status: str
-    peak: dict[str, Any]
-    top_events: list[dict[str, Any]]
-    phase_summary: dict[str, dict[str, int]]
-    module_summary: list[dict[str, Any]]
-    steps: list[dict[str, Any]]
-    comparisons: dict[str, Any]
+    #: The analyzers' sections: ``peak``, ``phase_summary`` (phase -> maxima),
+    #: ``top_events``, ``module_summary``, ``steps``, ``comparisons``.
+    sections: Mapping[str, Any]
     events: list[MemoryEvent]
     trace_info: dict[str, Any]
     status_reason: str = ""
@@ -37,10 +35,13 @@ def build_runtime_report(inputs: RuntimeReportInputs) -> dict[str, Any]:
     if inputs.status not in STATUSES:
         raise ValueError(f"report status must be one of {STATUSES}, not {inputs.status!r}")
     meta = inputs.metadata
+    sections = inputs.sections
     phases = [
         {"phase": name, **values}
         for name, values in sorted(
-            inputs.phase_summary.items(), key=lambda kv: kv[1]["max_mem_allocated"], reverse=True
+            sections["phase_summary"].items(),
+            key=lambda kv: kv[1]["max_mem_allocated"],
+            reverse=True,
         )
     ]
     return {
@@ -53,12 +54,12 @@ def build_runtime_report(inputs: RuntimeReportInputs) -> dict[str, Any]:
         "complete": inputs.status == "complete",
         "status_reason": inputs.status_reason,
         "metadata": meta,
-        "peak": inputs.peak,
-        "comparisons": inputs.comparisons,
-        "top_events": inputs.top_events,
+        "peak": sections["peak"],
+        "comparisons": sections["comparisons"],
+        "top_events": sections["top_events"],
         "phase_summary": phases,
-        "module_summary": inputs.module_summary,
-        "steps": inputs.steps,
+        "module_summary": sections["module_summary"],
+        "steps": sections["steps"],
         "trace": inputs.trace_info,
         "errors": inputs.errors,
         "warnings": inputs.warnings,

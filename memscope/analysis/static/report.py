@@ -1,4 +1,4 @@
-"""Builds ``static_report.json``: the original Phase-1 schema plus per-rank estimates.
+"""Builds the ``static_report.json`` document: the original Phase-1 schema plus per-rank estimates.
 
 ``summary`` / ``operators`` / ``metadata`` keep the original keys and describe the selected
 rank; ``ranks`` holds every distinct rank position of the job (with the global ranks that

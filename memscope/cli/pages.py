@@ -1,0 +1,117 @@
+"""Writing the HTML pages, shared by ``visualize-runtime`` and ``demo``.
+
+Reads runtime reports, runs the job analysis, hands plain data to the HTML reporters and
+writes the pages atomically. Every failure is a :class:`CliError` (one line, exit code 2).
+Imports jinja2 and the reporters, so command modules import this inside their ``run``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from memscope.analysis.job import RankEntry, rank_steps, summarize_job
+from memscope.cli.common import CliError
+from memscope.io.atomic import atomic_write_text
+from memscope.io.report_reader import ReportError, load_report
+from memscope.reporters.html import render_job_html, render_runtime_html
+from memscope.reporters.html_payload import job_payload, runtime_payload
+from memscope.reporters.runtime_json import REPORT_TYPE_RUNTIME
+
+RANK_DIR = re.compile(r"^rank(\d+)$")
+REPORT_NAME = "runtime_report.json"
+JOB_PAGE_NAME = "job_report.html"
+_MALFORMED = (KeyError, TypeError, ValueError, AttributeError)
+
+
+def load_runtime_report(path: str) -> dict[str, Any]:
+    """A runtime report, or the reader's one-line error as a :class:`CliError`."""
+    try:
+        return load_report(path, REPORT_TYPE_RUNTIME)
+    except ReportError as exc:
+        raise CliError(str(exc)) from None
+
+
+def write_page(out: str, html: str) -> None:
+    """Write a page atomically (a reader never sees half of it)."""
+    try:
+        atomic_write_text(out, html)
+    except OSError as exc:
+        raise CliError(f"cannot write {out}: {exc}") from None
+
+
+def rank_page_path(report_path: str) -> str:
+    """Where a rank's page goes by default: next to its report, ``.json`` -> ``.html``."""
+    return os.path.splitext(report_path)[0] + ".html"
+
+
+def rank_page_html(report: dict[str, Any], report_path: str) -> str:
+    """One rank's page; a report the payload can't use is a one-line error naming the file."""
+    try:
+        return render_runtime_html(runtime_payload(report))
+    except _MALFORMED as exc:
+        raise CliError(f"{report_path}: malformed runtime report ({exc})") from None
+
+
+def write_rank_page(
+    report_path: str, out: str | None = None, report: dict[str, Any] | None = None
+) -> tuple[str, dict[str, Any]]:
+    """Load (unless given) a rank's report, render its page and write it to ``out`` (default
+    next to the report). Returns the page's path and the report."""
+    if report is None:
+        report = load_runtime_report(report_path)
+    out = out or rank_page_path(report_path)
+    write_page(out, rank_page_html(report, report_path))
+    return out, report
+
+
+def job_page_html(entries: Sequence[RankEntry]) -> str:
+    """The job page from its ranks: the job analysis, then the reporter."""
+    return render_job_html(job_payload(summarize_job(entries), rank_steps(entries)))
+
+
+def job_entries(directory: str) -> list[RankEntry]:
+    """One entry per ``rankNNNNN/`` folder of a job directory, in rank order. A rank whose
+    report can't be read or used is an entry with the reason, so one bad rank never takes the
+    job page down."""
+    entries = []
+    for name in sorted(os.listdir(directory)):
+        m = RANK_DIR.match(name)
+        if not m or not os.path.isdir(os.path.join(directory, name)):
+            continue
+        rank = int(m.group(1))
+        try:
+            report = load_report(os.path.join(directory, name, REPORT_NAME), REPORT_TYPE_RUNTIME)
+        except ReportError as exc:
+            entries.append(RankEntry(rank, None, str(exc)))
+            continue
+        try:  # the same analysis and payload as the page, on this rank alone
+            one = [RankEntry(rank, report)]
+            job_payload(summarize_job(one), rank_steps(one), max_points=16)
+        except _MALFORMED as exc:
+            entries.append(RankEntry(rank, None, f"{name}/{REPORT_NAME}: malformed ({exc})"))
+            continue
+        entries.append(RankEntry(rank, report))
+    return entries
+
+
+def job_page_path(directory: str) -> str:
+    """Where a job's page goes by default: ``<directory>/job_report.html``."""
+    return os.path.join(directory, JOB_PAGE_NAME)
+
+
+def write_job_page(entries: Sequence[RankEntry], out: str) -> str:
+    """Render the job page of ``entries`` and write it to ``out``; returns ``out``."""
+    write_page(out, job_page_html(entries))
+    return out
+
+
+def readable_job_entries(directory: str) -> list[RankEntry]:
+    """:func:`job_entries`, failing when no rank folder holds a readable report."""
+    entries = job_entries(directory)
+    if not any(e.report is not None for e in entries):
+        found = f"{len(entries)} rank folder(s), none readable" if entries else "no rankNNNNN/"
+        raise CliError(f"{directory}: no readable {REPORT_NAME} ({found})")
+    return entries
