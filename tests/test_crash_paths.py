@@ -10,6 +10,8 @@ import sys
 import pytest
 from conftest import load_json
 
+pytestmark = pytest.mark.integration
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 

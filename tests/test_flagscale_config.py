@@ -25,6 +25,8 @@ from flagscale_trees import ROOT, compose, patched_tree, pristine_tree, training
 
 from memscope.integrations.megatron import add_memscope_args, parse_bool
 
+pytestmark = pytest.mark.integration
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIGS = os.path.join(ROOT, "configs", "flagscale")
 EXPERIMENT = os.path.join(CONFIGS, "memscope_tiny_gpt.yaml")

@@ -18,6 +18,8 @@ from flagscale_trees import MEGATRON, patched_tree, pristine_tree
 
 from memscope.demo.launcher import free_port
 
+pytestmark = pytest.mark.integration
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "flagscale_train_step_worker.py")
 

@@ -20,6 +20,8 @@ from flagscale_trees import (
     tree_copy,
 )
 
+pytestmark = pytest.mark.integration
+
 # (patch file, tree root relative to the FlagScale root, files the patch changes)
 PATCH_SETS = [
     ("flagscale-0.8.0.patch", "", ["flagscale/train/train.py", "flagscale/train/train_gpt.py"]),

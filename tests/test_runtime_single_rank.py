@@ -10,6 +10,8 @@ from conftest import load_json, read_jsonl, run_in_process
 
 from memscope.events.schema import SCHEMA_VERSION
 
+pytestmark = pytest.mark.integration
+
 
 def test_report_has_the_original_keys_and_typed_metadata(traced_run):
     _, report, outdir = traced_run
@@ -270,12 +272,12 @@ def test_a_failed_start_leaves_no_dispatch_mode_or_hooks(tmp_path, small_cfg, mo
     from memscope.demo.tiny_gpt import build_model, destroy_process, init_process
     from memscope.demo.traced_training import megatron_like_args
     from memscope.integrations.megatron import MemScopeMegatronRuntime
-    from memscope.integrations.megatron import runtime as runtime_mod
+    from memscope.session import TracingSession
 
     def broken(self):
         raise OSError("disk full")
 
-    monkeypatch.setattr(runtime_mod.MemScopeMegatronRuntime, "_start_profiling", broken)
+    monkeypatch.setattr(TracingSession, "_start_profiling", broken)
     init_process(0, 1, free_port(), small_cfg)
     try:
         chunks = build_model(small_cfg)
@@ -311,11 +313,11 @@ def test_attach_model_unwraps_ddp_and_float16_module(tmp_path, small_cfg):
             megatron_like_args(small_cfg, ["--memscope", "--memscope-outdir", str(tmp_path)])
         )
         rt.attach_model([wrapped])
-        assert rt.chunks == [chunk]
+        assert rt.session.chunks == [chunk]
         rt.start()
-        assert rt.modules_hooked == len(list(chunk.modules()))
+        assert rt.session.hook_counts["modules_hooked"] == len(list(chunk.modules()))
         rt.finalize()
-        assert rt.hook_handles_removed > 0
+        assert rt.session.hook_counts["hook_handles_removed"] > 0
         assert all(not m._forward_hooks for m in chunk.modules())
     finally:
         destroy_process()

@@ -15,6 +15,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "too
 
 from bench_static_accuracy import MATRIX, QUICK, estimate, measure
 
+pytestmark = pytest.mark.integration
+
 TOLERANCE = 0.03  # the issue's bound on |static - measured| / measured, per rank
 
 

@@ -23,6 +23,8 @@ from memscope.demo.launcher import free_port, spawn
 from memscope.demo.tiny_gpt import TinyGPTConfig, build_model, destroy_process, init_process
 from memscope.demo.traced_training import megatron_like_args
 
+pytestmark = pytest.mark.integration
+
 
 def spec_for(cfg: TinyGPTConfig, **precision) -> TrainingSpec:
     args = megatron_like_args(cfg, [])

@@ -47,6 +47,8 @@ from memscope.demo.tiny_gpt import FUSIONS_OFF, TinyGPTConfig, destroy_process, 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "tools"))
 from flagscale_wheel import flagscale_tree
 
+pytestmark = pytest.mark.integration
+
 MLA_DIMS = dict(kv_lora_rank=16, qk_head_dim=8, qk_pos_emb_head_dim=4, v_head_dim=12)
 
 

@@ -19,6 +19,8 @@ from memscope.analysis.static.sources import spec_from_megatron_args
 from memscope.demo.launcher import free_port
 from memscope.demo.tiny_gpt import FUSIONS_OFF, TinyGPTConfig, destroy_process, init_process
 
+pytestmark = pytest.mark.integration
+
 
 def _args(**kw: Any) -> argparse.Namespace:
     base: dict[str, Any] = dict(

@@ -13,6 +13,8 @@ from memscope.demo.launcher import WorkerError, free_port, spawn
 from memscope.demo.tiny_gpt import TinyGPTConfig
 from memscope.demo.tiny_gpt_training import make_data_iterators, run_training
 
+pytestmark = pytest.mark.integration
+
 # No import of megatron here: spawned workers unpickle functions from this module.
 needs_megatron = pytest.mark.skipif(
     importlib.util.find_spec("megatron") is None, reason="megatron-core not installed"

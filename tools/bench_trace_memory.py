@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         runtime.attach_model(chunks)
         runtime.attach_optimizer(optimizer)
         runtime.start()
-        tracer = runtime.tracer
+        session = runtime.session
         iterators = make_data_iterators(cfg)
         marks = {args.warmup} | {
             args.warmup + (args.steps - args.warmup) * i // args.checkpoints
@@ -91,16 +91,16 @@ def main(argv: list[str] | None = None) -> int:
                     baseline = rss
                 jsonl = os.path.join(runtime.report_dir, "trace.jsonl")
                 now = time.perf_counter()
-                if tracer is None:
+                if session.tracer is None or session.store is None:
                     counts = ["-"] * 5 + ["-"]
                 else:
-                    agg = tracer.aggregates
+                    by_type = {type(a).__name__: a for a in session.analyzers}
                     counts = [
-                        agg.events_seen,
-                        len(tracer.store.events),
-                        len(agg.steps),
-                        len(agg.hot_spots),
-                        len(agg.modules),
+                        session.tracer.events_emitted,
+                        len(session.store.events),
+                        len(by_type["StepAnalyzer"].steps),
+                        len(by_type["HotSpotAnalyzer"].hot_spots),
+                        len(by_type["ModuleAnalyzer"].modules),
                         f"{os.path.getsize(jsonl) / MIB:.1f}",
                     ]
                 print(

@@ -1,10 +1,14 @@
-"""This rank's place in the Megatron parallel grid, from args and ``parallel_state``."""
+"""This rank's place in the job: rank, world size and the parallel grid (``None`` if unknown).
+
+Framework-neutral: :func:`process_parallel_info` reads ``torch.distributed`` (or the launcher's
+environment). Framework adapters fill in their own grid (Megatron's ``parallel_state``: see
+``memscope.integrations.megatron.parallel``).
+"""
 
 from __future__ import annotations
 
 import importlib.metadata
 import os
-import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -34,56 +38,31 @@ class ParallelInfo:
         return asdict(self)
 
 
-def _int(value: Any, default: int | None) -> int | None:
+def as_int(value: Any, default: int | None) -> int | None:
+    """``int(value)``, or ``default`` when it is missing or not a number."""
     try:
         return int(value) if value is not None else default
     except (TypeError, ValueError):
         return default
 
 
-def discover_parallel_info(args: Any = None) -> ParallelInfo:
-    """Read the grid from torch.distributed, megatron ``parallel_state`` and ``args``."""
+def process_parallel_info() -> ParallelInfo:
+    """Rank and world size from ``torch.distributed`` (else ``RANK``/``WORLD_SIZE``); a plain
+    data-parallel job as far as anyone can tell."""
     info = ParallelInfo()
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         info.rank = torch.distributed.get_rank()
         info.world_size = torch.distributed.get_world_size()
     else:
-        info.rank = _int(os.environ.get("RANK"), 0) or 0
-        info.world_size = _int(os.environ.get("WORLD_SIZE"), 1) or 1
-    info.local_rank = _int(os.environ.get("LOCAL_RANK"), 0) or 0
-    if args is not None:
-        info.tp_size = _int(getattr(args, "tensor_model_parallel_size", None), 1) or 1
-        info.pp_size = _int(getattr(args, "pipeline_model_parallel_size", None), 1) or 1
-        info.cp_size = _int(getattr(args, "context_parallel_size", None), 1) or 1
-        info.ep_size = _int(getattr(args, "expert_model_parallel_size", None), 1) or 1
-        info.vpp_size = _int(getattr(args, "virtual_pipeline_model_parallel_size", None), None)
-        info.dp_size = _int(getattr(args, "data_parallel_size", None), None) or max(
-            1, info.world_size // (info.tp_size * info.pp_size * info.cp_size)
-        )
-    ps = sys.modules.get("megatron.core.parallel_state")
-    if ps is None:  # megatron not in use here: importing it would only cost start-up time
-        return info
-    try:
-        if not ps.model_parallel_is_initialized():
-            return info
-        info.tp_size = ps.get_tensor_model_parallel_world_size()
-        info.pp_size = ps.get_pipeline_model_parallel_world_size()
-        info.dp_size = ps.get_data_parallel_world_size()
-        info.tp_rank = ps.get_tensor_model_parallel_rank()
-        info.pp_rank = ps.get_pipeline_model_parallel_rank()
-        info.dp_rank = ps.get_data_parallel_rank()
-        info.cp_size = ps.get_context_parallel_world_size()
-        info.cp_rank = ps.get_context_parallel_rank()
-        info.ep_size = ps.get_expert_model_parallel_world_size()
-        info.ep_rank = ps.get_expert_model_parallel_rank()
-        vpp = ps.get_virtual_pipeline_model_parallel_world_size()
-        info.vpp_size = vpp if vpp is not None else info.vpp_size
-    except Exception:  # partially initialised grids: keep what we have
-        pass
+        info.rank = as_int(os.environ.get("RANK"), 0) or 0
+        info.world_size = as_int(os.environ.get("WORLD_SIZE"), 1) or 1
+    info.local_rank = as_int(os.environ.get("LOCAL_RANK"), 0) or 0
+    info.dp_size = info.world_size
     return info
 
 
 def package_version(name: str) -> str | None:
+    """The installed version of distribution ``name``, if any."""
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:

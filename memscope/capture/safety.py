@@ -10,6 +10,11 @@ from typing import Any
 logger = logging.getLogger("memscope")
 
 
+def failure_row(site: str, reason: str, count: int = 1) -> dict[str, Any]:
+    """One row of a report's ``errors``: where, how often, the first reason."""
+    return {"site": site, "count": count, "first_error": reason}
+
+
 @dataclass
 class FailureLog:
     """Per-site failure counts with the first reason; sites that failed can be disabled."""
@@ -25,7 +30,7 @@ class FailureLog:
             reason = f"{type(exc).__name__}: {exc}"
             where = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
             loc = f" at {where[0].filename}:{where[0].lineno}" if where else ""
-            self.sites[site] = {"site": site, "count": 1, "first_error": reason + loc}
+            self.sites[site] = failure_row(site, reason + loc)
             logger.warning(
                 "memscope rank %d: %s failed (%s%s); this part of tracing is now off, "
                 "training continues",

@@ -1,28 +1,29 @@
 """The device-agnostic tracer: turns hook calls and step callbacks into memory events.
 
-It knows nothing about Megatron; :class:`memscope.integrations.megatron.MemScopeMegatronRuntime`
-builds it from Megatron args and wires it into the training loop.
+It knows nothing about any framework or device: what a backend can do comes from its
+:class:`~memscope.capture.backends.base.BackendCapabilities`, category rules from the
+:class:`~memscope.capture.category_policy.CategoryPolicy`, and every event goes to the
+consumers it was given (the bounded store, the analyzers, the trace writer).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from memscope.analysis.aggregates import RuntimeAggregates
 from memscope.capture.backends.base import MemoryBackend, MemorySample
 from memscope.capture.backends.host import host_rss_bytes
-from memscope.capture.backends.storage import StorageLedgerBackend
+from memscope.capture.category_policy import CategoryPolicy
 from memscope.capture.hooks import ModuleLabel
 from memscope.capture.safety import FailureLog
+from memscope.capture.tensors import tensor_info, tensors_in
 from memscope.config import RuntimeConfig
 from memscope.events import schema as s
-from memscope.events.schema import MemoryEvent, TensorInfo
-from memscope.events.trace_sink import JsonlTraceSink
-from memscope.events.trace_store import BoundedTraceStore
+from memscope.events.schema import EventConsumer, MemoryEvent, PeakContext, TensorInfo
 
 HOOK_FAMILIES = ("module_hooks", "output_grad_hooks", "param_grad_hooks")
 
@@ -30,19 +31,6 @@ HOOK_FAMILIES = ("module_hooks", "output_grad_hooks", "param_grad_hooks")
 def _in_backward() -> bool:
     """True while the autograd engine runs a backward pass on this thread."""
     return torch._C._current_graph_task_id() != -1
-
-
-def _tensors(value: Any, limit: int = 16) -> list[torch.Tensor]:
-    """Tensors in ``value`` and one level of tuple/list/dict inside it (at most ``limit``)."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    items: Any = ()
-    if isinstance(value, (tuple, list)):
-        items = value
-    elif isinstance(value, dict):
-        items = value.values()
-    out = [v for v in items if isinstance(v, torch.Tensor)]
-    return out[:limit]
 
 
 @dataclass(slots=True)
@@ -62,30 +50,30 @@ class MemoryTracer:
         config: RuntimeConfig,
         backend: MemoryBackend,
         rank: int,
+        consumers: Sequence[EventConsumer],
+        *,
+        policy: CategoryPolicy | None = None,
+        failures: FailureLog | None = None,
         pipeline_stage: int | None = None,
-        trace_sink: JsonlTraceSink | None = None,
     ) -> None:
         self.config = config
         self.backend = backend
-        self.ledger = backend if isinstance(backend, StorageLedgerBackend) else None
+        self.policy = policy or CategoryPolicy(None)
         self.rank = rank
         self.pipeline_stage = pipeline_stage
-        self.sink = trace_sink
-        self.store = BoundedTraceStore(config.detail_steps, config.max_trace_events)
-        self.aggregates = RuntimeAggregates()
-        self.failures = FailureLog(rank=rank)
+        self.consumers = tuple(consumers)
+        self.failures = failures or FailureLog(rank=rank)
         self.t0 = time.time()
         self.step = -1
         self.phase = s.PHASE_SETUP
         self.in_window = False
         self.steps_completed = 0
         self.hooked_steps = 0
+        self.events_emitted = 0
         self.current_microbatch: int | None = None
-        self._seq = 0
         self._stack: list[_OpenModule] = []
         self._microbatches: dict[int, int] = {}
         self._backward_microbatch: int | None = None
-        self._pending: list[MemoryEvent] = []
         self._param_before: dict[str, MemorySample] = {}
         self._last: MemorySample = backend.sample()
         self._phase_start: MemorySample = self._last
@@ -95,12 +83,11 @@ class MemoryTracer:
             "output_grad_hooks": config.hook_modules and config.hook_output_grads,
             "param_grad_hooks": config.hook_param_grads,
         }
-        self._sync = config.sync_on_module_hooks and backend.name == "cuda"
-        self._sync_steps = config.sync_on_step_boundaries and backend.name == "cuda"
-        #: Exact context and category split at the highest window peak so far (storage backend).
-        self.best_peak = -1
-        self.best_peak_context: tuple[Any, ...] | None = None
-        self.best_peak_categories: tuple[int, ...] | None = None
+        caps = backend.capabilities
+        self._sync = config.sync_on_module_hooks and caps.can_synchronize
+        self._sync_steps = config.sync_on_step_boundaries and caps.can_synchronize
+        self._peak_context = caps.peak_context
+        self._shapes = config.record_tensor_shapes
 
     # -- families & failures ---------------------------------------------------------------
     def family_enabled(self, family: str) -> bool:
@@ -116,13 +103,13 @@ class MemoryTracer:
     # -- sampling & emission ---------------------------------------------------------------
     def _sample(self, detailed: bool = False) -> MemorySample:
         if (self._sync and not detailed) or (self._sync_steps and detailed):
-            torch.cuda.synchronize()
+            self.backend.synchronize()
         sample = self.backend.sample(detailed)
         self._last = sample
         return sample
 
     def _set_context(self, module: str, microbatch: int | None, phase: str | None = None) -> None:
-        self.backend.context = (self.step, phase or self.phase, module, microbatch)
+        self.backend.context = PeakContext(self.step, phase or self.phase, module, microbatch)
 
     def _emit(
         self,
@@ -133,9 +120,9 @@ class MemoryTracer:
         after: MemorySample,
         **extra: Any,
     ) -> MemoryEvent:
-        self._seq += 1
+        self.events_emitted += 1
         event = MemoryEvent(
-            seq=self._seq,
+            seq=self.events_emitted,
             event_type=event_type,
             phase=phase,
             step=self.step,
@@ -152,18 +139,9 @@ class MemoryTracer:
             categories=after.categories,
             **extra,
         )
-        self.store.add(event)
-        self.aggregates.add(event)
-        if self.sink is not None:
-            self._pending.append(event)
+        for consumer in self.consumers:
+            consumer.consume(event)
         return event
-
-    def flush(self) -> None:
-        """Write buffered events to the JSONL trace."""
-        if self.sink is not None and self._pending:
-            pending, self._pending = self._pending, []
-            self.sink.write(pending)
-            self.sink.flush()
 
     # -- module hooks ----------------------------------------------------------------------
     def module_enter(
@@ -176,13 +154,10 @@ class MemoryTracer:
             self.current_microbatch = count
         mb = self._backward_microbatch if recompute else self.current_microbatch
         inputs: list[TensorInfo] = []
-        if self.config.record_tensor_shapes:
-            inputs = [TensorInfo.of(t) for t in _tensors(args)]
-            inputs += [
-                TensorInfo.of(t, k) for k, t in kwargs.items() if isinstance(t, torch.Tensor)
-            ]
-        if self.ledger is not None:
-            self.ledger.alloc_category = s.CAT_ACTIVATIONS
+        if self._shapes:
+            inputs = [tensor_info(t) for t in tensors_in(args)]
+            inputs += [tensor_info(t, k) for k, t in kwargs.items() if isinstance(t, torch.Tensor)]
+        self.policy.module_entered()
         self._stack.append(_OpenModule(label, self._sample(), inputs, mb, recompute))
         self._set_context(label.name, mb, s.PHASE_RECOMPUTE if recompute else s.PHASE_FORWARD)
 
@@ -197,10 +172,11 @@ class MemoryTracer:
         if frame is None:
             return []
         after = self._sample()
-        outs = _tensors(output)
+        outs = tensors_in(output)
+        phase = s.PHASE_RECOMPUTE if frame.recompute else s.PHASE_FORWARD
         self._emit(
             s.MODULE_FORWARD,
-            s.PHASE_RECOMPUTE if frame.recompute else s.PHASE_FORWARD,
+            phase,
             label.name,
             frame.before,
             after,
@@ -209,14 +185,10 @@ class MemoryTracer:
             virtual_chunk=label.chunk,
             recompute=frame.recompute,
             inputs=frame.inputs,
-            outputs=[TensorInfo.of(t) for t in outs] if self.config.record_tensor_shapes else [],
+            outputs=[tensor_info(t) for t in outs] if self._shapes else [],
         )
         parent = self._stack[-1] if self._stack else None
-        self._set_context(
-            parent.label.name if parent else "",
-            frame.microbatch,
-            s.PHASE_RECOMPUTE if frame.recompute else s.PHASE_FORWARD,
-        )
+        self._set_context(parent.label.name if parent else "", frame.microbatch, phase)
         if not self._families["output_grad_hooks"] or not torch.is_grad_enabled():
             return []
         # Only non-leaf outputs: Megatron layers return parameters as outputs (skip_bias_add
@@ -237,7 +209,7 @@ class MemoryTracer:
             module_class=label.module_class,
             microbatch=microbatch,
             virtual_chunk=label.chunk,
-            grads=[TensorInfo.of(grad)] if self.config.record_tensor_shapes else [],
+            grads=[tensor_info(grad)] if self._shapes else [],
         )
 
     def param_grad_ready(self, name: str, grad: torch.Tensor) -> None:
@@ -250,8 +222,8 @@ class MemoryTracer:
         before = self._param_before.pop(name, None) or self._last
         after = self._sample()
         grad = param.grad
-        if self.ledger is not None and grad is not None:
-            self.ledger.mark(grad, s.CAT_GRADIENTS)
+        if self.policy.active and grad is not None:
+            self.policy.gradient_accumulated(grad)
             after = self._sample()
         self._emit(
             s.PARAM_GRAD,
@@ -261,16 +233,16 @@ class MemoryTracer:
             after,
             module_class="Parameter",
             microbatch=self._backward_microbatch,
-            grads=[TensorInfo.of(grad, name)] if grad is not None else [],
+            grads=[tensor_info(grad, name)] if grad is not None else [],
         )
 
     # -- step boundaries -------------------------------------------------------------------
     def _step_phase(self, phase: str, before: MemorySample, notes: str) -> MemorySample:
         after = self._sample(detailed=True)
-        if self.ledger is not None and after.peak_allocated > self.best_peak:
-            self.best_peak = after.peak_allocated
-            self.best_peak_context = self.ledger.peak_context()
-            self.best_peak_categories = self.ledger.peak_categories()
+        extra: dict[str, Any] = {}
+        if self._peak_context:
+            extra["peak_context"] = self.backend.peak_context()
+            extra["peak_categories"] = self.backend.peak_categories()
         self._emit(
             s.STEP_PHASE,
             phase,
@@ -280,6 +252,7 @@ class MemoryTracer:
             host_rss_bytes=host_rss_bytes(),
             device=after.device,
             notes=notes,
+            **extra,
         )
         return after
 
@@ -296,24 +269,17 @@ class MemoryTracer:
         self.current_microbatch = None
         self._backward_microbatch = None
         self._param_before.clear()
+        self.policy.step_started()
         self.backend.reset_peak()
-        if self.ledger is not None:
-            self.ledger.alloc_category = s.CAT_ACTIVATIONS
         self._set_context("", None)
         self._step_start = self._phase_start = self._sample(detailed=True)
 
     def phase_end(self, phase: str, next_phase: str, notes: str = "") -> None:
         """Close the running step phase (recording it) and open ``next_phase``."""
         self.in_window = self.in_window and next_phase == s.PHASE_FORWARD_BACKWARD
-        if self.ledger is not None and phase == s.PHASE_OPTIMIZER:
-            # Storages the optimizer created and kept (Adam's moments...) are its state.
-            self.ledger.promote_window(s.CAT_OPTIMIZER_STATE)
+        self.policy.phase_ended(phase, next_phase)
         self._phase_start = self._step_phase(phase, self._phase_start, notes)
         self.phase = next_phase
-        if self.ledger is not None:
-            self.ledger.alloc_category = s.CAT_OTHER
-            if next_phase == s.PHASE_OPTIMIZER:
-                self.ledger.open_window()
         self._set_context("", None)
 
     def step_end(self, notes: str = "") -> None:
@@ -321,4 +287,3 @@ class MemoryTracer:
         self.steps_completed += 1
         self.phase = s.PHASE_SETUP
         self.in_window = False
-        self.flush()

@@ -1,10 +1,16 @@
-"""What every memory backend provides: a cheap sample and a resettable high-water mark."""
+"""The memory-backend interface: a cheap sample, a resettable high-water mark, capabilities.
+
+A backend says what it can do through :class:`BackendCapabilities`; the tracer and the
+session read those flags and never check a backend's type or name.
+"""
 
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+
+from memscope.events.schema import PeakContext
 
 
 @dataclass(slots=True)
@@ -25,17 +31,63 @@ class MemorySample:
     device: dict[str, int] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class BackendCapabilities:
+    """What a backend can tell and do; the tracer adapts to these, never to a type."""
+
+    #: ``cuda`` or ``cpu``: where the memory it measures lives.
+    device_type: str
+    #: Every live byte is in a category (parameters, gradients, ...): the backend offers a
+    #: :class:`Categorizer`.
+    exact_categories: bool
+    #: The high-water mark is the true running peak (not a value seen at a sample).
+    true_peak: bool
+    #: It records the training-loop context (step, phase, module, microbatch) at the peak.
+    peak_context: bool
+    #: :meth:`MemoryBackend.synchronize` waits for the device (asynchronous devices only).
+    can_synchronize: bool
+    #: Reserved memory differs from allocated (a caching allocator).
+    distinct_reserved: bool
+
+
+class Categorizer(Protocol):
+    """Category bookkeeping of a backend that sees every allocation (see CategoryPolicy)."""
+
+    def set_alloc_category(self, category: int) -> None:
+        """Category for storages first seen from now on."""
+
+    def mark(self, tensor: Any, category: int) -> None:
+        """Give ``tensor``'s storage ``category``, adopting it if it predates tracking."""
+
+    def adopt_existing(self, category: int) -> int:
+        """Adopt every reachable live tensor not yet tracked; returns how many."""
+
+    def open_window(self) -> None:
+        """Remember storages created from now on."""
+
+    def promote_window(self, category: int) -> int:
+        """Move storages created since :meth:`open_window` and still alive to ``category``."""
+
+
 class MemoryBackend(abc.ABC):
     """A source of memory readings for one rank."""
 
     name: str = ""
 
-    #: The training-loop context (step, phase, module, microbatch) at the moment the backend
-    #: reaches a new high-water mark; only backends that see every allocation can fill it.
-    context: tuple[Any, ...] = ()
+    #: Training-loop context, set by the tracer at every hook; a backend with
+    #: ``capabilities.peak_context`` remembers it at the moment a new high-water mark is set.
+    context: PeakContext | None = None
+
+    #: Why the backend stopped working part-way, if it did (reported, never raised).
+    error: str | None = None
+
+    @property
+    @abc.abstractmethod
+    def capabilities(self) -> BackendCapabilities:
+        """What this backend can do."""
 
     def start(self) -> None:  # noqa: B027 - optional hook
-        """Begin observing (called once by the runtime)."""
+        """Begin observing (called once by the session)."""
 
     def stop(self) -> None:  # noqa: B027 - optional hook
         """Stop observing; must be safe to call twice."""
@@ -48,7 +100,14 @@ class MemoryBackend(abc.ABC):
     def reset_peak(self) -> None:
         """Start a new high-water window at the current allocation level."""
 
-    def peak_context(self) -> tuple[Any, ...] | None:
+    def synchronize(self) -> None:  # noqa: B027 - optional hook
+        """Wait for queued device work (only meaningful with ``can_synchronize``)."""
+
+    def categorizer(self) -> Categorizer | None:
+        """The category bookkeeping, for backends with ``exact_categories``."""
+        return None
+
+    def peak_context(self) -> PeakContext | None:
         """Context recorded when the current window's peak was reached, if known."""
         return None
 

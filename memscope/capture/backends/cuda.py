@@ -2,6 +2,8 @@
 
 The allocator's own high-water mark is reset at every step start, so the reported peak is
 the real peak of the step, not the largest value that happened to be sampled at a hook.
+(Known limitation: that counter is process-wide, so Megatron's own "max allocated" log
+then shows per-step values too.)
 Step-level samples add allocation retries, OOM count, active bytes and device-level used
 memory from ``cudaMemGetInfo`` (which also shows NCCL buffers and the CUDA context).
 """
@@ -12,13 +14,40 @@ from typing import Any
 
 import torch
 
-from memscope.capture.backends.base import MemoryBackend, MemorySample
+from memscope.capture.backends.base import BackendCapabilities, MemoryBackend, MemorySample
+from memscope.capture.backends.registry import BackendSpec, register_backend
+
+CAPABILITIES = BackendCapabilities(
+    device_type="cuda",
+    exact_categories=False,
+    true_peak=True,
+    peak_context=False,
+    can_synchronize=True,
+    distinct_reserved=True,
+)
+
+
+def register() -> None:
+    """Make ``cuda`` a backend choice (``auto`` prefers it when a GPU is present)."""
+    register_backend(
+        BackendSpec(
+            name="cuda",
+            factory=CudaAllocatorBackend,
+            is_available=torch.cuda.is_available,
+            auto_priority=20,
+            unavailable_reason="--memscope-backend cuda needs a CUDA device; none is available",
+        )
+    )
 
 
 class CudaAllocatorBackend(MemoryBackend):
     """Readings from ``torch.cuda``'s caching allocator on one device."""
 
     name = "cuda"
+
+    @property
+    def capabilities(self) -> BackendCapabilities:
+        return CAPABILITIES
 
     def __init__(self, device: int | None = None) -> None:
         if not torch.cuda.is_available():
@@ -65,6 +94,9 @@ class CudaAllocatorBackend(MemoryBackend):
 
     def reset_peak(self) -> None:
         torch.cuda.reset_peak_memory_stats(self.device)
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device)
 
     def describe(self) -> dict[str, Any]:
         props = torch.cuda.get_device_properties(self.device)

@@ -23,8 +23,27 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from memscope.capture.backends.base import MemoryBackend, MemorySample
-from memscope.events.schema import CAT_OTHER, CATEGORIES
+from memscope.capture.backends.base import (
+    BackendCapabilities,
+    Categorizer,
+    MemoryBackend,
+    MemorySample,
+)
+from memscope.capture.backends.registry import BackendSpec, register_backend
+from memscope.events.schema import CAT_OTHER, CATEGORIES, PeakContext
+
+
+def register() -> None:
+    """Make ``storage`` a backend choice (``auto``'s pick when no GPU is present)."""
+    register_backend(
+        BackendSpec(
+            name="storage",
+            factory=lambda: StorageLedgerBackend("cuda" if torch.cuda.is_available() else "cpu"),
+            is_available=lambda: True,
+            auto_priority=10,
+        )
+    )
+
 
 _aten = torch.ops.aten
 _RESIZE_OPS = frozenset(
@@ -95,14 +114,14 @@ class _LedgerMode(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         ledger = self._ledger
         if ledger.active:
-            kind = self._kinds.get(func)
-            if kind is None:
-                kind = self._kinds[func] = _classify(func)
-            if kind:
-                try:
+            try:  # never let accounting break an op
+                kind = self._kinds.get(func)
+                if kind is None:
+                    kind = self._kinds[func] = _classify(func)
+                if kind:
                     ledger.observe(out, kind == _RESIZE)
-                except Exception as exc:  # never let accounting break an op
-                    ledger.fail(exc)
+            except Exception as exc:
+                ledger.fail(exc)
         return out
 
 
@@ -113,10 +132,18 @@ class StorageLedgerBackend(MemoryBackend):
 
     def __init__(self, device_type: str = "cpu") -> None:
         self.device_type = device_type
+        self._capabilities = BackendCapabilities(
+            device_type=device_type,
+            exact_categories=True,
+            true_peak=True,
+            peak_context=True,
+            can_synchronize=False,
+            distinct_reserved=False,
+        )
         self.active = False
-        #: Category given to storages first seen from now on (set by the runtime per phase).
+        #: Category given to storages first seen from now on (set per phase by the policy).
         self.alloc_category = CAT_OTHER
-        self.context = ()
+        self.context: PeakContext | None = None
         self.error: str | None = None
         self._lock = threading.RLock()
         self._live: dict[int, _Entry] = {}  # id(storage) -> entry
@@ -124,11 +151,21 @@ class StorageLedgerBackend(MemoryBackend):
         self._totals = [0] * len(CATEGORIES)
         self._current = 0
         self._peak = 0
-        self._peak_context: tuple[Any, ...] = ()
+        self._peak_context: PeakContext | None = None
         self._peak_categories: tuple[int, ...] = tuple(self._totals)
         self._mode: _LedgerMode | None = None
         self._window_keys: list[int] | None = None
         self.storages_seen = 0
+
+    @property
+    def capabilities(self) -> BackendCapabilities:
+        return self._capabilities
+
+    def categorizer(self) -> Categorizer:
+        return self
+
+    def set_alloc_category(self, category: int) -> None:
+        self.alloc_category = category
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -270,7 +307,7 @@ class StorageLedgerBackend(MemoryBackend):
             self._peak_context = self.context
             self._peak_categories = tuple(self._totals)
 
-    def peak_context(self) -> tuple[Any, ...] | None:
+    def peak_context(self) -> PeakContext | None:
         return self._peak_context
 
     def peak_categories(self) -> tuple[int, ...] | None:

@@ -3,7 +3,8 @@
 ``CrashGuard`` chains ``sys.excepthook`` (uncaught exceptions, OOM included), registers an
 ``atexit`` handler (exit without ``finalize()``), takes SIGTERM when nobody else handles it
 (torchrun stops the surviving workers with SIGTERM), and attaches the CUDA allocator's OOM
-observer. Each calls back into the runtime; everything is undone by :meth:`uninstall`.
+observer. Each calls back into the session; everything is undone by :meth:`uninstall` (torch
+offers no way to detach an OOM observer, so after it the observer does nothing).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 
 
 class CrashGuard:
-    """Installs and removes the process-level handlers of one runtime."""
+    """Installs and removes the process-level handlers of one tracing session."""
 
     def __init__(
         self,
@@ -77,6 +78,8 @@ class CrashGuard:
         os.kill(os.getpid(), signal.SIGTERM)
 
     def _cuda_oom(self, device: int, alloc: int, device_alloc: int, device_free: int) -> None:
+        if not self.installed:
+            return
         self._on_cuda_oom(
             f"CUDA out of memory on device {device}: tried to allocate {alloc} bytes with "
             f"{device_alloc} allocated and {device_free} free"

@@ -1,0 +1,33 @@
+"""The analyzers behind a runtime report, in the order their sections are built."""
+
+from __future__ import annotations
+
+from memscope.analysis.base import Analyzer
+from memscope.analysis.hot_spots import HotSpotAnalyzer
+from memscope.analysis.modules import ModuleAnalyzer
+from memscope.analysis.peak import PeakAnalyzer
+from memscope.analysis.phases import PhaseAnalyzer
+from memscope.analysis.static_comparison import StaticComparisonAnalyzer, StaticEstimate
+from memscope.analysis.steps import StepAnalyzer
+
+#: The report sections the default analyzers produce.
+RUNTIME_SECTIONS = (
+    "peak",
+    "phase_summary",
+    "top_events",
+    "module_summary",
+    "steps",
+    "comparisons",
+)
+
+
+def runtime_analyzers(top_k: int, static: StaticEstimate) -> list[Analyzer]:
+    """A fresh set of the runtime report's analyzers (live or for a replay)."""
+    return [
+        PeakAnalyzer(),
+        PhaseAnalyzer(),
+        HotSpotAnalyzer(top_k),
+        ModuleAnalyzer(),
+        StepAnalyzer(),
+        StaticComparisonAnalyzer(static),
+    ]

@@ -1,0 +1,104 @@
+"""Static estimate versus runtime, overall and per memory category (``comparisons``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from memscope.events.schema import CATEGORIES, MemoryEvent
+
+NO_ESTIMATE_REASON = "no static estimate is available for this run"
+
+
+@dataclass(frozen=True)
+class StaticEstimate:
+    """A run's static estimate (``peak_memory_bytes``, ``components``, ``source``), or why
+    there is none."""
+
+    estimate: dict[str, Any] | None
+    missing_reason: str = NO_ESTIMATE_REASON
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"estimate": self.estimate, "missing_reason": self.missing_reason}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> StaticEstimate:
+        if not d:
+            return cls(None)
+        return cls(d.get("estimate"), str(d.get("missing_reason") or NO_ESTIMATE_REASON))
+
+
+def _diff(static: int | None, runtime: int | None) -> tuple[int | None, float | None]:
+    if static is None or runtime is None:
+        return None, None
+    diff = static - runtime
+    return diff, (diff / runtime if runtime else None)
+
+
+def compare_with_static(
+    runtime_peak_bytes: int,
+    runtime_categories: Mapping[str, int] | None,
+    static: StaticEstimate,
+) -> dict[str, Any]:
+    """The ``comparisons`` section; ``diff = static - runtime`` (positive: overestimate).
+
+    When there is no estimate the static side is reported missing, with the reason, and no
+    number is invented.
+    """
+    estimate = static.estimate
+    if estimate is None:
+        return {
+            "status": "missing",
+            "reason": static.missing_reason,
+            "static_peak_memory_bytes": None,
+            "runtime_peak_memory_bytes": runtime_peak_bytes,
+            "peak_diff_bytes": None,
+            "peak_diff_ratio": None,
+            "components": [],
+        }
+    static_peak = estimate.get("peak_memory_bytes")
+    diff, ratio = _diff(static_peak, runtime_peak_bytes)
+    components = []
+    static_parts = estimate.get("components") or {}
+    for name in CATEGORIES:
+        runtime_value = runtime_categories.get(name) if runtime_categories else None
+        static_value = static_parts.get(name)
+        if runtime_value is None and static_value is None:
+            continue
+        c_diff, c_ratio = _diff(static_value, runtime_value)
+        components.append(
+            {
+                "component": name,
+                "static_bytes": static_value,
+                "runtime_bytes": runtime_value,
+                "diff_bytes": c_diff,
+                "diff_ratio": c_ratio,
+            }
+        )
+    return {
+        "status": "ok",
+        "static_peak_memory_bytes": static_peak,
+        "runtime_peak_memory_bytes": runtime_peak_bytes,
+        "peak_diff_bytes": diff,
+        "peak_diff_ratio": ratio,
+        "components": components,
+        "static_source": estimate.get("source"),
+    }
+
+
+class StaticComparisonAnalyzer:
+    """Compares the ``peak`` section (built before it) with the run's static estimate."""
+
+    def __init__(self, static: StaticEstimate) -> None:
+        self.static = static
+
+    def consume(self, event: MemoryEvent) -> None:
+        """The comparison needs only the peak section."""
+
+    def sections(self, prior: Mapping[str, Any]) -> dict[str, Any]:
+        peak = prior.get("peak") or {}
+        runtime_peak = int(peak.get("memory_bytes") or 0)
+        return {
+            "comparisons": compare_with_static(runtime_peak, peak.get("categories"), self.static)
+        }

@@ -1,0 +1,60 @@
+"""The backend registry: names, availability, and what ``auto`` picks.
+
+A backend module registers a :class:`BackendSpec`; nothing else in MemScope names a backend
+class. ``auto`` picks the available backend with the highest ``auto_priority``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from memscope.capture.backends.base import MemoryBackend
+from memscope.config import BACKEND_CHOICES
+
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """How to build one backend and whether it can run here."""
+
+    name: str
+    factory: Callable[[], MemoryBackend]
+    is_available: Callable[[], bool]
+    auto_priority: int
+    unavailable_reason: str = ""
+
+
+_REGISTRY: dict[str, BackendSpec] = {}
+
+
+def register_backend(spec: BackendSpec) -> None:
+    """Add ``spec``; its name must be one the configuration offers."""
+    assert spec.name in BACKEND_CHOICES and spec.name != AUTO, spec.name
+    _REGISTRY[spec.name] = spec
+
+
+def backend_names() -> tuple[str, ...]:
+    """Registered backend names, in registration order."""
+    return tuple(_REGISTRY)
+
+
+def resolve_backend_name(name: str) -> str:
+    """``auto`` becomes the best available backend; other names are checked."""
+    if name != AUTO and name not in _REGISTRY:
+        choices = (AUTO, *_REGISTRY)
+        raise ValueError(f"--memscope-backend must be one of {choices}, not {name!r}")
+    if name == AUTO:
+        available = [s for s in _REGISTRY.values() if s.is_available()]
+        assert available, "no memory backend is available"
+        return max(available, key=lambda s: s.auto_priority).name
+    return name
+
+
+def create_backend(name: str) -> MemoryBackend:
+    """Build the backend named ``name`` (``auto`` resolved first)."""
+    spec = _REGISTRY[resolve_backend_name(name)]
+    if not spec.is_available():
+        raise ValueError(spec.unavailable_reason or f"the {spec.name} backend cannot run here")
+    return spec.factory()

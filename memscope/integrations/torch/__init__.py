@@ -1,0 +1,5 @@
+"""MemScope for a plain PyTorch training loop (an ``nn.Module`` and a torch optimizer)."""
+
+from memscope.integrations.torch.runtime import MemScopeTorchRuntime
+
+__all__ = ["MemScopeTorchRuntime"]

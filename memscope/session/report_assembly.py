@@ -1,0 +1,76 @@
+"""Gathers a session's state into the plain inputs of the runtime report."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from memscope._version import __version__
+from memscope.capture.backends.base import MemoryBackend
+from memscope.capture.parallel import ParallelInfo
+from memscope.capture.tracer import MemoryTracer
+from memscope.config import RuntimeConfig
+from memscope.events.trace_store import BoundedTraceStore
+
+TRACE_POLICY = (
+    "step phases for up to 2000 steps (then evenly thinned); module/grad events for the first "
+    "detail_steps traced steps; all recorded events in the JSONL trace"
+)
+
+
+def runtime_metadata(
+    *,
+    parallel: ParallelInfo,
+    config: RuntimeConfig,
+    backend_name: str,
+    backend: MemoryBackend | None,
+    tracer: MemoryTracer | None,
+    hook_counts: Mapping[str, int],
+    framework: Mapping[str, Any],
+) -> dict[str, Any]:
+    """Typed facts about this rank and run; ``framework`` holds the adapter's own facts
+    (``dtype``, framework versions)."""
+    device_info = backend.describe() if backend is not None else {}
+    device_name = device_info.get("device_name") or (
+        torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    )
+    return {
+        **parallel.to_dict(),
+        **framework,
+        "backend": backend_name,
+        "backend_info": device_info,
+        "device_name": device_name,
+        "torch_version": torch.__version__,
+        "tool_version": __version__,
+        "hostname": socket.gethostname(),
+        "pid": os.getpid(),
+        "steps_completed": tracer.steps_completed if tracer else 0,
+        "last_step": tracer.step if tracer else None,
+        **hook_counts,
+        "config": config.to_report_dict(),
+    }
+
+
+def trace_info(
+    tracer: MemoryTracer,
+    store: BoundedTraceStore,
+    step_summaries_thinned: int,
+    jsonl: str | None,
+) -> dict[str, Any]:
+    """The report's ``trace`` section: what was recorded and what the report holds."""
+    return {
+        "events_recorded": tracer.events_emitted,
+        "events_in_report": len(store.events),
+        "events_not_in_report": store.dropped,
+        "detail_steps": store.detail_steps_kept,
+        "max_events": store.max_events,
+        "step_stride": store.stride,
+        "step_summaries_thinned": step_summaries_thinned,
+        "step_phase_steps_thinned": store.steps_thinned,
+        "jsonl": jsonl,
+        "policy": TRACE_POLICY,
+    }

@@ -1,0 +1,476 @@
+"""``TracingSession``: one rank's memory tracing, framework-neutral.
+
+A framework adapter (Megatron, a plain PyTorch loop) builds the session from its settings,
+hands it the model chunks and torch optimizers, and calls the lifecycle::
+
+    session = TracingSession(config, parallel, static_estimate=..., framework_metadata=...)
+    session.attach_model(chunks); session.attach_optimizers(optimizers)
+    session.start()
+    for each step:
+        session.step_start(step)
+        ... forward and backward passes ...
+        session.forward_backward_end()
+        session.optimizer_step_start(); optimizer.step(); session.optimizer_step_end()
+        session.step_end()
+    session.finalize()          # re-entrant; removes everything start() installed
+
+The session owns the backend, the tracer, the analyzers, the trace file, the profiler and
+snapshot controllers, the crash guard and the report files. Everything :meth:`start` installs
+is pushed on a :class:`~memscope.session.teardown.Teardown` and removed in reverse order.
+
+Every public call is failure-isolated: an exception inside MemScope is logged once with its
+reason, that part of tracing turns off, and training goes on unchanged.
+
+Known limitations:
+
+* One session per process is the supported use (the crash guard chains process-wide hooks).
+* With the ``cuda`` backend the allocator's process-wide peak counter is reset at each step.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import torch
+
+from memscope._version import __version__
+from memscope.analysis.base import Analyzer, build_sections
+from memscope.analysis.runtime_sections import runtime_analyzers
+from memscope.analysis.static_comparison import StaticEstimate
+from memscope.analysis.steps import StepAnalyzer
+from memscope.capture.backends import create_backend, resolve_backend_name
+from memscope.capture.backends.base import MemoryBackend
+from memscope.capture.category_policy import CategoryPolicy
+from memscope.capture.hooks import HookSet
+from memscope.capture.parallel import ParallelInfo
+from memscope.capture.profiling import ProfilerController, SnapshotController
+from memscope.capture.safety import FailureLog, failure_row
+from memscope.capture.tracer import MemoryTracer
+from memscope.config import RuntimeConfig
+from memscope.events import schema as s
+from memscope.events.schema import EventConsumer
+from memscope.events.trace_sink import BufferedTraceWriter, JsonlTraceSink
+from memscope.events.trace_store import BoundedTraceStore
+from memscope.io.atomic import atomic_write_json, atomic_write_text
+from memscope.reporters.markdown import render_runtime_markdown
+from memscope.reporters.runtime_json import RuntimeReportInputs, build_runtime_report
+from memscope.session.crash_guard import CrashGuard
+from memscope.session.report_assembly import runtime_metadata, trace_info
+from memscope.session.state import ReportStatus, SessionState
+from memscope.session.teardown import Teardown
+
+logger = logging.getLogger("memscope")
+F = TypeVar("F", bound=Callable[..., Any])
+
+StaticEstimateProvider = Callable[[], dict[str, Any] | None]
+NO_ESTIMATOR_REASON = "static estimation is off (static_estimate_provider=None)"
+REPORT_JSON = "runtime_report.json"
+REPORT_MD = "runtime_report.md"
+TRACE_JSONL = "trace.jsonl"
+
+
+def _isolated(site: str) -> Callable[[F], F]:
+    """Run a training-loop callback only while tracing, and never let it raise."""
+
+    def wrap(fn: F) -> F:
+        @functools.wraps(fn)
+        def inner(self: TracingSession, *args: Any, **kwargs: Any) -> Any:
+            if self.state is not SessionState.TRACING or self.failures.is_disabled(site):
+                return None
+            try:
+                return fn(self, *args, **kwargs)
+            except Exception as exc:
+                self._failed(site, exc)
+                return None
+
+        return inner  # type: ignore[return-value]
+
+    return wrap
+
+
+def resolve_static_estimate(
+    provider: StaticEstimateProvider | None, no_provider_reason: str = NO_ESTIMATOR_REASON
+) -> StaticEstimate:
+    """Ask ``provider`` once; a failing estimator is reported, never raised."""
+    if provider is None:
+        return StaticEstimate(None, no_provider_reason)
+    try:
+        estimate = provider()
+    except ValueError as exc:  # a config the estimator does not model, said as such
+        return StaticEstimate(None, f"no static estimate: {exc}")
+    except Exception as exc:
+        return StaticEstimate(None, f"the static estimator failed: {type(exc).__name__}: {exc}")
+    if estimate is None:
+        return StaticEstimate(None)
+    return StaticEstimate(estimate)
+
+
+class TracingSession:
+    """Per-rank memory tracing: lifecycle, analyzers, reports and crash handling."""
+
+    def __init__(
+        self,
+        config: RuntimeConfig,
+        parallel: ParallelInfo,
+        *,
+        static_estimate: StaticEstimateProvider | None = None,
+        no_estimate_reason: str = NO_ESTIMATOR_REASON,
+        framework_metadata: Callable[[], dict[str, Any]] | None = None,
+        grad_attributes: Sequence[str] = ("grad",),
+    ) -> None:
+        self.config = config.validate()
+        self.parallel = parallel
+        self.rank = parallel.rank
+        self.static_estimate_provider = static_estimate
+        self.no_estimate_reason = no_estimate_reason
+        self._framework_metadata = framework_metadata or dict
+        self._grad_attributes = tuple(grad_attributes)
+        self.report_dir = os.path.join(config.outdir, f"rank{self.rank:05d}")
+        self.backend_name = resolve_backend_name(config.backend)
+        traced = config.enabled and config.traces_rank(self.rank)
+        self.state = SessionState.IDLE if traced else SessionState.DISABLED
+        self.status = ReportStatus.RUNNING
+        self.status_reason = ""
+        self.failures = FailureLog(rank=self.rank)
+        self.warnings: list[str] = []
+        self.artifacts: dict[str, str] = {}
+        self.report_path: str | None = None
+        self.chunks: list[torch.nn.Module] = []
+        self.optimizers: list[torch.optim.Optimizer] = []
+        self.backend: MemoryBackend | None = None
+        self.tracer: MemoryTracer | None = None
+        self.policy: CategoryPolicy | None = None
+        self.analyzers: list[Analyzer] = []
+        self.store: BoundedTraceStore | None = None
+        self.hooks: HookSet | None = None
+        self.profiler: ProfilerController | None = None
+        self.snapshot: SnapshotController | None = None
+        self.static: StaticEstimate | None = None
+        self.hook_counts = {"modules_hooked": 0, "params_hooked": 0, "hook_handles_removed": 0}
+        self._trace: BufferedTraceWriter | None = None
+        self._steps: StepAnalyzer | None = None
+        self._teardown = Teardown()
+        self._crash_guard = CrashGuard(
+            self.record_exception, self._on_process_exit, self._on_cuda_oom
+        )
+
+    # -- state -----------------------------------------------------------------------------
+    @property
+    def enabled(self) -> bool:
+        """Whether this rank is traced at all."""
+        return self.state is not SessionState.DISABLED
+
+    @property
+    def active(self) -> bool:
+        """Whether tracing is running now."""
+        return self.state is SessionState.TRACING
+
+    # -- what to trace ---------------------------------------------------------------------
+    def attach_model(self, chunks: Sequence[torch.nn.Module]) -> None:
+        """The model chunks to hook (already unwrapped by the adapter)."""
+        if not self.enabled:
+            return
+        self.chunks = list(chunks)
+        if self.active:
+            if self.policy is not None:
+                self.policy.set_model(self.chunks)
+            self._attach_hooks()
+
+    def attach_optimizers(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        """The torch optimizers whose state is ``optimizer_state`` (exact backends)."""
+        if not self.enabled:
+            return
+        self.optimizers = list(optimizers)
+        if self.active and self.policy is not None:
+            self.policy.set_optimizers(self.optimizers)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Begin tracing: backend, trace file, tracer, hooks, profiler, crash handlers."""
+        if self.state is not SessionState.IDLE:
+            return
+        self.state = SessionState.STARTING
+        try:
+            self._start()
+        except BaseException:
+            # Leave nothing behind: no dispatch mode, no hooks, no open file.
+            self._teardown.unwind(self._failed)
+            self.state = SessionState.FINALIZED
+            raise
+        self.state = SessionState.TRACING
+
+    def _start(self) -> None:
+        cfg = self.config
+        os.makedirs(self.report_dir, exist_ok=True)
+        self.warnings += cfg.warn_ignored(torch.cuda.is_available(), self.backend_name)
+        self.static = resolve_static_estimate(
+            self.static_estimate_provider, self.no_estimate_reason
+        )
+        backend = self.backend = create_backend(self.backend_name)
+        consumers: list[EventConsumer] = []
+        self.store = BoundedTraceStore(cfg.detail_steps, cfg.max_trace_events)
+        self.analyzers = runtime_analyzers(cfg.top_k, self.static)
+        self._steps = next(a for a in self.analyzers if isinstance(a, StepAnalyzer))
+        consumers += [self.store, *self.analyzers]
+        if cfg.trace_jsonl:
+            sink = JsonlTraceSink(os.path.join(self.report_dir, TRACE_JSONL), self._trace_header())
+            self._trace = BufferedTraceWriter(sink)
+            self._teardown.push("trace_sink", self._trace.close)
+            consumers.append(self._trace)
+            self.artifacts["trace_jsonl"] = TRACE_JSONL
+        self._teardown.push("final_report", self._write_final_report)
+        backend.start()
+        self._teardown.push("backend", backend.stop)
+        self.policy = CategoryPolicy(backend.categorizer(), self._grad_attributes)
+        self.tracer = MemoryTracer(
+            cfg,
+            backend,
+            self.rank,
+            consumers,
+            policy=self.policy,
+            failures=self.failures,
+            pipeline_stage=self.parallel.pp_rank,
+        )
+        self.policy.set_model(self.chunks)
+        self.policy.set_optimizers(self.optimizers)
+        self.policy.adopt_untracked()  # whatever else predates start()
+        self._teardown.push("remove_hooks", self._remove_hooks)
+        self._attach_hooks()
+        self._start_profiling()
+        self._crash_guard.install()
+        self._teardown.push("crash_guard", self._crash_guard.uninstall)
+
+    def _trace_header(self) -> dict[str, Any]:
+        """What ``memscope analyze`` needs to rebuild the report from the trace alone."""
+        assert self.static is not None
+        return {
+            "rank": self.rank,
+            "world_size": self.parallel.world_size,
+            "tool_version": __version__,
+            "parallel": self.parallel.to_dict(),
+            "backend": self.backend_name,
+            "config": self.config.to_report_dict(),
+            "static_estimate": self.static.to_dict(),
+        }
+
+    def _attach_hooks(self) -> None:
+        if self.tracer is None or not self.chunks or self.hooks is not None:
+            return
+        self.hooks = HookSet(self.tracer)
+        if self.config.hook_modules:
+            self.hooks.attach_modules(self.chunks)
+        if self.config.hook_param_grads:
+            self.hooks.attach_params(self.chunks)
+        self.hook_counts["modules_hooked"] = len(self.hooks.labels)
+        self.hook_counts["params_hooked"] = len(self.hooks.param_names)
+
+    def _remove_hooks(self) -> None:
+        if self.hooks is not None:
+            self.hook_counts["hook_handles_removed"] += self.hooks.remove()
+            self.hooks = None
+
+    def _start_profiling(self) -> None:
+        cfg = self.config
+        if cfg.enable_profiler and self.rank in cfg.profiler_ranks:
+            try:
+                profiler = ProfilerController(cfg.profiler_schedule, self.report_dir)
+                profiler.start()
+            except Exception as exc:
+                self._failed("profiler", exc)
+            else:
+                self.profiler = profiler
+                self._teardown.push("profiler", profiler.stop)
+        if (
+            cfg.enable_memory_snapshot
+            and self.rank in cfg.snapshot_ranks
+            and torch.cuda.is_available()
+        ):
+            sched = cfg.snapshot_schedule
+            self.snapshot = SnapshotController(
+                self.report_dir,
+                sched.wait,
+                sched.active,
+                cfg.snapshot_max_entries,
+                cfg.snapshot_stacks,
+            )
+            self._teardown.push("snapshot", self._stop_snapshot)
+
+    def _stop_snapshot(self) -> None:
+        if self.snapshot is not None and self.snapshot.recording:
+            self.snapshot.dump("memory_snapshot_final.pickle")
+            self.snapshot.stop()
+
+    def finalize(self) -> None:
+        """Stop tracing, remove everything start() installed, write the final report.
+
+        Re-entrant: a second call (or one from a signal handler while the first runs) returns
+        at once. Never raises.
+        """
+        if self.state is SessionState.IDLE:
+            self.state = SessionState.FINALIZED
+        if self.state is not SessionState.TRACING:
+            return
+        if self.status is ReportStatus.RUNNING:
+            self.status = ReportStatus.COMPLETE
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        self.state = SessionState.STOPPING
+        try:
+            self._teardown.unwind(self._failed)
+        finally:
+            self.state = SessionState.FINALIZED
+
+    def _write_final_report(self) -> None:
+        if self.state is SessionState.STOPPING:
+            self.write_report()
+
+    # -- training-loop callbacks -----------------------------------------------------------
+    @_isolated("on_train_step_start")
+    def step_start(self, step: int, notes: str = "") -> None:
+        """Before the step's forward-backward passes; opens the step's high-water window."""
+        assert self.tracer is not None
+        if self.snapshot is not None:
+            self.snapshot.on_step_start(step)
+        self.tracer.step_start(int(step), notes)
+
+    @_isolated("on_forward_backward_end")
+    def forward_backward_end(self, notes: str = "") -> None:
+        """Right after the forward-backward passes."""
+        assert self.tracer is not None
+        self.tracer.phase_end(s.PHASE_FORWARD_BACKWARD, s.PHASE_PRE_OPTIMIZER, notes)
+
+    @_isolated("on_optimizer_step_start")
+    def optimizer_step_start(self, notes: str = "") -> None:
+        """Just before ``optimizer.step()``."""
+        assert self.tracer is not None
+        self.tracer.phase_end(s.PHASE_PRE_OPTIMIZER, s.PHASE_OPTIMIZER, notes)
+
+    @_isolated("on_optimizer_step_end")
+    def optimizer_step_end(self, notes: str = "") -> None:
+        """Just after ``optimizer.step()``."""
+        assert self.tracer is not None
+        self.tracer.phase_end(s.PHASE_OPTIMIZER, s.PHASE_STEP, notes)
+
+    @_isolated("on_train_step_end")
+    def step_end(self, notes: str = "") -> None:
+        """On every way out of a training step; writes the report every ``report_interval``."""
+        assert self.tracer is not None
+        tracer = self.tracer
+        tracer.step_end(notes)
+        if self._trace is not None:
+            self._trace.flush()
+        if self.profiler is not None:
+            self.profiler.step()
+        if self.snapshot is not None:
+            self.snapshot.on_step_end(tracer.step)
+        interval = self.config.report_interval
+        if interval and tracer.steps_completed % interval == 0:
+            self.write_report()
+
+    # -- failures and crash paths ----------------------------------------------------------
+    def _failed(self, site: str, exc: BaseException) -> None:
+        self.failures.record(site, exc)
+
+    def record_exception(self, exc: BaseException) -> None:
+        """A training failure (OOM or other): mark the report and write what was recorded."""
+        if not self.active:
+            return
+        try:
+            is_oom = isinstance(exc, torch.OutOfMemoryError)
+            self.status = ReportStatus.OOM if is_oom else ReportStatus.CRASHED
+            self.status_reason = f"{type(exc).__name__}: {exc}"[:2000]
+            if is_oom:
+                self._dump_oom_snapshot()
+            self.write_report()
+        except Exception as inner:
+            logger.warning(
+                "memscope rank %d: could not write the crash report: %s", self.rank, inner
+            )
+
+    def _on_process_exit(self, reason: str) -> None:
+        """atexit / SIGTERM: close tracing and write what was recorded, marked incomplete."""
+        if self.active:
+            if self.status is ReportStatus.RUNNING:
+                self.status, self.status_reason = ReportStatus.INCOMPLETE, reason
+            self._shutdown()
+
+    def _on_cuda_oom(self, reason: str) -> None:
+        self.status, self.status_reason = ReportStatus.OOM, reason
+        self._dump_oom_snapshot()
+        self.write_report()
+
+    def _dump_oom_snapshot(self) -> None:
+        if self.snapshot is not None and self.snapshot.recording:
+            path = self.snapshot.dump("oom_snapshot.pickle")
+            if path:
+                self.artifacts["oom_snapshot"] = os.path.basename(path)
+
+    # -- reports ---------------------------------------------------------------------------
+    def metadata(self) -> dict[str, Any]:
+        """Typed facts about this rank and run."""
+        return runtime_metadata(
+            parallel=self.parallel,
+            config=self.config,
+            backend_name=self.backend_name,
+            backend=self.backend,
+            tracer=self.tracer,
+            hook_counts=self.hook_counts,
+            framework=self._framework_metadata(),
+        )
+
+    def build_report(self) -> dict[str, Any]:
+        """The current runtime report as a dict (what :meth:`write_report` writes)."""
+        assert self.tracer is not None and self.store is not None and self._steps is not None
+        errors = self.failures.to_list()
+        if self.backend is not None and self.backend.error:
+            errors.append(failure_row(f"{self.backend.name}_backend", self.backend.error))
+        artifacts = self._artifact_list()
+        return build_runtime_report(
+            RuntimeReportInputs(
+                sections=build_sections(self.analyzers),
+                events=self.store.events,
+                trace_info=trace_info(
+                    self.tracer, self.store, self._steps.thinned, artifacts.get("trace_jsonl")
+                ),
+                metadata=self.metadata(),
+                status=self.status.value,
+                status_reason=self.status_reason,
+                errors=errors,
+                warnings=list(self.warnings),
+                artifacts=artifacts,
+            )
+        )
+
+    def _artifact_list(self) -> dict[str, str]:
+        out = dict(self.artifacts)
+        if self.profiler is not None:
+            for i, path in enumerate(self.profiler.traces):
+                out[f"profiler_trace_{i}"] = os.path.relpath(path, self.report_dir)
+        if self.snapshot is not None:
+            for i, path in enumerate(self.snapshot.snapshots):
+                out.setdefault(f"memory_snapshot_{i}", os.path.basename(path))
+        return out
+
+    def write_report(self) -> str | None:
+        """Write ``runtime_report.json`` and ``.md`` atomically; returns the JSON path."""
+        if self.tracer is None or self.state not in (SessionState.TRACING, SessionState.STOPPING):
+            return None
+        try:
+            if self._trace is not None:
+                self._trace.flush()
+            report = self.build_report()
+            path = os.path.join(self.report_dir, REPORT_JSON)
+            atomic_write_json(path, report)
+            atomic_write_text(
+                os.path.join(self.report_dir, REPORT_MD), render_runtime_markdown(report)
+            )
+            self.report_path = path
+            return path
+        except Exception as exc:
+            self._failed("write_report", exc)
+            return None

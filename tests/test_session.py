@@ -1,0 +1,143 @@
+"""The framework-neutral tracing session: lifecycle states, symmetric teardown, isolation."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+from memscope.capture.parallel import ParallelInfo
+from memscope.config import RuntimeConfig
+from memscope.session import ReportStatus, SessionState, TracingSession
+from memscope.session.teardown import Teardown
+
+
+def _session(tmp_path, **settings) -> TracingSession:
+    cfg = RuntimeConfig(enabled=True, outdir=str(tmp_path), backend="storage", **settings)
+    return TracingSession(cfg, ParallelInfo())
+
+
+def _model() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+
+def _hooks_on(model: torch.nn.Module) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()) + sum(
+        len(p._backward_hooks or {}) + len(getattr(p, "_post_accumulate_grad_hooks", None) or {})
+        for p in model.parameters()
+    )
+
+
+def _one_step(session: TracingSession, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    session.step_start(0)
+    model(torch.randn(4, 8)).sum().backward()
+    session.forward_backward_end()
+    session.optimizer_step_start()
+    opt.step()
+    session.optimizer_step_end()
+    session.step_end()
+
+
+def test_lifecycle_moves_through_the_states_and_finalize_is_reentrant(tmp_path):
+    session = _session(tmp_path)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert session.state is SessionState.IDLE
+    session.attach_model([model])
+    session.attach_optimizers([opt])
+    session.start()
+    assert session.state is SessionState.TRACING and session.active
+    _one_step(session, model, opt)
+    session.finalize()
+    assert session.state is SessionState.FINALIZED and session.status is ReportStatus.COMPLETE
+    first = session.report_path
+    assert first is not None
+    session.finalize()  # second call: nothing happens, nothing raises
+    session.start()  # a finalized session never restarts
+    assert session.state is SessionState.FINALIZED and session.report_path == first
+
+
+def test_teardown_removes_everything_start_installed_in_reverse_order(tmp_path, monkeypatch):
+    session = _session(tmp_path)
+    model = _model()
+    session.attach_model([model])
+    before_hook, before_mode = sys.excepthook, _get_current_dispatch_mode()
+    ran: list[str] = []
+    original = Teardown.unwind
+
+    def recording_unwind(self, on_error):
+        order = original(self, on_error)
+        ran.extend(order)
+        return order
+
+    monkeypatch.setattr(Teardown, "unwind", recording_unwind)
+    session.start()
+    assert _hooks_on(model) > 0 and sys.excepthook is not before_hook
+    assert _get_current_dispatch_mode() is not None  # the storage ledger's dispatch mode
+    session.finalize()
+    assert ran == ["crash_guard", "remove_hooks", "backend", "final_report", "trace_sink"]
+    assert _hooks_on(model) == 0
+    assert sys.excepthook is before_hook and _get_current_dispatch_mode() is before_mode
+    assert session.hook_counts["hook_handles_removed"] > 0
+
+
+def test_a_failed_start_unwinds_what_was_installed_and_reraises(tmp_path, monkeypatch):
+    session = _session(tmp_path)
+    model = _model()
+    session.attach_model([model])
+
+    def broken(self):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(TracingSession, "_start_profiling", broken)
+    with pytest.raises(OSError, match="disk full"):
+        session.start()
+    assert session.state is SessionState.FINALIZED
+    assert _hooks_on(model) == 0 and _get_current_dispatch_mode() is None
+    assert session.report_path is None  # no report for a run that never traced
+
+
+def test_a_failing_callback_is_logged_once_and_switched_off(tmp_path):
+    session = _session(tmp_path)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    session.attach_model([model])
+    session.start()
+    assert session.tracer is not None
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("injected")
+
+    session.tracer.phase_end = boom  # type: ignore[method-assign]
+    for _ in range(3):
+        _one_step(session, model, opt)
+    session.finalize()
+    rows = {row["site"]: row for row in session.failures.to_list()}
+    assert set(rows) == {
+        "on_forward_backward_end",
+        "on_optimizer_step_start",
+        "on_optimizer_step_end",
+    }
+    assert all(row["count"] == 1 for row in rows.values())
+    assert session.status is ReportStatus.COMPLETE
+
+
+def test_a_rank_that_is_not_traced_is_disabled_and_inert(tmp_path):
+    cfg = RuntimeConfig(enabled=True, outdir=str(tmp_path), ranks=[3])
+    session = TracingSession(cfg, ParallelInfo(rank=0))
+    assert session.state is SessionState.DISABLED
+    session.start()
+    session.step_start(0)
+    session.finalize()
+    assert session.state is SessionState.DISABLED and not list(tmp_path.iterdir())
+
+
+def test_teardown_runs_every_action_even_when_one_fails():
+    teardown, ran, errors = Teardown(), [], []
+    teardown.push("a", lambda: ran.append("a"))
+    teardown.push("b", lambda: 1 / 0)
+    teardown.push("c", lambda: ran.append("c"))
+    assert teardown.unwind(lambda site, exc: errors.append(site)) == ["c", "b", "a"]
+    assert ran == ["c", "a"] and errors == ["b"] and len(teardown) == 0

@@ -1,0 +1,88 @@
+"""The plain-PyTorch adapter: a few lines give an nn.Module + optimizer loop the same reports."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from memscope.integrations.torch import MemScopeTorchRuntime
+
+
+def _tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _train(runtime: MemScopeTorchRuntime, model, opt, steps: int) -> list[float]:
+    torch.manual_seed(0)
+    losses = []
+    for step in range(steps):
+        with runtime.step(step):
+            loss = model(torch.randn(16, 32)).square().mean()
+            loss.backward()
+            with runtime.optimizer_step():
+                opt.step()
+            opt.zero_grad(set_to_none=False)
+        losses.append(loss.item())
+    return losses
+
+
+def _build():
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 8))
+    return model, torch.optim.Adam(model.parameters(), lr=1e-3)
+
+
+def test_plain_torch_loop_gets_a_report_with_exact_model_and_optimizer_bytes(tmp_path):
+    model, opt = _build()
+    with MemScopeTorchRuntime(model, opt, outdir=str(tmp_path), backend="storage") as ms:
+        _train(ms, model, opt, 3)
+    assert ms.report_path == str(tmp_path / "rank00000" / "runtime_report.json")
+    report = json.loads((tmp_path / "rank00000" / "runtime_report.json").read_text())
+    assert report["status"] == "complete" and report["errors"] == []
+    assert [s["step"] for s in report["steps"]] == [0, 1, 2]
+    end = report["steps"][-1]["categories_end"]
+    params = list(model.parameters())
+    assert end["parameters"] == _tensor_bytes(params)
+    assert end["gradients"] == _tensor_bytes(p.grad for p in params)
+    state = [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+    assert end["optimizer_state"] == _tensor_bytes(state)
+    modules = {row["module"] for row in report["module_summary"]}
+    assert {"0", "1", "2", "model"} <= modules  # every module of the Sequential has events
+    assert report["comparisons"]["status"] == "missing"
+    assert "Megatron config" in report["comparisons"]["reason"]
+    assert report["metadata"]["dtype"] == "float32"
+
+
+def test_tracing_leaves_the_losses_of_a_plain_loop_unchanged(tmp_path):
+    model, opt = _build()
+    with MemScopeTorchRuntime(model, opt, outdir=str(tmp_path), backend="storage") as ms:
+        traced = _train(ms, model, opt, 3)
+    model, opt = _build()
+    off = MemScopeTorchRuntime(model, opt, outdir=str(tmp_path / "off"), ranks=[7])
+    plain = _train(off, model, opt, 3)  # rank 0 is not in ranks: every call is a no-op
+    assert traced == plain
+
+
+def test_an_exception_in_the_loop_marks_the_report_crashed_and_propagates(tmp_path):
+    model, opt = _build()
+    with (
+        pytest.raises(RuntimeError, match="boom"),
+        MemScopeTorchRuntime(model, opt, outdir=str(tmp_path), backend="storage") as ms,
+        ms.step(0),
+    ):
+        model(torch.randn(2, 32)).sum().backward()
+        raise RuntimeError("boom")
+    report = json.loads((tmp_path / "rank00000" / "runtime_report.json").read_text())
+    assert report["status"] == "crashed" and "boom" in report["status_reason"]
+
+
+def test_optimizer_step_outside_a_step_is_a_user_error(tmp_path):
+    model, opt = _build()
+    with (
+        MemScopeTorchRuntime(model, opt, outdir=str(tmp_path)) as ms,
+        pytest.raises(ValueError, match="inside"),
+        ms.optimizer_step(),
+    ):
+        opt.step()
