@@ -176,6 +176,11 @@ class RuntimeConfig:
     detail_steps: int = setting(2, "Traced steps whose module/grad events are kept in the report")
     max_trace_events: int = setting(200_000, "Upper bound on events held in memory for the report")
     trace_jsonl: bool = setting(True, "Stream every event to rankNNNNN/trace.jsonl")
+    trace_max_mib: int = setting(
+        1024,
+        "Size cap of trace.jsonl in MiB: past it the trace rotates to trace.1.jsonl (0: no cap)",
+        metavar="MIB",
+    )
     report_interval: int = setting(50, "Rewrite the report every N steps (0: only at the end)")
     record_tensor_shapes: bool = setting(True, "Record input/output shapes")
     enable_profiler: bool = setting(False, "torch.profiler on a step schedule")
@@ -232,10 +237,10 @@ class RuntimeConfig:
                 f"memscope step_end ({self.step_end}) must be greater than step_start "
                 f"({self.step_start})"
             )
-        if self.detail_steps < 0 or self.max_trace_events < 0 or self.report_interval < 0:
-            raise ValueError(
-                "memscope detail_steps, max_trace_events, report_interval must be >= 0"
-            )
+        counts = ("detail_steps", "max_trace_events", "report_interval", "trace_max_mib")
+        for name in counts:
+            if getattr(self, name) < 0:
+                raise ValueError(f"memscope {name} must be >= 0, got {getattr(self, name)}")
         self.profiler_schedule.validate("memscope profiler")
         self.snapshot_schedule.validate("memscope snapshot")
         return self

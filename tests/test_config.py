@@ -85,9 +85,9 @@ def test_report_dict_keeps_the_nested_schedule_schema():
         "enabled", "outdir", "top_k", "backend", "hook_modules", "hook_output_grads",
         "hook_param_grads", "sync_on_step_boundaries", "sync_on_module_hooks", "ranks",
         "step_start", "step_end", "hook_steps", "detail_steps", "max_trace_events",
-        "trace_jsonl", "report_interval", "record_tensor_shapes", "enable_profiler",
-        "profiler_ranks", "profiler_schedule", "enable_memory_snapshot", "snapshot_ranks",
-        "snapshot_schedule", "snapshot_max_entries", "snapshot_stacks",
+        "trace_jsonl", "trace_max_mib", "report_interval", "record_tensor_shapes",
+        "enable_profiler", "profiler_ranks", "profiler_schedule", "enable_memory_snapshot",
+        "snapshot_ranks", "snapshot_schedule", "snapshot_max_entries", "snapshot_stacks",
     ]  # fmt: skip
     assert report["profiler_schedule"] == {"wait": 1, "warmup": 1, "active": 2}
     assert report["snapshot_schedule"] == {"wait": 0, "warmup": 0, "active": 2}

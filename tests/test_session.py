@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
-import pytest
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
@@ -77,13 +77,20 @@ def test_teardown_removes_everything_start_installed_in_reverse_order(tmp_path, 
     assert _hooks_on(model) > 0 and sys.excepthook is not before_hook
     assert _get_current_dispatch_mode() is not None  # the storage ledger's dispatch mode
     session.finalize()
-    assert ran == ["crash_guard", "remove_hooks", "backend", "final_report", "trace_sink"]
+    assert ran == [
+        "crash_guard",
+        "remove_hooks",
+        "backend",
+        "final_report",
+        "trace_sink",
+        "rank_dir_lock",
+    ]
     assert _hooks_on(model) == 0
     assert sys.excepthook is before_hook and _get_current_dispatch_mode() is before_mode
     assert session.hook_counts["hook_handles_removed"] > 0
 
 
-def test_a_failed_start_unwinds_what_was_installed_and_reraises(tmp_path, monkeypatch):
+def test_a_failed_start_unwinds_what_was_installed_and_leaves_training_alone(tmp_path, monkeypatch):
     session = _session(tmp_path)
     model = _model()
     session.attach_model([model])
@@ -92,11 +99,17 @@ def test_a_failed_start_unwinds_what_was_installed_and_reraises(tmp_path, monkey
         raise OSError("disk full")
 
     monkeypatch.setattr(TracingSession, "_start_profiling", broken)
-    with pytest.raises(OSError, match="disk full"):
-        session.start()
-    assert session.state is SessionState.FINALIZED
+    session.start()
+    assert session.state is SessionState.FINALIZED and "disk full" in session.start_error
+    assert [row["site"] for row in session.failures.to_list()] == ["start"]
     assert _hooks_on(model) == 0 and _get_current_dispatch_mode() is None
-    assert session.report_path is None  # no report for a run that never traced
+    assert session.report_path is not None  # what was recorded, and why it ended
+    with open(session.report_path, encoding="utf-8") as f:
+        report = json.load(f)
+    assert report["status"] == "incomplete" and "disk full" in report["status_reason"]
+    assert [e["site"] for e in report["errors"]] == ["start"]
+    session.step_start(0)  # every later call is a no-op
+    session.finalize()
 
 
 def test_a_failing_callback_is_logged_once_and_switched_off(tmp_path):

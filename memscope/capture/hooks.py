@@ -106,16 +106,22 @@ class HookSet:
         return removed
 
     # -- hook factories --------------------------------------------------------------------
+    # Every hook body runs inside two nets: the inner one reports a failure to the sink (which
+    # turns that hook family off); the outer one catches a failure of the safety net itself
+    # (``family_enabled``, ``hook_failed``, the failure log), so nothing ever reaches the model.
     def _pre_hook(self, label: ModuleLabel):  # type: ignore[no-untyped-def]
         sink = self._sink
 
         def hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            if not sink.family_enabled("module_hooks"):
-                return
             try:
-                sink.module_enter(label, args, kwargs)
-            except Exception as exc:
-                sink.hook_failed("module_hooks", exc)
+                if not sink.family_enabled("module_hooks"):
+                    return
+                try:
+                    sink.module_enter(label, args, kwargs)
+                except Exception as exc:
+                    sink.hook_failed("module_hooks", exc)
+            except Exception:
+                return
 
         return hook
 
@@ -125,21 +131,24 @@ class HookSet:
         def hook(
             module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
         ) -> None:
-            if not sink.family_enabled("module_hooks"):
-                return
             try:
-                wanting_grads = sink.module_exit(label, output)
-            except Exception as exc:
-                sink.hook_failed("module_hooks", exc)
+                if not sink.family_enabled("module_hooks"):
+                    return
+                try:
+                    wanting_grads = sink.module_exit(label, output)
+                except Exception as exc:
+                    sink.hook_failed("module_hooks", exc)
+                    return
+                if wanting_grads and sink.family_enabled("output_grad_hooks"):
+                    mb = getattr(sink, "current_microbatch", None)
+                    for tensor in wanting_grads:
+                        try:
+                            tensor.register_hook(self._output_grad_hook(label, mb))
+                        except Exception as exc:
+                            sink.hook_failed("output_grad_hooks", exc)
+                            break
+            except Exception:
                 return
-            if wanting_grads and sink.family_enabled("output_grad_hooks"):
-                mb = getattr(sink, "current_microbatch", None)
-                for tensor in wanting_grads:
-                    try:
-                        tensor.register_hook(self._output_grad_hook(label, mb))
-                    except Exception as exc:
-                        sink.hook_failed("output_grad_hooks", exc)
-                        break
 
         return hook
 
@@ -147,12 +156,15 @@ class HookSet:
         sink = self._sink
 
         def hook(grad: torch.Tensor) -> None:
-            if not sink.family_enabled("output_grad_hooks"):
-                return
             try:
-                sink.output_grad(label, microbatch, grad)
-            except Exception as exc:
-                sink.hook_failed("output_grad_hooks", exc)
+                if not sink.family_enabled("output_grad_hooks"):
+                    return
+                try:
+                    sink.output_grad(label, microbatch, grad)
+                except Exception as exc:
+                    sink.hook_failed("output_grad_hooks", exc)
+            except Exception:
+                return
 
         return hook
 
@@ -160,12 +172,15 @@ class HookSet:
         sink = self._sink
 
         def hook(grad: torch.Tensor) -> None:
-            if not sink.family_enabled("param_grad_hooks"):
-                return
             try:
-                sink.param_grad_ready(name, grad)
-            except Exception as exc:
-                sink.hook_failed("param_grad_hooks", exc)
+                if not sink.family_enabled("param_grad_hooks"):
+                    return
+                try:
+                    sink.param_grad_ready(name, grad)
+                except Exception as exc:
+                    sink.hook_failed("param_grad_hooks", exc)
+            except Exception:
+                return
 
         return hook
 
@@ -173,11 +188,14 @@ class HookSet:
         sink = self._sink
 
         def hook(param: torch.Tensor) -> None:
-            if not sink.family_enabled("param_grad_hooks"):
-                return
             try:
-                sink.param_grad_accumulated(name, param)
-            except Exception as exc:
-                sink.hook_failed("param_grad_hooks", exc)
+                if not sink.family_enabled("param_grad_hooks"):
+                    return
+                try:
+                    sink.param_grad_accumulated(name, param)
+                except Exception as exc:
+                    sink.hook_failed("param_grad_hooks", exc)
+            except Exception:
+                return
 
         return hook

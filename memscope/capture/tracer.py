@@ -88,6 +88,7 @@ class MemoryTracer:
         self._sync_steps = config.sync_on_step_boundaries and caps.can_synchronize
         self._peak_context = caps.peak_context
         self._shapes = config.record_tensor_shapes
+        self._host_rss = True
 
     # -- families & failures ---------------------------------------------------------------
     def family_enabled(self, family: str) -> bool:
@@ -237,6 +238,17 @@ class MemoryTracer:
         )
 
     # -- step boundaries -------------------------------------------------------------------
+    def _read_host_rss(self) -> int | None:
+        """Host RSS, or ``None`` once reading it has failed (only that reading turns off)."""
+        if not self._host_rss:
+            return None
+        try:
+            return host_rss_bytes()
+        except Exception as exc:
+            self._host_rss = False
+            self.failures.record("host_rss", exc)
+            return None
+
     def _step_phase(self, phase: str, before: MemorySample, notes: str) -> MemorySample:
         after = self._sample(detailed=True)
         extra: dict[str, Any] = {}
@@ -249,7 +261,7 @@ class MemoryTracer:
             "",
             before,
             after,
-            host_rss_bytes=host_rss_bytes(),
+            host_rss_bytes=self._read_host_rss(),
             device=after.device,
             notes=notes,
             **extra,

@@ -14,7 +14,9 @@ from memscope.capture.backends.base import MemoryBackend
 from memscope.capture.parallel import ParallelInfo
 from memscope.capture.tracer import MemoryTracer
 from memscope.config import RuntimeConfig
+from memscope.events.trace_sink import BufferedTraceWriter
 from memscope.events.trace_store import BoundedTraceStore
+from memscope.session.run_identity import RunIdentity
 
 TRACE_POLICY = (
     "step phases for up to 2000 steps (then evenly thinned); module/grad events for the first "
@@ -31,6 +33,7 @@ def runtime_metadata(
     tracer: MemoryTracer | None,
     hook_counts: Mapping[str, int],
     framework: Mapping[str, Any],
+    run: RunIdentity,
 ) -> dict[str, Any]:
     """Typed facts about this rank and run; ``framework`` holds the adapter's own facts
     (``dtype``, framework versions)."""
@@ -48,6 +51,9 @@ def runtime_metadata(
         "tool_version": __version__,
         "hostname": socket.gethostname(),
         "pid": os.getpid(),
+        "run_id": run.run_id,
+        "run_id_source": run.source,
+        "start_time": run.start_time,
         "steps_completed": tracer.steps_completed if tracer else 0,
         "last_step": tracer.step if tracer else None,
         **hook_counts,
@@ -60,6 +66,7 @@ def trace_info(
     store: BoundedTraceStore,
     step_summaries_thinned: int,
     jsonl: str | None,
+    writer: BufferedTraceWriter | None,
 ) -> dict[str, Any]:
     """The report's ``trace`` section: what was recorded and what the report holds."""
     return {
@@ -72,5 +79,7 @@ def trace_info(
         "step_summaries_thinned": step_summaries_thinned,
         "step_phase_steps_thinned": store.steps_thinned,
         "jsonl": jsonl,
+        "jsonl_events_dropped": writer.dropped if writer is not None else 0,
+        "jsonl_rotations": writer.sink.rotations if writer is not None else 0,
         "policy": TRACE_POLICY,
     }

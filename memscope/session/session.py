@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -60,6 +61,12 @@ from memscope.reporters.markdown import render_runtime_markdown
 from memscope.reporters.runtime_json import RuntimeReportInputs, build_runtime_report
 from memscope.session.crash_guard import CrashGuard
 from memscope.session.report_assembly import runtime_metadata, trace_info
+from memscope.session.run_identity import (
+    claim_rank_dir,
+    release_rank_dir,
+    run_identity,
+    touch_lock,
+)
 from memscope.session.state import ReportStatus, SessionState
 from memscope.session.teardown import Teardown
 
@@ -79,12 +86,15 @@ def _isolated(site: str) -> Callable[[F], F]:
     def wrap(fn: F) -> F:
         @functools.wraps(fn)
         def inner(self: TracingSession, *args: Any, **kwargs: Any) -> Any:
-            if self.state is not SessionState.TRACING or self.failures.is_disabled(site):
-                return None
             try:
-                return fn(self, *args, **kwargs)
-            except Exception as exc:
-                self._failed(site, exc)
+                if self.state is not SessionState.TRACING or self.failures.is_disabled(site):
+                    return None
+                try:
+                    return fn(self, *args, **kwargs)
+                except Exception as exc:
+                    self._failed(site, exc)
+                    return None
+            except Exception:  # the safety net itself failed: stay out of training's way
                 return None
 
         return inner  # type: ignore[return-value]
@@ -130,6 +140,8 @@ class TracingSession:
         self._framework_metadata = framework_metadata or dict
         self._grad_attributes = tuple(grad_attributes)
         self.report_dir = os.path.join(config.outdir, f"rank{self.rank:05d}")
+        self.run = run_identity()
+        self.start_error = ""
         self.backend_name = resolve_backend_name(config.backend)
         traced = config.enabled and config.traces_rank(self.rank)
         self.state = SessionState.IDLE if traced else SessionState.DISABLED
@@ -171,41 +183,83 @@ class TracingSession:
 
     # -- what to trace ---------------------------------------------------------------------
     def attach_model(self, chunks: Sequence[torch.nn.Module]) -> None:
-        """The model chunks to hook (already unwrapped by the adapter)."""
-        if not self.enabled:
+        """The model chunks to hook (already unwrapped by the adapter). Never raises: a
+        wrong argument is reported once and this rank is left untraced."""
+        if self.state in (SessionState.DISABLED, SessionState.FINALIZED):
             return
-        self.chunks = list(chunks)
-        if self.active:
-            if self.policy is not None:
+        try:
+            found = list(chunks)
+            bad = [type(c).__name__ for c in found if not isinstance(c, torch.nn.Module)]
+            if bad:
+                raise TypeError(f"expected torch.nn.Module chunks, got {', '.join(bad)}")
+            self.chunks = found
+            if self.active:
+                assert self.policy is not None
                 self.policy.set_model(self.chunks)
-            self._attach_hooks()
+                self._attach_hooks()
+        except Exception as exc:
+            self.abandon("attach_model", exc)
 
     def attach_optimizers(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
-        """The torch optimizers whose state is ``optimizer_state`` (exact backends)."""
-        if not self.enabled:
+        """The torch optimizers whose state is ``optimizer_state`` (exact backends). Never
+        raises: a failure is reported once and optimizer state goes uncategorised."""
+        if self.state in (SessionState.DISABLED, SessionState.FINALIZED):
             return
-        self.optimizers = list(optimizers)
-        if self.active and self.policy is not None:
-            self.policy.set_optimizers(self.optimizers)
+        try:
+            found = list(optimizers)
+            bad = [type(o).__name__ for o in found if not isinstance(o, torch.optim.Optimizer)]
+            if bad:
+                raise TypeError(f"expected torch.optim.Optimizer, got {', '.join(bad)}")
+            self.optimizers = found
+            if self.active and self.policy is not None:
+                self.policy.set_optimizers(self.optimizers)
+        except Exception as exc:
+            self._failed("attach_optimizer", exc)
+            self.optimizers = []
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
-        """Begin tracing: backend, trace file, tracer, hooks, profiler, crash handlers."""
+        """Begin tracing: backend, trace file, tracer, hooks, profiler, crash handlers.
+
+        Never raises: if anything fails, everything installed so far is removed, the reason
+        is logged once (``start_error``) and training goes on untraced. The first report is
+        written before this returns, so a run killed at once still leaves one.
+        """
         if self.state is not SessionState.IDLE:
             return
         self.state = SessionState.STARTING
         try:
             self._start()
-        except BaseException:
-            # Leave nothing behind: no dispatch mode, no hooks, no open file.
-            self._teardown.unwind(self._failed)
-            self.state = SessionState.FINALIZED
-            raise
+        except Exception as exc:
+            self.abandon("start", exc)
+            return
         self.state = SessionState.TRACING
+        self.write_report()
+
+    def abandon(self, site: str, exc: BaseException) -> None:
+        """Give up tracing on this rank after ``exc`` at ``site``: log it once, remove
+        everything installed, leave training untraced. Never raises."""
+        try:
+            self.start_error = f"{site}: {type(exc).__name__}: {exc}"
+            self._failed(site, exc)
+            if self.status is ReportStatus.RUNNING:
+                self.status = ReportStatus.INCOMPLETE
+                self.status_reason = f"tracing stopped at {site}: {type(exc).__name__}: {exc}"
+            self.state = SessionState.STOPPING
+            self._teardown.unwind(self._failed)
+        except Exception:
+            pass
+        finally:
+            self.state = SessionState.FINALIZED
 
     def _start(self) -> None:
         cfg = self.config
-        os.makedirs(self.report_dir, exist_ok=True)
+        claim = claim_rank_dir(self.report_dir, self.run)
+        self._teardown.push("rank_dir_lock", lambda: release_rank_dir(claim.directory))
+        self.report_dir = claim.directory
+        if claim.note:
+            warnings.warn(claim.note, stacklevel=3)
+            self.warnings.append(claim.note)
         self.warnings += cfg.warn_ignored(torch.cuda.is_available(), self.backend_name)
         self.static = resolve_static_estimate(
             self.static_estimate_provider, self.no_estimate_reason
@@ -217,7 +271,11 @@ class TracingSession:
         self._steps = next(a for a in self.analyzers if isinstance(a, StepAnalyzer))
         consumers += [self.store, *self.analyzers]
         if cfg.trace_jsonl:
-            sink = JsonlTraceSink(os.path.join(self.report_dir, TRACE_JSONL), self._trace_header())
+            sink = JsonlTraceSink(
+                os.path.join(self.report_dir, TRACE_JSONL),
+                self._trace_header(),
+                max_bytes=cfg.trace_max_mib * 2**20,
+            )
             self._trace = BufferedTraceWriter(sink)
             self._teardown.push("trace_sink", self._trace.close)
             consumers.append(self._trace)
@@ -251,6 +309,7 @@ class TracingSession:
             "rank": self.rank,
             "world_size": self.parallel.world_size,
             "tool_version": __version__,
+            "run_id": self.run.run_id,
             "parallel": self.parallel.to_dict(),
             "backend": self.backend_name,
             "config": self.config.to_report_dict(),
@@ -334,9 +393,14 @@ class TracingSession:
     def step_start(self, step: int, notes: str = "") -> None:
         """Before the step's forward-backward passes; opens the step's high-water window."""
         assert self.tracer is not None
+        try:
+            number = int(step)
+        except (TypeError, ValueError, OverflowError) as exc:  # only the step number is lost
+            self.failures.record("step_argument", exc, disable=False)
+            number = self.tracer.step + 1
         if self.snapshot is not None:
-            self.snapshot.on_step_start(step)
-        self.tracer.step_start(int(step), notes)
+            self.snapshot.on_step_start(number)
+        self.tracer.step_start(number, notes)
 
     @_isolated("on_forward_backward_end")
     def forward_backward_end(self, notes: str = "") -> None:
@@ -362,8 +426,7 @@ class TracingSession:
         assert self.tracer is not None
         tracer = self.tracer
         tracer.step_end(notes)
-        if self._trace is not None:
-            self._trace.flush()
+        self._flush_trace()
         if self.profiler is not None:
             self.profiler.step()
         if self.snapshot is not None:
@@ -375,6 +438,16 @@ class TracingSession:
     # -- failures and crash paths ----------------------------------------------------------
     def _failed(self, site: str, exc: BaseException) -> None:
         self.failures.record(site, exc)
+
+    def _flush_trace(self) -> None:
+        """Write buffered events to trace.jsonl; a failure (full disk...) is reported and
+        retried at the next flush, and never stops the report from being written."""
+        if self._trace is None:
+            return
+        try:
+            self._trace.flush()
+        except Exception as exc:
+            self.failures.record("trace_sink", exc, disable=False)
 
     def record_exception(self, exc: BaseException) -> None:
         """A training failure (OOM or other): mark the report and write what was recorded."""
@@ -421,6 +494,7 @@ class TracingSession:
             tracer=self.tracer,
             hook_counts=self.hook_counts,
             framework=self._framework_metadata(),
+            run=self.run,
         )
 
     def build_report(self) -> dict[str, Any]:
@@ -435,7 +509,11 @@ class TracingSession:
                 sections=build_sections(self.analyzers),
                 events=self.store.events,
                 trace_info=trace_info(
-                    self.tracer, self.store, self._steps.thinned, artifacts.get("trace_jsonl")
+                    self.tracer,
+                    self.store,
+                    self._steps.thinned,
+                    artifacts.get("trace_jsonl"),
+                    self._trace,
                 ),
                 metadata=self.metadata(),
                 status=self.status.value,
@@ -454,15 +532,18 @@ class TracingSession:
         if self.snapshot is not None:
             for i, path in enumerate(self.snapshot.snapshots):
                 out.setdefault(f"memory_snapshot_{i}", os.path.basename(path))
-        return out
+        return {
+            name: rel
+            for name, rel in out.items()
+            if os.path.exists(os.path.join(self.report_dir, rel))
+        }
 
     def write_report(self) -> str | None:
         """Write ``runtime_report.json`` and ``.md`` atomically; returns the JSON path."""
         if self.tracer is None or self.state not in (SessionState.TRACING, SessionState.STOPPING):
             return None
+        self._flush_trace()
         try:
-            if self._trace is not None:
-                self._trace.flush()
             report = self.build_report()
             path = os.path.join(self.report_dir, REPORT_JSON)
             atomic_write_json(path, report)
@@ -470,7 +551,8 @@ class TracingSession:
                 os.path.join(self.report_dir, REPORT_MD), render_runtime_markdown(report)
             )
             self.report_path = path
+            touch_lock(self.report_dir)
             return path
-        except Exception as exc:
-            self._failed("write_report", exc)
+        except Exception as exc:  # retried at the next interval and at finalize
+            self.failures.record("write_report", exc, disable=False)
             return None

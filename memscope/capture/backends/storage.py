@@ -30,6 +30,7 @@ from memscope.capture.backends.base import (
     MemorySample,
 )
 from memscope.capture.backends.registry import BackendSpec, register_backend
+from memscope.capture.dispatch_stack import remove_dispatch_mode
 from memscope.events.schema import CAT_OTHER, CATEGORIES, PeakContext
 
 
@@ -176,15 +177,17 @@ class StorageLedgerBackend(MemoryBackend):
         self.active = True
 
     def stop(self) -> None:
+        """Leave the dispatch stack: exactly our mode, whatever was entered after it."""
         self.active = False
         mode, self._mode = self._mode, None
         if mode is not None:
-            mode.__exit__(None, None, None)
+            remove_dispatch_mode(mode)
 
     def fail(self, exc: BaseException) -> None:
-        """Stop accounting after an internal error; the reason is kept for the report."""
+        """Stop accounting after an internal error; the first reason is kept for the report."""
         self.active = False
-        self.error = f"{type(exc).__name__}: {exc}"
+        if self.error is None:
+            self.error = f"{type(exc).__name__}: {exc}"
 
     # -- accounting ------------------------------------------------------------------------
     def observe(self, out: Any, resized: bool = False) -> None:
@@ -288,11 +291,17 @@ class StorageLedgerBackend(MemoryBackend):
             self._peak_categories = tuple(self._totals)
 
     def _release(self, entry: _Entry) -> None:
-        with self._lock:
-            if self._live.get(entry.key) is entry:
-                del self._live[entry.key]
-                self._totals[entry.category] -= entry.nbytes
-                self._current -= entry.nbytes
+        # Runs inside the garbage collector / refcount drop of a storage: it must never raise.
+        if self.error is not None:
+            return
+        try:
+            with self._lock:
+                if self._live.get(entry.key) is entry:
+                    del self._live[entry.key]
+                    self._totals[entry.category] -= entry.nbytes
+                    self._current -= entry.nbytes
+        except Exception as exc:
+            self.fail(exc)
 
     # -- readings --------------------------------------------------------------------------
     def sample(self, detailed: bool = False) -> MemorySample:

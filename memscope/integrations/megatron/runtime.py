@@ -118,13 +118,23 @@ class MemScopeMegatronRuntime:
 
     def attach_model(self, model: torch.nn.Module | list[torch.nn.Module]) -> None:
         """Hook a module or Megatron's list of model chunks (every virtual stage)."""
-        chunks = list(model) if isinstance(model, (list, tuple)) else [model]
-        self.session.attach_model([unwrap_module(c) for c in chunks])
+        try:
+            chunks = list(model) if isinstance(model, (list, tuple)) else [model]
+            unwrapped = [unwrap_module(c) if isinstance(c, torch.nn.Module) else c for c in chunks]
+        except Exception as exc:
+            self.session.abandon("attach_model", exc)
+            return
+        self.session.attach_model(unwrapped)
 
     def attach_optimizer(self, optimizer: Any) -> None:
         """Optional: lets the exact backend classify optimizer state and master weights."""
         self.optimizer = optimizer
-        self.session.attach_optimizers(torch_optimizers(optimizer))
+        try:
+            found = torch_optimizers(optimizer)
+        except Exception as exc:
+            self.session.failures.record("attach_optimizer", exc)  # state left uncategorised
+            return
+        self.session.attach_optimizers(found)
 
     # -- lifecycle, delegated --------------------------------------------------------------
     def start(self) -> None:

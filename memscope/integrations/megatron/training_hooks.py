@@ -70,6 +70,8 @@ class TrainingHooks:
         except Exception as exc:
             logger.warning("memscope: tracing not started (%s: %s)", type(exc).__name__, exc)
             return
+        if not runtime.active:  # start() logged why, once; this rank trains untraced
+            return
         self.runtime = runtime
         if _is_rank_zero():
             logger.info("memscope: tracing on, reports under %s", runtime.config.outdir)

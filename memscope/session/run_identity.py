@@ -1,0 +1,160 @@
+"""Which run a report belongs to, and a lock so two runs never write one rank folder.
+
+The run id is what the launcher says the job is (``MEMSCOPE_RUN_ID``, torchrun's
+``TORCHELASTIC_RUN_ID``, Slurm's job and step ids), so every rank of a job carries the same
+one; without any, it is this process's own id (host, pid, start time), said as such in
+``run_id_source``. It is computed once per process, so a second ``train()`` in the same process
+is the same run.
+
+A rank folder is claimed with a lock file. A second run that finds the folder locked by a live
+run traces into a folder of its own next to it and says so; a folder left by an earlier,
+finished run is kept, renamed with that run's id, before the new run writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import re
+import socket
+import time
+from dataclasses import dataclass
+
+LOCK_NAME = ".memscope.lock"
+REPORT_NAME = "runtime_report.json"
+#: A lock written from another host counts as live while it was touched this recently.
+REMOTE_LOCK_FRESH_S = 15 * 60
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """The run's id, where it came from, and when this process started tracing."""
+
+    run_id: str
+    source: str
+    start_time: str
+
+
+@functools.lru_cache(maxsize=1)
+def run_identity() -> RunIdentity:
+    """This process's run (cached: one per process)."""
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    env = os.environ
+    for var in ("MEMSCOPE_RUN_ID", "TORCHELASTIC_RUN_ID"):
+        value = env.get(var, "").strip()
+        if value and value != "none":
+            return RunIdentity(_SAFE.sub("_", value)[:80], var, started)
+    if env.get("SLURM_JOB_ID"):
+        step = env.get("SLURM_STEP_ID", "")
+        value = env["SLURM_JOB_ID"] + (f".{step}" if step else "")
+        return RunIdentity(_SAFE.sub("_", value)[:80], "SLURM_JOB_ID", started)
+    own = f"{socket.gethostname()}-{os.getpid()}-{int(time.time())}"
+    return RunIdentity(_SAFE.sub("_", own)[:80], "process", started)
+
+
+@dataclass
+class Claim:
+    """The folder this rank writes to, and what the claim had to say (a warning or empty)."""
+
+    directory: str
+    note: str = ""
+
+
+def _lock_owner(directory: str) -> dict[str, object] | None:
+    try:
+        with open(os.path.join(directory, LOCK_NAME), encoding="utf-8") as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {}
+
+
+def _alive(owner: dict[str, object], directory: str) -> bool:
+    pid = owner.get("pid")
+    if owner.get("host") == socket.gethostname() and isinstance(pid, int):
+        if pid == os.getpid():
+            return False  # our own earlier session in this process: finished or abandoned
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    try:
+        age = time.time() - os.path.getmtime(os.path.join(directory, LOCK_NAME))
+    except OSError:
+        return False
+    return age < REMOTE_LOCK_FRESH_S
+
+
+def _report_run_id(directory: str) -> str | None:
+    if not os.path.isfile(os.path.join(directory, REPORT_NAME)):
+        return None
+    try:
+        with open(os.path.join(directory, REPORT_NAME), encoding="utf-8") as f:
+            meta = json.load(f).get("metadata") or {}
+        run_id = meta.get("run_id")
+        return str(run_id) if run_id else "unknown"
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, AttributeError):
+        return "unknown"
+
+
+def _write_lock(directory: str, run: RunIdentity) -> None:
+    body = {"run_id": run.run_id, "pid": os.getpid(), "host": socket.gethostname()}
+    body["started"] = run.start_time
+    with open(os.path.join(directory, LOCK_NAME), "w", encoding="utf-8") as f:
+        json.dump(body, f)
+
+
+def _free_name(base: str) -> str:
+    candidate, n = base, 1
+    while os.path.exists(candidate):
+        n += 1
+        candidate = f"{base}.{n}"
+    return candidate
+
+
+def claim_rank_dir(directory: str, run: RunIdentity) -> Claim:
+    """Make ``directory`` this run's (or pick another one) and lock it."""
+    owner = _lock_owner(directory)
+    if owner is not None and owner.get("run_id") != run.run_id and _alive(owner, directory):
+        other = _free_name(f"{directory}.run-{run.run_id}")
+        os.makedirs(other)
+        _write_lock(other, run)
+        return Claim(
+            other,
+            f"memscope: {directory} is being written by another run "
+            f"({owner.get('run_id')}, pid {owner.get('pid')} on {owner.get('host')}); "
+            f"this run traces into {other}",
+        )
+    note = ""
+    previous = _report_run_id(directory)
+    if previous is not None and previous != run.run_id:
+        kept = _free_name(f"{directory}.prev-{_SAFE.sub('_', previous)}")
+        os.rename(directory, kept)
+        note = f"memscope: {directory} held the report of run {previous}; kept as {kept}"
+    os.makedirs(directory, exist_ok=True)
+    _write_lock(directory, run)
+    return Claim(directory, note)
+
+
+def release_rank_dir(directory: str) -> None:
+    """Remove our lock (a finished run leaves no lock)."""
+    owner = _lock_owner(directory)
+    if owner is not None and owner.get("pid") == os.getpid():
+        with contextlib.suppress(OSError):
+            os.remove(os.path.join(directory, LOCK_NAME))
+
+
+def touch_lock(directory: str) -> None:
+    """Mark the lock fresh (another host judges liveness by its age)."""
+    with contextlib.suppress(OSError):
+        os.utime(os.path.join(directory, LOCK_NAME))
