@@ -77,6 +77,8 @@ def test_rank_option_details_that_rank(tmp_path, cli):
         ({"train": {"pp": 3}}, "must divide model.num_layers"),
         ({"train": {"dtype": "fp8x"}}, "dtype 'fp8x' is unknown"),
         ({"model": {"num_kv_heads": 5}}, "model.num_query_groups (5) must divide"),
+        ({"train": {"global_batch_size": 100}}, "global_batch_size (100) must be a multiple"),
+        ({"model": {"hidden_size": "4k"}}, "model.hidden_size: expected an integer, got '4k'"),
     ],
 )
 def test_contradictory_config_fails_with_one_line_naming_the_field(tmp_path, cli, change, needle):
@@ -102,3 +104,16 @@ def test_missing_and_truncated_files_fail_cleanly_and_keep_old_reports(tmp_path,
         assert res.returncode == 2 and needle in res.stderr and "Traceback" not in res.stderr
         assert len(res.stderr.strip().splitlines()) == 1
     assert (tmp_path / "static_report.json").read_bytes() == before  # nothing lost
+
+
+def test_warnings_are_one_line_each_and_kept_in_the_report(tmp_path, cli):
+    config = json.loads(pathlib.Path(EXAMPLE).read_text())
+    config["model"]["num_layer"] = 32  # misspelled
+    path = tmp_path / "typo.json"
+    path.write_text(json.dumps(config))
+    res = cli("--config", str(path), "--outdir", str(tmp_path / "out"))
+    assert res.returncode == 0, res.stderr
+    lines = [x for x in res.stderr.splitlines() if ": warning: " in x]
+    assert len(lines) == 1 and "did you mean 'num_layers'?" in lines[0]
+    report = json.loads((tmp_path / "out" / "static_report.json").read_text())
+    assert report["warnings"] == [lines[0].split(f"{path}: ", 1)[1]]

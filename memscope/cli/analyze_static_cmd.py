@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+import warnings
 from dataclasses import replace
 from typing import Any
 
-from memscope.cli.common import CliError, progress
+from memscope.cli.common import CliError, check_output, progress, write_json_output, write_output
 
 
 def register(sub: Any) -> None:
@@ -49,46 +51,63 @@ def run(args: argparse.Namespace) -> int:
     from memscope.analysis.static.estimator import estimate_all_ranks, position_of_rank
     from memscope.analysis.static.report import build_static_report
     from memscope.analysis.static.sources import load_config_file
-    from memscope.io.atomic import atomic_write_json, atomic_write_text
+    from memscope.analysis.static.validation import ConfigWarning, peak_warnings
     from memscope.reporters.static_markdown import render_static_markdown
-    from memscope.units import format_bytes
+    from memscope.units import format_bytes, printable
 
-    try:
-        spec = replace(load_config_file(args.config, args.vocab_size), device=args.device)
-        estimates = estimate_all_ranks(spec)
-        if args.rank is None:
-            selected = max(estimates, key=lambda e: e.peak_memory_bytes)
-        else:
-            position = position_of_rank(spec, args.rank)
-            selected = next(e for e in estimates if e.position == position)
-    except ValueError as exc:
-        raise CliError(f"{args.config}: {exc}") from None
-    report = build_static_report(spec, estimates, selected, args.config)
     json_path = os.path.join(args.outdir, "static_report.json")
-    try:
-        os.makedirs(args.outdir, exist_ok=True)
-        atomic_write_json(json_path, report)
-        atomic_write_text(
-            os.path.join(args.outdir, "static_report.md"), render_static_markdown(report)
-        )
-    except OSError as exc:
-        raise CliError(f"{args.outdir}: cannot write ({exc.strerror})") from None
+    md_path = os.path.join(args.outdir, "static_report.md")
+    for out in (json_path, md_path):  # before any work: regular files, never the config
+        check_output(out, [args.config])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConfigWarning)
+        try:
+            spec = replace(load_config_file(args.config, args.vocab_size), device=args.device)
+            estimates = estimate_all_ranks(spec)
+            if args.rank is None:
+                selected = max(estimates, key=lambda e: e.peak_memory_bytes)
+            else:
+                position = position_of_rank(spec, args.rank)
+                selected = next(e for e in estimates if e.position == position)
+        except ValueError as exc:
+            raise CliError(f"{args.config}: {exc}") from None
+    notes = [str(w.message) for w in caught if issubclass(w.category, ConfigWarning)]
+    for other in caught:  # anything else keeps its usual treatment
+        if not issubclass(other.category, ConfigWarning):
+            warnings.warn_explicit(other.message, other.category, other.filename, other.lineno)
+    notes += peak_warnings(selected.peak_memory_bytes, _first_rank(spec, selected))
+    for note in dict.fromkeys(notes):  # one line each, in order, no repeats
+        print(f"memscope analyze-static: warning: {args.config}: {note}", file=sys.stderr)
+    report = build_static_report(spec, estimates, selected, args.config)
+    report["warnings"] = list(dict.fromkeys(notes))
+    write_json_output(json_path, report, [args.config])
+    write_output(md_path, render_static_markdown(report), [args.config])
     progress(f"wrote {json_path} and static_report.md")
     if args.all_ranks:
         for r in report["ranks"]:
             print(
-                f"tp={r['tp_rank']} pp={r['pp_rank']} ranks {_span(r['global_ranks'])}: peak "
-                f"{format_bytes(r['peak_memory_bytes'])} ({r['peak_stage']})"
+                printable(
+                    f"tp={r['tp_rank']} pp={r['pp_rank']} ranks {_span(r['global_ranks'])}: "
+                    f"peak {format_bytes(r['peak_memory_bytes'])} ({r['peak_stage']})"
+                )
             )
     s = report["summary"]
-    print(
+    line = (
         f"peak {format_bytes(s['peak_memory_bytes'])} on rank {s['global_ranks'][0]} "
         f"(tp={s['tp_rank']} pp={s['pp_rank']}, {s['peak_stage']}): {s['param_count']:,} "
         f"parameters, persistent {format_bytes(s['persistent_memory_bytes'])}, activations "
         f"{format_bytes(s['activation_memory_bytes'])}, temporary "
         f"{format_bytes(s['temporary_memory_bytes'])}"
     )
+    print(printable(line))
     return 0
+
+
+def _first_rank(spec: Any, estimate: Any) -> int:
+    """The lowest global rank holding ``estimate``'s position."""
+    from memscope.analysis.static.estimator import ranks_by_position
+
+    return ranks_by_position(spec)[estimate.position][0]
 
 
 def _span(ranks: list[int]) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from memscope.analysis.static.feature_checks import validate_mla_mtp, validate_moe
+from memscope.analysis.static.validation import check_scale, check_sharding, check_sizes
 
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
@@ -173,6 +174,7 @@ class TrainingSpec:
         ):
             if getattr(m, name) <= 0:
                 raise ValueError(f"model.{name} must be positive, got {getattr(m, name)}")
+        check_sizes(self)
         if m.kv_channels is None and m.hidden_size % m.num_attention_heads:
             raise ValueError(
                 f"model.num_attention_heads ({m.num_attention_heads}) must divide "
@@ -188,6 +190,7 @@ class TrainingSpec:
                 raise ValueError(f"parallel.{name} must be >= 1, got {getattr(p, name)}")
         for tp in sorted({p.tp} | {tp for tp, _ in p.stage_meshes or ()}):
             _validate_tp(m, tp)
+        check_sharding(self)
         _validate_stage_layers(m, p)
         if self.recompute not in RECOMPUTE:
             raise ValueError(f"training.recompute must be one of {RECOMPUTE}")
@@ -195,8 +198,9 @@ class TrainingSpec:
             raise ValueError(f"recompute_method must be one of {RECOMPUTE_METHODS}")
         if self.recompute_num_layers < 1:
             raise ValueError("recompute_num_layers must be >= 1")
-        if self.micro_batch_size < 1 or self.num_microbatches < 1:
-            raise ValueError("micro_batch_size and num_microbatches must be >= 1")
+        for name in ("micro_batch_size", "num_microbatches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"training.{name} must be >= 1, got {getattr(self, name)}")
         chunks = p.pp * (p.vpp or 1)
         uneven = (p.first_stage_layers, p.last_stage_layers, p.stage_layers) != (None,) * 3
         if not uneven and m.num_layers % chunks:
@@ -222,6 +226,7 @@ class TrainingSpec:
             raise ValueError(f"model.transformer_impl must be one of {TRANSFORMER_IMPLS}")
         validate_moe(m, p)
         validate_mla_mtp(m, p)
+        check_scale(self)
         return self
 
 

@@ -19,6 +19,15 @@ import os
 import re
 from typing import Any
 
+from memscope.analysis.static.validation import (
+    as_bool,
+    as_float,
+    as_int,
+    load_yaml,
+    read_config_text,
+    show,
+)
+
 # Keys that only multimodal (vision-language / robotics VLA) training scripts read.
 VISION_KEYS = (
     "freeze_ViT",
@@ -89,37 +98,39 @@ def entrypoint_refusal(path: str) -> str | None:
 def _experiment_train_and_entrypoint(path: str) -> tuple[str | None, str | None]:
     import yaml
 
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except (OSError, yaml.YAMLError):
+    try:  # the same limits as the training YAML itself (size, regular file, no alias bombs)
+        data = load_yaml(read_config_text(path))
+    except (ValueError, yaml.YAMLError, RecursionError):  # YamlRefusal is a ValueError
         return None, None
     if not isinstance(data, dict):
         return None, None
     train = None
-    for item in data.get("defaults") or []:
-        if isinstance(item, dict) and "train" in item:
-            train = str(item["train"])
-    task = (data.get("experiment") or {}).get("task") or {}
+    defaults = data.get("defaults")
+    for item in defaults if isinstance(defaults, list) else []:
+        if isinstance(item, dict) and isinstance(item.get("train"), str):
+            train = item["train"]
+    experiment = data.get("experiment")
+    task = experiment.get("task") if isinstance(experiment, dict) else None
     entry = task.get("entrypoint") if isinstance(task, dict) else None
-    return train, (str(entry) if entry else None)
+    return train, (entry if isinstance(entry, str) and entry else None)
 
 
 def megatron_defaults(merged: dict[str, Any]) -> None:
     """Fill in what Megatron's argparse and ``validate_args`` would (in place)."""
     merged.setdefault("group_query_attention", False)  # a store_true flag
-    if merged.get("ffn_hidden_size") is None and merged.get("swiglu"):
-        h = _as_int(merged.get("hidden_size"), "hidden_size")
+    swiglu = merged.get("swiglu")
+    if merged.get("ffn_hidden_size") is None and swiglu is not None and as_bool(swiglu, "swiglu"):
+        h = as_int(merged.get("hidden_size"), "model.hidden_size", minimum=1)
         multiple = merged.get("multiple_of")
         if multiple is not None:
-            multiple = _as_int(multiple, "multiple_of")
-            width = int(4 * h * 2 / 3)
+            multiple = as_int(multiple, "multiple_of", minimum=1)
+            width = 8 * h // 3  # int(4 * h * 2 / 3), exact for any size
             factor = merged.get("hidden_dim_multiplier")
             if factor is not None:
-                width = int(width * float(factor))
+                width = int(width * as_float(factor, "hidden_dim_multiplier", 0.0, 1e6))
             merged["ffn_hidden_size"] = multiple * ((width + multiple - 1) // multiple)
         else:
-            merged["ffn_hidden_size"] = int((4 * h * 2 / 3) / 64) * 64
+            merged["ffn_hidden_size"] = 8 * h // 3 // 64 * 64  # int((4 * h * 2 / 3) / 64) * 64
 
 
 def apply_hetero(merged: dict[str, Any]) -> None:
@@ -127,14 +138,21 @@ def apply_hetero(merged: dict[str, Any]) -> None:
 
     Each mesh's stages get that mesh's tp and dp (``hetero_stage_meshes``); cp, ep and the
     expert tp must agree across meshes (one spec holds one of each)."""
-    if not merged.get("enable_hetero"):
+    hetero = merged.get("enable_hetero")
+    if hetero is None or not as_bool(hetero, "enable_hetero"):
         return
     meshes = merged.get("hetero_process_meshes")
-    if not isinstance(meshes, list) or not meshes or len(meshes) % 5:
+    if not isinstance(meshes, list) or not meshes or len(meshes) % 5 or len(meshes) > 5 * 4096:
         raise ValueError("hetero_process_meshes: expected a list of [tp, cp, ep, dp, pp] * n")
-    rows = [[_as_int(v, "hetero_process_meshes") for v in meshes[i : i + 5]]
+    rows = [[as_int(v, "hetero_process_meshes", minimum=1) for v in meshes[i : i + 5]]
             for i in range(0, len(meshes), 5)]  # fmt: skip
     etps = merged.get("expert_tensor_parallel_size_per_process_mesh")
+    if etps is not None:
+        if not isinstance(etps, list):
+            raise ValueError(
+                f"expert_tensor_parallel_size_per_process_mesh: expected a list, got {show(etps)}"
+            )
+        etps = [as_int(x, "expert_tensor_parallel_size_per_process_mesh", minimum=1) for x in etps]
     for column, name in ((1, "cp"), (2, "ep")):
         values = [row[column] for row in rows]
         if len(set(values)) > 1:
@@ -142,13 +160,15 @@ def apply_hetero(merged: dict[str, Any]) -> None:
                 f"hetero_process_meshes: the meshes use different {name} sizes {values}; "
                 "estimate each mesh's stages as their own homogeneous config"
             )
-    if isinstance(etps, list) and len({int(x) for x in etps}) > 1:
+    if etps and len(set(etps)) > 1:
         raise ValueError(
             f"expert_tensor_parallel_size_per_process_mesh: different sizes {etps}; one spec "
             "holds one expert tensor-parallel size"
         )
     tp, cp, ep, dp, _ = rows[0]
     pp = sum(row[4] for row in rows)
+    if pp > 4096:
+        raise ValueError(f"hetero_process_meshes: {pp} pipeline stages, more than any real job")
     stages = [(row[0], row[3]) for row in rows for _ in range(row[4])]
     merged.update(
         tensor_model_parallel_size=tp,
@@ -159,12 +179,14 @@ def apply_hetero(merged: dict[str, Any]) -> None:
     )
     if len(set(stages)) > 1:
         merged["hetero_stage_meshes"] = stages
-    if isinstance(etps, list) and etps:
-        merged["expert_tensor_parallel_size"] = int(etps[0])
+    if etps:
+        merged["expert_tensor_parallel_size"] = etps[0]
     split = merged.get("hetero_pipeline_layer_split")
     if split is None:
         return
-    counts = [_as_int(v, "hetero_pipeline_layer_split") for v in split]
+    if not isinstance(split, list):
+        raise ValueError(f"hetero_pipeline_layer_split: expected a list, got {show(split)}")
+    counts = [as_int(v, "hetero_pipeline_layer_split") for v in split]
     if len(counts) != pp:
         raise ValueError(f"hetero_pipeline_layer_split: {len(counts)} stages, the meshes have {pp}")
     merged["hetero_stage_layers"] = counts
@@ -177,7 +199,7 @@ def eval_layer_pattern(text: str, field: str = "moe_layer_freq") -> list[int]:
     """Megatron's list expression (``"[0]+[1]*26"``, ``"([1]*3+[0])*2"``): only integer
     literals, lists/tuples, ``+`` and ``*`` are evaluated; anything else raises."""
     if _PATTERN_CHARS.search(text):
-        raise ValueError(f"{field}: {text!r} is not a list expression of digits, [], (), +, *")
+        raise ValueError(f"{field}: {show(text)} is not a list expression of digits, [], (), +, *")
     try:
         value = _eval_node(ast.parse(text.strip(), mode="eval").body, field, text)
     except (SyntaxError, RecursionError):
@@ -203,12 +225,3 @@ def _eval_node(node: ast.AST, field: str, text: str) -> Any:
             if isinstance(count, int) and size * max(count, 0) <= 1_000_000:
                 return seq * count
     raise ValueError(f"{field}: {text!r} is not a valid list expression")
-
-
-def _as_int(value: Any, field: str) -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    try:
-        return int(str(value))
-    except ValueError:
-        raise ValueError(f"{field}: expected an integer, got {value!r}") from None

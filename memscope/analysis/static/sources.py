@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from typing import Any
 
 from memscope.analysis.static.config import (
@@ -23,11 +24,30 @@ from memscope.analysis.static.config import (
     padded_vocab_size,
 )
 from memscope.analysis.static.flagscale_checks import (
+    VISION_KEYS,
     apply_hetero,
     entrypoint_refusal,
     eval_layer_pattern,
     megatron_defaults,
     refuse_non_gpt,
+)
+from memscope.analysis.static.validation import (
+    MAX_LAYERS,
+    MAX_NESTING,
+    READ_KEYS,
+    ConfigWarning,
+    YamlRefusal,
+    as_bool,
+    as_float,
+    as_int,
+    as_int_list,
+    as_str,
+    check_batch,
+    label,
+    load_yaml,
+    read_config_text,
+    show,
+    unknown_key_warnings,
 )
 
 
@@ -37,57 +57,72 @@ def _get(src: Any, name: str, default: Any = None) -> Any:
 
 
 def _int(src: Any, name: str, default: Any = None, field: str | None = None) -> Any:
-    """``src.name`` as an int (``default`` when absent); a placeholder raises naming it."""
+    """``src.name`` as an int (``default`` when absent); anything else raises naming it."""
     value = _get(src, name, default)
-    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
-        return value
-    try:
-        return int(str(value))
-    except ValueError:
-        hint = ""
-        if "${" in str(value):
-            hint = " (an OmegaConf interpolation the experiment config resolves: give the value)"
-        raise ValueError(f"{field or name}: expected an integer, got {value!r}{hint}") from None
+    return None if value is None else as_int(value, field or label(name))
+
+
+def _size(src: Any, name: str, default: int = 1) -> int:
+    """A parallel size: an integer >= 1."""
+    return as_int(_get(src, name, default), label(name), minimum=1)
+
+
+def _flag(src: Any, name: str, default: bool = False) -> bool:
+    return as_bool(_get(src, name, default), name)
+
+
+def _float(src: Any, name: str, default: float, low: float, high: float | None = None) -> float:
+    field = f"model.{name}" if name.endswith("dropout") else name
+    return as_float(_get(src, name, default), field, low, high)
+
+
+def _name(src: Any, name: str, default: str) -> str:
+    return as_str(_get(src, name, default), name)
 
 
 def _is_int(value: Any) -> bool:
     if isinstance(value, bool):
         return False
-    return isinstance(value, int) or str(value).strip().lstrip("-").isdigit()
+    return isinstance(value, int) or (
+        isinstance(value, str) and value.strip().lstrip("+-").isdigit()
+    )
 
 
 def _vocab(args: Any, tp: int, vocab_size: int | None) -> int:
     """The padded vocabulary: ``padded_vocab_size``, else ``vocab_size`` (or the caller's,
     for a tokenizer-defined vocabulary) padded as Megatron does."""
-    padded = _int(args, "padded_vocab_size")
+    padded = _int(args, "padded_vocab_size", None, "model.padded_vocab_size")
     if padded is not None:
         return int(padded)
     raw = _get(args, "vocab_size")
+    if raw is not None and not isinstance(raw, str):
+        raw = as_int(raw, "model.vocab_size")  # a string may be a tokenizer placeholder
     if raw is None or not _is_int(raw):
         if vocab_size is None:
-            given = f" (the config has the placeholder {raw!r})" if raw is not None else ""
+            given = f" (the config has the placeholder {show(raw)})" if raw is not None else ""
             raise ValueError(
                 f"model.vocab_size: not given{given}; the tokenizer defines it -- pass "
                 "--vocab-size (vocab_size=) with the tokenizer's unpadded vocabulary size"
             )
         raw = vocab_size
-    divisible = _int(args, "make_vocab_size_divisible_by", 128)
+    raw = as_int(raw, "model.vocab_size")
+    divisible = _size(args, "make_vocab_size_divisible_by", 128)
     for stage_tp, _ in _stage_meshes(args) or ():  # hetero: every stage's tp must divide it
-        tp = math.lcm(tp, stage_tp)
-    return padded_vocab_size(int(raw), divisible, tp) if _get(args, "pad_vocab", True) else int(raw)
+        tp = math.lcm(tp, max(stage_tp, 1))
+    return padded_vocab_size(raw, divisible, tp) if _flag(args, "pad_vocab", True) else raw
 
 
 def _moe_pattern(args: Any, num_layers: int) -> tuple[int, ...] | None:
     """Megatron's ``moe_layer_freq``: N (one MoE layer every N, from layer 0), ``"N"``, or a
     list / list expression with one 0 (dense) or 1 (MoE) per layer."""
-    if not _get(args, "num_experts"):
+    if not _int(args, "num_experts", None, "model.num_experts"):
         return None
     freq = _get(args, "moe_layer_freq", 1)
     if isinstance(freq, str) and "[" in freq:
         freq = eval_layer_pattern(freq)
     if isinstance(freq, (list, tuple)):
-        return tuple(int(x) for x in freq)
-    n = _int({"moe_layer_freq": freq}, "moe_layer_freq")
+        return tuple(as_int_list(freq, "moe_layer_freq"))
+    n = as_int(freq, "moe_layer_freq")
     if n < 1:
         raise ValueError(f"moe_layer_freq: must be >= 1, got {n}")
     return tuple(1 if i % n == 0 else 0 for i in range(num_layers))
@@ -95,23 +130,38 @@ def _moe_pattern(args: Any, num_layers: int) -> tuple[int, ...] | None:
 
 def _expert_fields(args: Any, num_layers: int) -> dict[str, Any]:
     """ModelSpec's MoE, MLA and MTP fields from Megatron's argument names."""
+    experts = _int(args, "num_experts", None, "model.num_experts")
+    if experts is not None and experts < 1:
+        raise ValueError(f"model.num_experts must be >= 1, got {experts}")
     out: dict[str, Any] = dict(
-        num_experts=_int(args, "num_experts"),
-        moe_ffn_hidden_size=_int(args, "moe_ffn_hidden_size"),
+        num_experts=experts,
+        moe_ffn_hidden_size=_int(args, "moe_ffn_hidden_size", None, "model.moe_ffn_hidden_size"),
         moe_shared_expert_intermediate_size=_int(args, "moe_shared_expert_intermediate_size"),
         moe_layer_pattern=_moe_pattern(args, num_layers),
-        moe_router_topk=_int(args, "moe_router_topk", 2),
-        moe_grouped_gemm=bool(_get(args, "moe_grouped_gemm", False)),
-        moe_router_enable_expert_bias=bool(_get(args, "moe_router_enable_expert_bias", False)),
-        multi_latent_attention=bool(_get(args, "multi_latent_attention", False)),
+        moe_router_topk=_int(args, "moe_router_topk", 2, "model.moe_router_topk"),
+        moe_grouped_gemm=_flag(args, "moe_grouped_gemm"),
+        moe_router_enable_expert_bias=_flag(args, "moe_router_enable_expert_bias"),
+        multi_latent_attention=_flag(args, "multi_latent_attention"),
         q_lora_rank=_int(args, "q_lora_rank"),
         kv_lora_rank=_int(args, "kv_lora_rank", 32),
         qk_head_dim=_int(args, "qk_head_dim", 128),
         qk_pos_emb_head_dim=_int(args, "qk_pos_emb_head_dim", 64),
         v_head_dim=_int(args, "v_head_dim", 128),
         mtp_num_layers=_int(args, "mtp_num_layers") or None,
-        transformer_impl=str(_get(args, "transformer_impl", "local")),
+        transformer_impl=_name(args, "transformer_impl", "local"),
     )
+    if experts is not None:
+        if not out["moe_router_topk"] >= 1:
+            raise ValueError(f"model.moe_router_topk must be >= 1, got {out['moe_router_topk']}")
+        capacity = _get(args, "moe_expert_capacity_factor")
+        if capacity is not None and as_float(capacity, "moe_expert_capacity_factor") == 0:
+            raise ValueError(
+                "moe_expert_capacity_factor must be > 0 (a negative value turns it off, as in "
+                "Megatron), got 0"
+            )
+        coeff = _get(args, "moe_aux_loss_coeff", 0.0)
+        for value in coeff if isinstance(coeff, (list, tuple)) else [coeff]:
+            as_float(value, "moe_aux_loss_coeff", 0.0)
     if not out["num_experts"]:
         out.update(num_experts=None, moe_ffn_hidden_size=None)
         out["moe_shared_expert_intermediate_size"] = None
@@ -120,24 +170,40 @@ def _expert_fields(args: Any, num_layers: int) -> dict[str, Any]:
 
 def _data_parallel(args: Any, tp: int, pp: int, cp: int, ep: int, etp: int) -> int:
     """``data_parallel_size``, else world / (tp pp cp); else the least that EP allows
-    (tp x cp x dp must be a multiple of etp x ep), 1 without experts."""
-    dp = _int(args, "data_parallel_size")
-    if dp:
-        return int(dp)
-    world = _int(args, "world_size")
-    if world:
-        return int(world) // (tp * pp * cp)
-    dp = 1
-    while (tp * cp * dp) % (etp * ep):
-        dp += 1
-    return dp
+    (tp x cp x dp must be a multiple of etp x ep), 1 without experts.
+
+    megatron-core's ``initialize_model_parallel`` (megatron/core/parallel_state.py) requires
+    world_size % (tp x pp x cp) == 0 (dp is the quotient) and world_size % (etp x ep x pp)
+    == 0, i.e. etp x ep dividing tp x cp x dp (checked by :func:`.validate_moe`)."""
+    dp = _get(args, "data_parallel_size")
+    world = _int(args, "world_size", None, "parallel.world_size (world_size)")
+    if world is not None and world < 1:
+        raise ValueError(f"parallel.world_size (world_size) must be >= 1, got {world}")
+    hetero = _get(args, "hetero_stage_meshes") is not None or _get(args, "enable_hetero")
+    if dp is not None:
+        dp = as_int(dp, label("data_parallel_size"), minimum=1)
+        if world is not None and not hetero and world != tp * pp * cp * dp:
+            raise ValueError(
+                f"parallel.world_size (world_size) {world} is not tp x pp x cp x dp "
+                f"({tp} x {pp} x {cp} x {dp})"
+            )
+        return dp
+    if world is not None:
+        if world % (tp * pp * cp):
+            raise ValueError(
+                f"parallel.world_size (world_size) {world} is not a multiple of tp x pp x cp "
+                f"({tp} x {pp} x {cp}) (megatron-core initialize_model_parallel)"
+            )
+        return world // (tp * pp * cp)
+    experts = etp * ep
+    return experts // math.gcd(tp * cp, experts)  # the least dp with tp cp dp % (etp ep) == 0
 
 
 def _position_embedding(args: Any) -> str:
-    kind = str(_get(args, "position_embedding_type", "learned_absolute"))
-    if _get(args, "use_rotary_position_embeddings", False) or kind in ("mrope", "yarn"):
+    kind = _name(args, "position_embedding_type", "learned_absolute")
+    if _flag(args, "use_rotary_position_embeddings") or kind in ("mrope", "yarn"):
         kind = "rope"  # rotary variants have no parameters
-    if _get(args, "no_position_embedding", False) and kind == "learned_absolute":
+    if _flag(args, "no_position_embedding") and kind == "learned_absolute":
         kind = "none"
     return kind
 
@@ -150,17 +216,25 @@ def spec_from_megatron_args(args: Any, vocab_size: int | None = None) -> Trainin
     for name, what in UNSUPPORTED.items():
         if _get(args, name):
             raise ValueError(f"{name}: {what} are not supported by the static estimator")
-    tp = _int(args, "tensor_model_parallel_size", 1)
+    tp = _size(args, "tensor_model_parallel_size")
     vocab = _vocab(args, tp, vocab_size)
-    num_layers = _int(args, "num_layers", 0, "model.num_layers")
+    num_layers = _int(args, "num_layers", None, "model.num_layers")
     seq = _int(args, "seq_length", None, "model.seq_length")
-    if seq is None:
-        raise ValueError("model.seq_length is required")
-    bf16, fp16 = bool(_get(args, "bf16", False)), bool(_get(args, "fp16", False))
+    for name, value in (("num_layers", num_layers), ("seq_length", seq)):
+        if value is None:
+            raise ValueError(f"model.{name} is required")
+    if num_layers > MAX_LAYERS:  # before any per-layer list is built
+        raise ValueError(
+            f"model.num_layers ({num_layers}) is beyond the {MAX_LAYERS} layers the static "
+            "estimator lists"
+        )
+    bf16, fp16 = _flag(args, "bf16"), _flag(args, "fp16")
     if bf16 and fp16:
         raise ValueError("precision: bf16 and fp16 are both set")
     dtype = "bfloat16" if bf16 else "float16" if fp16 else "float32"
-    groups = _int(args, "num_query_groups") if _get(args, "group_query_attention", True) else None
+    groups = None
+    if _flag(args, "group_query_attention", True):
+        groups = _int(args, "num_query_groups", None, "model.num_query_groups")
     model = ModelSpec(
         num_layers=num_layers,
         hidden_size=_int(args, "hidden_size", 0, "model.hidden_size"),
@@ -168,29 +242,36 @@ def spec_from_megatron_args(args: Any, vocab_size: int | None = None) -> Trainin
         vocab_size=int(vocab),
         seq_length=int(seq),
         num_query_groups=groups,
-        ffn_hidden_size=_int(args, "ffn_hidden_size"),
-        kv_channels=_int(args, "kv_channels"),
+        ffn_hidden_size=_int(args, "ffn_hidden_size", None, "model.ffn_hidden_size"),
+        kv_channels=_int(args, "kv_channels", None, "model.kv_channels"),
         max_position_embeddings=_int(args, "max_position_embeddings"),
-        gated_linear_unit=bool(_get(args, "swiglu", False)),
-        add_bias_linear=not bool(_get(args, "disable_bias_linear", False))
-        and bool(_get(args, "add_bias_linear", True)),
-        add_qkv_bias=bool(_get(args, "add_qkv_bias", False)),
-        qk_layernorm=bool(_get(args, "qk_layernorm", False)),
-        normalization=str(_get(args, "normalization", "LayerNorm")),
+        gated_linear_unit=_flag(args, "swiglu"),
+        add_bias_linear=not _flag(args, "disable_bias_linear")
+        and _flag(args, "add_bias_linear", True),
+        add_qkv_bias=_flag(args, "add_qkv_bias"),
+        qk_layernorm=_flag(args, "qk_layernorm"),
+        normalization=_name(args, "normalization", "LayerNorm"),
         position_embedding_type=_position_embedding(args),
-        tie_embeddings=not bool(_get(args, "untie_embeddings_and_output_weights", False)),
-        hidden_dropout=float(_get(args, "hidden_dropout", 0.1)),
-        attention_dropout=float(_get(args, "attention_dropout", 0.1)),
+        tie_embeddings=not _flag(args, "untie_embeddings_and_output_weights"),
+        hidden_dropout=_float(args, "hidden_dropout", 0.1, 0.0, 1.0),
+        attention_dropout=_float(args, "attention_dropout", 0.1, 0.0, 1.0),
         **_expert_fields(args, num_layers),
     )
-    pp = _int(args, "pipeline_model_parallel_size", 1)
-    cp = _int(args, "context_parallel_size", 1)
-    ep = _int(args, "expert_model_parallel_size", 1)
-    etp = _int(args, "expert_tensor_parallel_size")
+    pp = _size(args, "pipeline_model_parallel_size")
+    cp = _size(args, "context_parallel_size")
+    ep = _size(args, "expert_model_parallel_size")
+    etp = _int(args, "expert_tensor_parallel_size", None, label("expert_tensor_parallel_size"))
+    if etp is not None and etp < 1:
+        raise ValueError(f"parallel.etp (expert_tensor_parallel_size) must be >= 1, got {etp}")
     dp = _data_parallel(args, tp, pp, cp, ep, etp or tp)
-    vpp = _int(args, "virtual_pipeline_model_parallel_size")
+    vpp = _int(args, "virtual_pipeline_model_parallel_size", None, "parallel.vpp")
     per_vstage = _int(args, "num_layers_per_virtual_pipeline_stage")
     if vpp is None and per_vstage:
+        if per_vstage < 1 or model.num_layers // pp < per_vstage:
+            raise ValueError(
+                f"num_layers_per_virtual_pipeline_stage ({per_vstage}) must be in 1..the "
+                f"layers per pipeline stage ({model.num_layers // pp})"
+            )
         vpp = model.num_layers // (pp * per_vstage)
     parallel = ParallelSpec(
         tp=tp,
@@ -200,7 +281,7 @@ def spec_from_megatron_args(args: Any, vocab_size: int | None = None) -> Trainin
         ep=ep,
         etp=etp,
         vpp=vpp,
-        sequence_parallel=bool(_get(args, "sequence_parallel", False)) and tp > 1,
+        sequence_parallel=_flag(args, "sequence_parallel") and tp > 1,
         first_stage_layers=_int(args, "decoder_first_pipeline_num_layers"),
         last_stage_layers=_int(args, "decoder_last_pipeline_num_layers"),
         stage_layers=_int_tuple(args, "hetero_stage_layers"),
@@ -208,20 +289,24 @@ def spec_from_megatron_args(args: Any, vocab_size: int | None = None) -> Trainin
     )
     precision = PrecisionSpec(
         params_dtype=dtype,
-        grads_in_fp32=bf16 or bool(_get(args, "accumulate_allreduce_grads_in_fp32", False)),
-        optimizer=str(_get(args, "optimizer", "adam")),
-        distributed_optimizer=bool(_get(args, "use_distributed_optimizer", False)),
-        torch_optimizer=bool(_get(args, "torch_optimizer", False)),
-        sgd_momentum=float(_get(args, "sgd_momentum", 0.9)) > 0,
+        grads_in_fp32=bf16 or _flag(args, "accumulate_allreduce_grads_in_fp32"),
+        optimizer=_name(args, "optimizer", "adam"),
+        distributed_optimizer=_flag(args, "use_distributed_optimizer"),
+        torch_optimizer=_flag(args, "torch_optimizer"),
+        sgd_momentum=_float(args, "sgd_momentum", 0.9, 0.0) > 0,
     )
-    mbs = _int(args, "micro_batch_size", 1)
-    gbs = _int(args, "global_batch_size")
-    microbatches = gbs // (mbs * parallel.dp) if gbs else _int(args, "num_microbatches", 1)
+    mbs = _int(args, "micro_batch_size", 1, "training.micro_batch_size")
+    gbs = _int(args, "global_batch_size", None, "training.global_batch_size")
+    microbatches = check_batch(
+        gbs, mbs, parallel.dp, _int(args, "num_microbatches", None, "training.num_microbatches")
+    )
     recompute = _get(args, "recompute_granularity")
-    method = str(_get(args, "recompute_method", "uniform"))
-    recompute_layers = _int(args, "recompute_num_layers", 1)
-    backend = str(_get(args, "attention_backend", "auto")).split(".")[-1]
-    flash = bool(_get(args, "use_flash_attn", False)) or backend in ("flash", "fused")
+    if recompute is not None:
+        recompute = as_str(recompute, "training.recompute_granularity")
+    method = _name(args, "recompute_method", "uniform")
+    recompute_layers = _int(args, "recompute_num_layers", 1, "recompute_num_layers")
+    backend = _name(args, "attention_backend", "auto").split(".")[-1]
+    flash = _flag(args, "use_flash_attn") or backend in ("flash", "fused")
     if _get(args, "transformer_impl") == "transformer_engine" and backend == "auto":
         flash = True  # Transformer Engine picks a fused kernel
     return TrainingSpec(
@@ -229,7 +314,7 @@ def spec_from_megatron_args(args: Any, vocab_size: int | None = None) -> Trainin
         parallel,
         precision,
         micro_batch_size=mbs,
-        num_microbatches=max(1, microbatches),
+        num_microbatches=microbatches,
         recompute=recompute,
         recompute_method=method,
         recompute_num_layers=recompute_layers,
@@ -246,11 +331,14 @@ def spec_from_flagscale_yaml(config: dict[str, Any], vocab_size: int | None = No
     for section in ("system", "model", "data"):
         part = config.get(section) or {}
         if not isinstance(part, dict):
-            raise ValueError(f"{section} must be a mapping in a FlagScale training YAML")
-        for key, value in _flatten(part).items():
+            raise ValueError(
+                f"{section}: expected a mapping in a FlagScale training YAML, got {show(part)}"
+            )
+        for key, value in _flatten(part, section).items():
             merged[key.replace("-", "_")] = value
     if not merged:
         raise ValueError("no system/model/data sections: not a FlagScale training YAML")
+    _warn_all(unknown_key_warnings(merged, READ_KEYS | set(VISION_KEYS), yaml=True))
     refuse_non_gpt(merged)
     megatron_defaults(merged)
     apply_hetero(merged)
@@ -274,20 +362,35 @@ JSON_ALIASES = {
 }
 
 
+JSON_SECTIONS = ("model", "train", "training", "parallel", "precision")
+JSON_KNOWN = READ_KEYS | set(JSON_ALIASES) | {"dtype", "model_type"}
+JSON_KNOWN |= {"hetero_stage_layers", "hetero_stage_meshes"}  # what apply_hetero sets
+
+
 def spec_from_json_config(config: dict[str, Any], vocab_size: int | None = None) -> TrainingSpec:
     """From the original MemScope JSON config: sections flattened, aliases and ``dtype``."""
-    flat = {JSON_ALIASES.get(k, k): v for k, v in _flatten(config).items()}
+    for section in JSON_SECTIONS:
+        if section in config and not isinstance(config[section], dict):
+            raise ValueError(f"{section}: expected a mapping, got {show(config[section])}")
+    raw = _flatten(config, "", leaves=frozenset(_LEAF_KEYS))
+    _warn_all(unknown_key_warnings(raw, JSON_KNOWN, yaml=False))
+    flat = {JSON_ALIASES.get(k, k): v for k, v in raw.items()}
     dtype = flat.pop("dtype", None)
     if dtype is not None:
-        name = str(dtype).lower()
+        name = as_str(dtype, "dtype").lower()
         if name not in DTYPE_BYTES:
-            raise ValueError(f"dtype {dtype!r} is unknown; use one of {sorted(set(DTYPE_BYTES))}")
+            raise ValueError(
+                f"dtype {show(dtype)} is unknown; use one of {sorted(set(DTYPE_BYTES))}"
+            )
         want = {"bf16": name in ("bf16", "bfloat16"), "fp16": name in ("fp16", "float16")}
         for flag, value in want.items():
-            if flat.get(flag) is not None and bool(flat[flag]) != value:
-                raise ValueError(f"dtype {dtype!r} contradicts {flag}={flat[flag]!r}")
+            if flat.get(flag) is not None and as_bool(flat[flag], flag) != value:
+                raise ValueError(f"dtype {show(dtype)} contradicts {flag}={show(flat[flag])}")
             flat[flag] = value
-    if "model_type" in flat and str(flat["model_type"]).lower() in ("llama", "qwen", "mistral"):
+    model_type = flat.get("model_type")
+    if model_type is not None and as_str(model_type, "model_type").lower() in (
+        "llama", "qwen", "mistral"
+    ):  # fmt: skip
         flat.setdefault("swiglu", True)
         flat.setdefault("normalization", "RMSNorm")
         flat.setdefault("position_embedding_type", "rope")
@@ -299,40 +402,87 @@ def spec_from_json_config(config: dict[str, Any], vocab_size: int | None = None)
 
 
 def load_config_file(path: str, vocab_size: int | None = None) -> TrainingSpec:
-    """A JSON (original MemScope) or YAML (FlagScale training) config file -> spec."""
+    """A JSON (original MemScope) or YAML (FlagScale training) config file -> spec.
+
+    Whatever the file holds, the only exception is a one-line ``ValueError`` (naming the
+    field where there is one); suspicious values give :class:`.ConfigWarning` warnings."""
+    text = read_config_text(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read ({exc.strerror})") from None
-    if os.path.splitext(path)[1].lower() == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: invalid JSON ({exc.msg}, line {exc.lineno})") from None
-        loader = spec_from_json_config
-    else:
-        import yaml
-
-        refusal = entrypoint_refusal(path)
-        if refusal:
-            raise ValueError(refusal)
-
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ValueError(f"{path}: invalid YAML ({type(exc).__name__})") from None
-        loader = spec_from_flagscale_yaml
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: the config must be a mapping at the top level")
-    return loader(data, vocab_size)
+        if os.path.splitext(path)[1].lower() == ".json":
+            data = _parse_json(path, text)
+            loader = spec_from_json_config
+        else:
+            refusal = entrypoint_refusal(path)
+            if refusal:
+                raise ValueError(refusal)
+            data = _parse_yaml(path, text)
+            loader = spec_from_flagscale_yaml
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: the config must be a mapping at the top level")
+        return loader(data, vocab_size)
+    except (ArithmeticError, LookupError, TypeError, AttributeError, RecursionError) as exc:
+        # A safety net: every check above should have refused the config first.
+        raise ValueError(
+            f"{path}: the config could not be read ({UNEXPECTED}: {type(exc).__name__})"
+        ) from None
 
 
-def _flatten(d: dict[str, Any]) -> dict[str, Any]:
+UNEXPECTED = "unexpected value"  # the safety net's words (the fuzz tests look for them)
+
+
+def _parse_json(path: str, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: invalid JSON ({exc.msg}, line {exc.lineno})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: invalid JSON (nested too deeply)") from None
+    except ValueError:  # e.g. an integer with more digits than Python converts
+        raise ValueError(f"{path}: invalid JSON (a number too long to read)") from None
+
+
+def _parse_yaml(path: str, text: str) -> Any:
+    import yaml
+
+    try:
+        return load_yaml(text)
+    except YamlRefusal as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f", line {mark.line + 1}" if mark is not None else ""
+        raise ValueError(f"{path}: invalid YAML ({type(exc).__name__}{where})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: invalid YAML (nested too deeply)") from None
+    except ValueError:  # e.g. an integer with more digits than Python converts
+        raise ValueError(f"{path}: invalid YAML (a value it cannot convert)") from None
+
+
+def _warn_all(messages: list[str]) -> None:
+    for message in messages:
+        warnings.warn(ConfigWarning(message), stacklevel=3)
+
+
+# JSON keys whose value is one number, flag or name: a mapping there is a mistake, not a
+# section (FlagScale YAMLs do use ``optimizer:`` as a section of optimizer settings).
+_LEAF_KEYS = (READ_KEYS | set(JSON_ALIASES) | {"dtype", "model_type"}) - {"optimizer"}
+
+
+def _flatten(
+    d: dict[str, Any], where: str, depth: int = 0, leaves: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """Nested sections merged into one mapping (later keys win, as FlagScale's runner does);
+    a key in ``leaves`` holding a mapping is refused."""
     out: dict[str, Any] = {}
     for key, value in d.items():
+        if not isinstance(key, str):
+            raise ValueError(f"{where or 'config'}: key {show(key)} is not a string")
         if isinstance(value, dict):
-            out.update(_flatten(value))
+            if key in leaves:
+                raise ValueError(f"{key}: expected a value, got a mapping")
+            if depth >= MAX_NESTING:
+                raise ValueError(f"{key}: sections nested more than {MAX_NESTING} deep")
+            out.update(_flatten(value, key, depth + 1, leaves))
         else:
             out[key] = value
     return out
@@ -340,9 +490,20 @@ def _flatten(d: dict[str, Any]) -> dict[str, Any]:
 
 def _int_tuple(args: Any, name: str) -> tuple[int, ...] | None:
     value = _get(args, name)
-    return None if value is None else tuple(int(v) for v in value)
+    return None if value is None else tuple(as_int_list(value, name))
 
 
 def _stage_meshes(args: Any) -> tuple[tuple[int, int], ...] | None:
     value = _get(args, "hetero_stage_meshes")
-    return None if value is None else tuple((int(tp), int(dp)) for tp, dp in value)
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or not all(
+        isinstance(pair, (list, tuple)) and len(pair) == 2 for pair in value
+    ):
+        raise ValueError(
+            f"hetero_stage_meshes: expected a list of (tp, dp) pairs, got {show(value)}"
+        )
+    return tuple(
+        (as_int(tp, "hetero_stage_meshes", 1), as_int(dp, "hetero_stage_meshes", 1))
+        for tp, dp in value
+    )
