@@ -1,16 +1,44 @@
-"""Human-readable units, with signs (a negative delta stays negative)."""
+"""Human-readable units, with signs (a negative delta stays negative), and text made safe to
+print: the only formatting every room may use.
+
+Values come from files a user hands us, so nothing here trusts them: a number that is not a
+finite real below :data:`MAX_BYTES` formats as ``"invalid"`` (never ``"inf PiB"`` or
+``"+nan%"``), and :func:`printable` escapes control characters, lone surrogates and the
+Unicode line and direction controls before a string reaches a terminal or a Markdown file.
+"""
 
 from __future__ import annotations
 
+import math
+import re
+
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+#: Largest magnitude shown as a byte count (8 EiB, the int64 limit); beyond it is "invalid".
+MAX_BYTES = 2**63
+INVALID = "invalid"
+
+
+def _finite_number(value: object) -> float | None:
+    """``value`` as a float when it is a real, finite number (not a bool) of magnitude below
+    :data:`MAX_BYTES`, else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, int):
+        return float(value) if abs(value) < MAX_BYTES else None
+    return value if math.isfinite(value) and abs(value) < MAX_BYTES else None
 
 
 def format_bytes(value: int | float | None, signed: bool = False) -> str:
-    """``1536 -> '1.50 KiB'``; ``-2048 -> '-2.00 KiB'``; ``None -> 'n/a'``."""
+    """``1536 -> '1.50 KiB'``; ``-2048 -> '-2.00 KiB'``; ``None -> 'n/a'``; a value that is
+    not a finite number of at most 8 EiB -> ``'invalid'``."""
     if value is None:
         return "n/a"
-    sign = "-" if value < 0 else ("+" if signed and value > 0 else "")
-    size = float(abs(value))
+    number = _finite_number(value)
+    if number is None:
+        return INVALID
+    sign = "-" if number < 0 else ("+" if signed and number > 0 else "")
+    size = abs(number)
     unit = 0
     while size >= 1024 and unit < len(_UNITS) - 1:
         size /= 1024
@@ -21,7 +49,27 @@ def format_bytes(value: int | float | None, signed: bool = False) -> str:
 
 
 def format_ratio(value: float | None) -> str:
-    """A signed percentage, ``0.031 -> '+3.1%'``."""
+    """A signed percentage, ``0.031 -> '+3.1%'``; ``None -> 'n/a'``; not a finite number ->
+    ``'invalid'``."""
     if value is None:
         return "n/a"
-    return f"{value * 100:+.1f}%"
+    number = _finite_number(value)
+    if number is None:
+        return INVALID
+    return f"{number * 100:+.1f}%"
+
+
+# C0 and C1 controls, DEL, lone surrogates, line/paragraph separators, bidi overrides/isolates.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: object) -> str:
+    """``str(text)`` with every control character, lone surrogate and Unicode line or
+    direction control written as a visible ``\\xNN`` / ``\\uNNNN`` escape: one line, safe to
+    encode as UTF-8, and nothing that can move a terminal's cursor or reorder its text."""
+    return _UNPRINTABLE.sub(_escape, text if isinstance(text, str) else str(text))

@@ -73,3 +73,26 @@ def test_job_page_renders_with_a_missing_rank(tmp_path, traced_run):
     assert "<th>static estimate</th>" in res.stdout  # rendered by the page's own script
     ratio = report["comparisons"]["peak_diff_ratio"]
     assert f"{'+' if ratio >= 0 else ''}{ratio * 100:.1f}%" in res.stdout
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None, reason="no chromium binary (.ci/run installs Debian chromium)"
+)
+def test_markup_in_names_reaches_plotly_as_text(tmp_path, traced_run):
+    """Plotly reads trace names and hover text as pseudo-HTML; the page escapes every data
+    string (plotlyText), so a phase named like a link is a legend label, not a link."""
+    _, report, _ = traced_run
+    link = '<a href="javascript:alert(1)">evil</a><b>bold</b>'
+    evil = dict(report, runtime_trace=[
+        dict(e, phase=link, module=link) if e["event_type"] != "step_phase" else e
+        for e in report["runtime_trace"]
+    ])  # fmt: skip
+    page = tmp_path / "evil.html"
+    page.write_text(render_runtime_html(runtime_payload(evil)), encoding="utf-8")
+    res = _dump_dom(tmp_path, page)
+    assert res.returncode == 0, res.stderr[-2000:]
+    dom = res.stdout
+    assert 'class="legendtext"' in dom
+    shown = dom.split('id="memscope-data"')[0]
+    assert "&lt;a href=" in shown  # the legend label is the name as text
+    assert not re.search(r"<a[\s>]", shown) and "<b>bold" not in shown  # no link, no bold

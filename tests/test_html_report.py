@@ -203,5 +203,7 @@ def test_job_summary_is_plain_and_needs_no_reporter():
         "missing": 0,
         "incomplete": 0,
         "imbalance": {},
+        "runs": [],
+        "runs_warning": "",
     }
     json.dumps(summary)  # plain data

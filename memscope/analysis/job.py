@@ -1,5 +1,8 @@
 """The whole-job view of a run: one row per rank, missing and incomplete ranks, imbalance.
 
+Ranks nobody reported are listed compactly (one row per run of them), so the rows are bounded
+by the rank folders present, whatever world size a report claims.
+
 Stateless and plain: it takes each rank's runtime report dict (or why there is none) and
 returns a JSON-ready summary. Reading the reports is the CLI's business; plotting the
 per-rank step series is the reporters'.
@@ -21,11 +24,21 @@ class RankEntry:
     problem: str = ""
 
 
+def _count(value: Any) -> int | None:
+    """``value`` if it is a non-negative integer (not a bool), else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
 def job_world_size(entries: Sequence[RankEntry]) -> int:
-    """The job's world size: the largest rank seen or the largest ``world_size`` reported."""
+    """The job's world size: the largest rank seen or the largest ``world_size`` reported.
+
+    A claim costs nothing: ranks nobody reported are one compact row per gap in
+    :func:`summarize_job`, so ``world_size: 10**12`` can't make the page allocate."""
+    claims = [_count(e.report.get("world_size")) for e in entries if e.report]
     return max(
-        [e.rank + 1 for e in entries]
-        + [int(e.report.get("world_size") or 0) for e in entries if e.report],
+        [e.rank + 1 for e in entries if e.rank >= 0] + [c for c in claims if c is not None],
         default=0,
     )
 
@@ -36,6 +49,7 @@ def rank_row(rank: int, report: dict[str, Any]) -> dict[str, Any]:
     comp = report.get("comparisons") or {}
     return {
         "rank": rank,
+        "run_id": meta.get("run_id"),
         "status": report.get("status"),
         "problem": report.get("status_reason", ""),
         "tp_rank": meta.get("tp_rank"),
@@ -52,13 +66,20 @@ def rank_row(rank: int, report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _peak(row: dict[str, Any]) -> float | None:
+    value = row.get("peak_allocated")
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return None
+
+
 def imbalance(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Highest and lowest peak among the ranks that have one, and their ratio (empty if none)."""
-    present = [row for row in rows if row.get("peak_allocated")]
+    present = [(peak, row) for row in rows if (peak := _peak(row)) is not None]
     if not present:
         return {}
-    hi = max(present, key=lambda row: row["peak_allocated"])
-    lo = min(present, key=lambda row: row["peak_allocated"])
+    hi = max(present, key=lambda p: p[0])[1]
+    lo = min(present, key=lambda p: p[0])[1]
     return {
         "max_rank": hi["rank"],
         "max_bytes": hi["peak_allocated"],
@@ -70,26 +91,84 @@ def imbalance(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+NO_REPORT = "no rank directory / report"
+
+
+def _gap(first: int, last: int) -> dict[str, Any]:
+    """One row for ranks ``first..last`` that nobody reported (however many there are)."""
+    if first == last:
+        return {"rank": first, "status": "missing", "problem": NO_REPORT}
+    count = last - first + 1
+    return {
+        "rank": first,
+        "last_rank": last,
+        "count": count,
+        "status": "missing",
+        "problem": f"{NO_REPORT} (ranks {first}-{last}: {count} ranks)",
+    }
+
+
 def summarize_job(entries: Sequence[RankEntry]) -> dict[str, Any]:
-    """Every rank of the job, in order: a row per rank (``missing`` with the reason when a
-    rank has no usable report), how many are missing or incomplete, and the imbalance."""
+    """Every rank of the job, in order: a row per rank that has a folder (``missing`` with the
+    reason when it has no usable report), one row per run of ranks up to the world size that
+    have none (``rank``..``last_rank``, ``count``), how many are missing or incomplete, and
+    the imbalance. Rows are bounded by the entries given, never by a claimed world size; the
+    first entry of a rank counts, a duplicate is ignored."""
     world = job_world_size(entries)
-    by_rank = {e.rank: e for e in entries}
+    by_rank: dict[int, RankEntry] = {}
+    for e in entries:
+        if e.rank >= 0:
+            by_rank.setdefault(e.rank, e)
     rows: list[dict[str, Any]] = []
-    for rank in range(world):
-        entry = by_rank.get(rank)
-        if entry is None or entry.report is None:
-            reason = entry.problem if entry else "no rank directory / report"
-            rows.append({"rank": rank, "status": "missing", "problem": reason})
-            continue
-        rows.append(rank_row(rank, entry.report))
+    missing = 0
+    expected = 0  # the next rank a row is owed to
+    for rank in sorted(by_rank):
+        if rank > expected:
+            rows.append(_gap(expected, rank - 1))
+            missing += rank - expected
+        entry = by_rank[rank]
+        if entry.report is None:
+            rows.append({"rank": rank, "status": "missing", "problem": entry.problem or NO_REPORT})
+            missing += 1
+        else:
+            rows.append(rank_row(rank, entry.report))
+        expected = rank + 1
+    if world > expected:
+        rows.append(_gap(expected, world - 1))
+        missing += world - expected
+    runs, warning = _runs(rows)
     return {
         "world_size": world,
         "ranks": rows,
-        "missing": sum(row["status"] == "missing" for row in rows),
+        "missing": missing,
         "incomplete": sum(row["status"] not in ("complete", "missing") for row in rows),
         "imbalance": imbalance(rows),
+        "runs": runs,
+        "runs_warning": warning,
     }
+
+
+def _runs(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
+    """Which runs the rank reports come from (most ranks first); each row of a run other than
+    the main one is flagged ``other_run``, and a warning says the folder mixes runs."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        if row["status"] != "missing":
+            key = str(row.get("run_id") or "unknown")
+            counts[key] = counts.get(key, 0) + 1
+    runs = [{"run_id": k, "ranks": n} for k, n in sorted(counts.items(), key=lambda kv: -kv[1])]
+    if len(runs) < 2:
+        return runs, ""
+    main = runs[0]["run_id"]
+    for row in rows:
+        if row["status"] != "missing" and str(row.get("run_id") or "unknown") != main:
+            row["other_run"] = True
+    others = ", ".join(f"{r['run_id']} ({r['ranks']} ranks)" for r in runs[1:5])
+    more = f" and {len(runs) - 5} more" if len(runs) > 5 else ""
+    return runs, (
+        f"rank reports come from {len(runs)} runs: {main} ({runs[0]['ranks']} ranks), "
+        f"{others}{more}; the rows marked 'other run' are not from the main run"
+    )
 
 
 def rank_steps(entries: Sequence[RankEntry]) -> dict[int, list[dict[str, Any]]]:

@@ -12,6 +12,8 @@ and the offline commands never import torch.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -24,6 +26,7 @@ from memscope.cli import (
     visualize_cmd,
 )
 from memscope.cli.common import CliError, CommandParser
+from memscope.units import printable
 
 COMMANDS = (visualize_cmd, demo_cmd, summarize_cmd, analyze_cmd, analyze_static_cmd)
 
@@ -50,9 +53,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.run(args) or 0)
-    except CliError as exc:
-        print(f"memscope {args.command}: error: {exc}", file=sys.stderr)
+    except CliError as exc:  # one line: whatever a path or a report holds is escaped
+        print(f"memscope {args.command}: error: {printable(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"memscope {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `memscope summarize ... | head`: the reader left; not an error
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141

@@ -6,9 +6,20 @@ import argparse
 import os
 from typing import Any
 
-from memscope.cli.common import CliError, progress
+from memscope.cli.common import CliError, check_output, progress, write_json_output
 
 DEFAULT_NAME = "replayed_report.json"
+#: Bounds on the settings a trace header may carry (the replay's memory follows them).
+_HEADER_COUNTS = {"detail_steps": (0, 10**6), "max_trace_events": (1, 10**8), "top_k": (1, 10**6)}
+
+
+def _header_count(config: dict[str, Any], key: str, default: int) -> int:
+    """A count from the trace header's settings, within :data:`_HEADER_COUNTS`."""
+    value = config.get(key, default)
+    lo, hi = _HEADER_COUNTS[key]
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"config.{key} must be an integer in [{lo}, {hi}], not {value!r:.40}")
+    return value
 
 
 def register(sub: Any) -> None:
@@ -37,24 +48,29 @@ def run(args: argparse.Namespace) -> int:
     from memscope.analysis.steps import StepAnalyzer
     from memscope.events.trace_reader import TraceError, read_trace
     from memscope.events.trace_store import BoundedTraceStore
-    from memscope.io.atomic import atomic_write_json
     from memscope.reporters.runtime_json import RuntimeReportInputs, build_runtime_report
-    from memscope.units import format_bytes
+    from memscope.units import format_bytes, printable
 
     path = args.trace
     if os.path.isdir(path):
         path = os.path.join(path, "trace.jsonl")
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         raise CliError(f"{path}: no such trace file")
+    out = args.out or os.path.join(os.path.dirname(os.path.abspath(path)), DEFAULT_NAME)
+    check_output(out, [path])  # before the replay: never the trace itself, never a device
     try:
         header, events = read_trace(path)
         fields = header.fields
         config = fields.get("config") or {}
+        if not isinstance(config, dict):
+            raise TypeError(f"config is {type(config).__name__}, not an object")
         store = BoundedTraceStore(
-            int(config.get("detail_steps", 2)), int(config.get("max_trace_events", 200_000))
+            _header_count(config, "detail_steps", 2),
+            _header_count(config, "max_trace_events", 200_000),
         )
         analyzers = runtime_analyzers(
-            int(config.get("top_k", 20)), StaticEstimate.from_dict(fields.get("static_estimate"))
+            _header_count(config, "top_k", 20),
+            StaticEstimate.from_dict(fields.get("static_estimate")),
         )
         steps = next(a for a in analyzers if isinstance(a, StepAnalyzer))
         recorded = 0
@@ -71,8 +87,10 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     except (TypeError, ValueError, AttributeError) as exc:
         raise CliError(f"{path}: malformed trace header ({exc})") from None
-    out = args.out or os.path.join(os.path.dirname(os.path.abspath(path)), DEFAULT_NAME)
-    metadata = {**(fields.get("parallel") or {}), "rank": fields.get("rank"),
+    parallel = fields.get("parallel") or {}
+    if not isinstance(parallel, dict):
+        raise CliError(f"{path}: malformed trace header (parallel is not an object)")
+    metadata = {**parallel, "rank": fields.get("rank"),
                 "world_size": fields.get("world_size"), "backend": fields.get("backend"),
                 "tool_version": fields.get("tool_version"), "config": config,
                 "replayed_from": os.path.basename(path)}  # fmt: skip
@@ -96,13 +114,15 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     try:
-        atomic_write_json(out, report)
-    except OSError as exc:
-        raise CliError(f"{out}: cannot write ({exc.strerror})") from None
+        write_json_output(out, report, [path])
+    except ValueError as exc:  # a number JSON can't hold (the trace's bounds make it unlikely)
+        raise CliError(f"{path}: cannot write the replayed report ({exc})") from None
     peak = sections["peak"]
     progress(f"replayed {recorded} events from {path}")
     print(
-        f"peak {format_bytes(peak.get('memory_bytes'))} at step {peak.get('step')} "
-        f"({peak.get('phase')}, {peak.get('module') or 'step boundary'}) -> {out}"
+        printable(
+            f"peak {format_bytes(peak.get('memory_bytes'))} at step {peak.get('step')} "
+            f"({peak.get('phase')}, {peak.get('module') or 'step boundary'}) -> {out}"
+        )
     )
     return 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterable
 
 
 class CliError(Exception):
@@ -16,8 +17,42 @@ class CliError(Exception):
 
 
 def progress(message: str) -> None:
-    """A progress line on stderr (stdout stays for results)."""
-    print(f"memscope: {message}", file=sys.stderr, flush=True)
+    """A progress line on stderr (stdout stays for results); control characters escaped."""
+    from memscope.units import printable
+
+    print(f"memscope: {printable(message)}", file=sys.stderr, flush=True)
+
+
+def check_output(path: str, inputs: Iterable[str] = ()) -> str:
+    """Fail early (before any work) when ``path`` can't be an output: not a regular file, or
+    one of the command's ``inputs`` (see :mod:`memscope.io.safe_output`)."""
+    from memscope.io.safe_output import OutputRefused, resolve_output
+
+    try:
+        return resolve_output(path, inputs)
+    except OutputRefused as exc:
+        raise CliError(str(exc)) from None
+
+
+def write_output(path: str, text: str, inputs: Iterable[str] = ()) -> None:
+    """Write a command's output file atomically; every refusal or OS error is a
+    :class:`CliError` naming the file (the only way commands write files)."""
+    from memscope.io.atomic import atomic_write_text
+    from memscope.io.safe_output import OutputRefused
+
+    try:
+        atomic_write_text(path, text, inputs)
+    except OutputRefused as exc:
+        raise CliError(str(exc)) from None
+    except OSError as exc:
+        raise CliError(f"{path}: cannot write ({exc.strerror or exc})") from None
+
+
+def write_json_output(path: str, data: object, inputs: Iterable[str] = ()) -> None:
+    """:func:`write_output` of compact JSON (no NaN: a report never holds one)."""
+    import json
+
+    write_output(path, json.dumps(data, separators=(",", ":"), allow_nan=False) + "\n", inputs)
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):

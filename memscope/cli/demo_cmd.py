@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from memscope.demo.launcher import WorkerError, free_port, spawn
     from memscope.demo.tiny_gpt import TinyGPTConfig
     from memscope.demo.traced_training import traced_worker
-    from memscope.units import format_bytes, format_ratio
+    from memscope.units import format_bytes, format_ratio, printable
 
     outdir = os.path.abspath(args.outdir)
     cfg = TinyGPTConfig(
@@ -84,10 +84,12 @@ def run(args: argparse.Namespace) -> int:
             else "no static estimate"
         )
         print(
-            f"rank {r.rank}: peak {format_bytes(peak['memory_bytes'])} at step {peak['step']} "
-            f"({peak['phase']}, {peak['module'] or 'step boundary'}); {static} -> {html_path}"
+            printable(
+                f"rank {r.rank}: peak {format_bytes(peak['memory_bytes'])} at step {peak['step']} "
+                f"({peak['phase']}, {peak['module'] or 'step boundary'}); {static} -> {html_path}"
+            )
         )
-    job_html = pages.write_job_page(entries, pages.job_page_path(outdir))
-    print(f"job page: {job_html}")
-    print(f"reports: {outdir}")
+    job_html = pages.write_job_page(entries, pages.job_page_path(outdir), pages.job_inputs(outdir))
+    print(printable(f"job page: {job_html}"))
+    print(printable(f"reports: {outdir}"))
     return 0

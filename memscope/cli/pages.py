@@ -13,17 +13,22 @@ from collections.abc import Sequence
 from typing import Any
 
 from memscope.analysis.job import RankEntry, rank_steps, summarize_job
-from memscope.cli.common import CliError
-from memscope.io.atomic import atomic_write_text
+from memscope.cli.common import CliError, check_output, progress, write_output
 from memscope.io.report_reader import ReportError, load_report
 from memscope.reporters.html import render_job_html, render_runtime_html
 from memscope.reporters.html_payload import job_payload, runtime_payload
 from memscope.reporters.runtime_json import REPORT_TYPE_RUNTIME
 
-RANK_DIR = re.compile(r"^rank(\d+)$")
+#: A rank folder: ``rank`` and up to 15 digits (a rank JavaScript still holds exactly).
+RANK_DIR = re.compile(r"^rank(\d{1,15})$")
 REPORT_NAME = "runtime_report.json"
 JOB_PAGE_NAME = "job_report.html"
-_MALFORMED = (KeyError, TypeError, ValueError, AttributeError)
+#: Most rank folders a job directory may hold (more is refused: one line, exit code 2).
+MAX_JOB_RANKS = 100_000
+#: What the job page keeps of each rank's report (the events and tables are dropped).
+JOB_KEYS = ("schema_version", "report_type", "rank", "world_size", "status", "status_reason",
+            "metadata", "peak", "comparisons", "steps")  # fmt: skip
+_MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError)
 
 
 def load_runtime_report(path: str) -> dict[str, Any]:
@@ -34,12 +39,10 @@ def load_runtime_report(path: str) -> dict[str, Any]:
         raise CliError(str(exc)) from None
 
 
-def write_page(out: str, html: str) -> None:
-    """Write a page atomically (a reader never sees half of it)."""
-    try:
-        atomic_write_text(out, html)
-    except OSError as exc:
-        raise CliError(f"cannot write {out}: {exc}") from None
+def write_page(out: str, html: str, inputs: Sequence[str] = ()) -> None:
+    """Write a page atomically (a reader never sees half of it): only as a regular file,
+    never over one of ``inputs`` (see :mod:`memscope.io.safe_output`)."""
+    write_output(out, html, inputs)
 
 
 def rank_page_path(report_path: str) -> str:
@@ -60,33 +63,62 @@ def write_rank_page(
 ) -> tuple[str, dict[str, Any]]:
     """Load (unless given) a rank's report, render its page and write it to ``out`` (default
     next to the report). Returns the page's path and the report."""
+    out = out or rank_page_path(report_path)
+    check_output(out, [report_path])  # before reading: a page never replaces its report
     if report is None:
         report = load_runtime_report(report_path)
-    out = out or rank_page_path(report_path)
-    write_page(out, rank_page_html(report, report_path))
+    write_page(out, rank_page_html(report, report_path), [report_path])
     return out, report
 
 
 def job_page_html(entries: Sequence[RankEntry]) -> str:
-    """The job page from its ranks: the job analysis, then the reporter."""
-    return render_job_html(job_payload(summarize_job(entries), rank_steps(entries)))
+    """The job page from its ranks: the job analysis, then the reporter. A folder that mixes
+    runs is said on the terminal too."""
+    summary = summarize_job(entries)
+    if summary["runs_warning"]:
+        progress(summary["runs_warning"])
+    return render_job_html(job_payload(summary, rank_steps(entries)))
+
+
+def rank_folders(directory: str) -> list[tuple[int, str]]:
+    """``(rank, folder path)`` of each ``rankNNNNN/`` folder of a job directory, in rank order;
+    the first folder of a rank counts (``rank00001`` before ``rank1``). More than
+    :data:`MAX_JOB_RANKS` of them is a :class:`CliError`."""
+    found: dict[int, str] = {}
+    try:
+        with os.scandir(directory) as it:
+            for item in it:
+                m = RANK_DIR.match(item.name)
+                if not m:
+                    continue
+                try:
+                    if not item.is_dir():
+                        continue
+                except OSError:
+                    continue
+                rank = int(m.group(1))
+                if rank not in found or item.name < os.path.basename(found[rank]):
+                    found[rank] = item.path
+                if len(found) > MAX_JOB_RANKS:
+                    raise CliError(f"{directory}: more than {MAX_JOB_RANKS} rank folders")
+    except OSError as exc:
+        raise CliError(f"{directory}: cannot list ({exc.strerror})") from None
+    return sorted(found.items())
 
 
 def job_entries(directory: str) -> list[RankEntry]:
     """One entry per ``rankNNNNN/`` folder of a job directory, in rank order. A rank whose
     report can't be read or used is an entry with the reason, so one bad rank never takes the
-    job page down."""
+    job page down. Only the parts of a report the job page shows are kept in memory."""
     entries = []
-    for name in sorted(os.listdir(directory)):
-        m = RANK_DIR.match(name)
-        if not m or not os.path.isdir(os.path.join(directory, name)):
-            continue
-        rank = int(m.group(1))
+    for rank, folder in rank_folders(directory):
+        name = os.path.basename(folder)
         try:
-            report = load_report(os.path.join(directory, name, REPORT_NAME), REPORT_TYPE_RUNTIME)
+            report = load_report(os.path.join(folder, REPORT_NAME), REPORT_TYPE_RUNTIME)
         except ReportError as exc:
             entries.append(RankEntry(rank, None, str(exc)))
             continue
+        report = {k: report[k] for k in JOB_KEYS if k in report}
         try:  # the same analysis and payload as the page, on this rank alone
             one = [RankEntry(rank, report)]
             job_payload(summarize_job(one), rank_steps(one), max_points=16)
@@ -102,9 +134,14 @@ def job_page_path(directory: str) -> str:
     return os.path.join(directory, JOB_PAGE_NAME)
 
 
-def write_job_page(entries: Sequence[RankEntry], out: str) -> str:
+def job_inputs(directory: str) -> list[str]:
+    """The report files a job page is made from (an output may never replace one)."""
+    return [os.path.join(folder, REPORT_NAME) for _, folder in rank_folders(directory)]
+
+
+def write_job_page(entries: Sequence[RankEntry], out: str, inputs: Sequence[str] = ()) -> str:
     """Render the job page of ``entries`` and write it to ``out``; returns ``out``."""
-    write_page(out, job_page_html(entries))
+    write_page(out, job_page_html(entries), inputs)
     return out
 
 

@@ -30,8 +30,8 @@ def run(args: argparse.Namespace) -> int:
     except ReportError as exc:
         raise CliError(str(exc)) from None
     try:
-        text = render_runtime_markdown(report)
-    except (KeyError, TypeError, ValueError) as exc:
+        text = render_runtime_markdown(report)  # every string from the report is escaped
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as exc:
         raise CliError(
             f"{args.report}: malformed runtime report ({type(exc).__name__}: {exc})"
         ) from None

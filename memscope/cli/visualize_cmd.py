@@ -7,7 +7,7 @@ import os
 import time
 from typing import Any
 
-from memscope.cli.common import progress
+from memscope.cli.common import check_output, progress
 
 
 def register(sub: Any) -> None:
@@ -32,20 +32,26 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Build the page for a rank report or a job directory; prints the output path."""
     from memscope.cli import pages  # jinja2 and the reporters: only when a page is made
+    from memscope.units import printable
 
     t0 = time.perf_counter()
     if os.path.isdir(args.report):
+        out = args.out or pages.job_page_path(args.report)
+        inputs = pages.job_inputs(args.report)
+        check_output(out, inputs)  # before reading any rank: never a device, never an input
         entries = pages.readable_job_entries(args.report)
         progress(f"building the job page from {len(entries)} rank folder(s)")
-        out = pages.write_job_page(entries, args.out or pages.job_page_path(args.report))
+        out = pages.write_job_page(entries, out, inputs)
     else:
+        out = args.out or pages.rank_page_path(args.report)
+        check_output(out, [args.report])
         report = pages.load_runtime_report(args.report)
-        events = len(report.get("runtime_trace") or [])
-        if events > 100_000:
-            progress(f"downsampling {events} events")
-        out, _ = pages.write_rank_page(args.report, args.out, report=report)
+        events = report.get("runtime_trace")
+        if isinstance(events, list) and len(events) > 100_000:
+            progress(f"downsampling {len(events)} events")
+        out, _ = pages.write_rank_page(args.report, out, report=report)
     if time.perf_counter() - t0 > 2:
         size = os.path.getsize(out) / 2**20
         progress(f"wrote {size:.1f} MiB in {time.perf_counter() - t0:.1f} s")
-    print(out)
+    print(printable(out))
     return 0

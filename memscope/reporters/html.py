@@ -3,6 +3,15 @@
 The payload is embedded once, as JSON inside ``<script type="application/json">`` with
 ``<``, ``>``, ``&`` and the JavaScript line separators escaped, so no value can close the
 script element or inject markup; the page's script parses it with ``JSON.parse``.
+
+Strings from the data reach the page in three ways, each with one rule:
+
+- server-side ``{{ ... }}`` in the templates: autoescaped by jinja2, and (``finalize``) made
+  printable: control characters and lone surrogates become visible escapes;
+- DOM tables and cards built by the page's script: ``textContent`` only, never ``innerHTML``;
+- Plotly (trace names, hover text, tick labels, annotations): every data string goes through
+  the page's ``plotlyText()``, which escapes ``&``, ``<`` and ``>`` so Plotly's pseudo-HTML
+  (``<a href>``, ``<span style>``, ``<br>``) shows as text.
 """
 
 from __future__ import annotations
@@ -14,6 +23,8 @@ from typing import Any
 
 import jinja2
 from markupsafe import Markup
+
+from memscope.units import printable
 
 _SCRIPT_ESCAPES = {
     ord("<"): "\\u003c",
@@ -39,12 +50,21 @@ def plotly_js() -> str:
         return f.read()
 
 
+def _finalize(value: Any) -> Any:
+    """Every ``{{ }}`` value: data strings printable (the inlined JSON and plotly.js are
+    :class:`Markup` made here and pass as they are)."""
+    if isinstance(value, Markup):
+        return value
+    return printable(value) if isinstance(value, str) else value
+
+
 @functools.lru_cache(maxsize=1)
 def _environment() -> jinja2.Environment:
     return jinja2.Environment(
         loader=jinja2.PackageLoader("memscope", "reporters/templates"),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
+        finalize=_finalize,
     )
 
 

@@ -156,6 +156,7 @@ def job_payload(
         "missing": summary["missing"],
         "incomplete": summary["incomplete"],
         "imbalance": summary["imbalance"],
+        "runs_warning": summary.get("runs_warning", ""),
         "timelines": {
             str(rank): _step_series(steps, max_points)
             for rank, steps in sorted(steps_by_rank.items())

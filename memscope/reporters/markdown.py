@@ -1,10 +1,34 @@
-"""Renders a runtime report dict as a readable Markdown summary."""
+"""Renders a runtime report dict as a readable Markdown summary.
+
+Every string that comes from the report goes through :func:`md_text` (plain text) or
+:func:`md_code` (a code span): control characters and lone surrogates are escaped (see
+:func:`memscope.units.printable`), and nothing in a module name or a reason can become HTML,
+a link, or break a table or a code span.
+"""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from memscope.units import format_bytes, format_ratio
+from memscope.units import format_bytes, format_ratio, printable
+
+_MD_SPECIAL = re.compile(r"([\\`*\[\]<>&])")
+
+
+def md_text(value: object) -> str:
+    """``value`` as inline Markdown text: printable, with ``\\ ` * [ ] < > &`` backslash-escaped
+    (no raw HTML, entity, link or code span can start in it)."""
+    return printable(_MD_SPECIAL.sub(r"\\\1", value if isinstance(value, str) else str(value)))
+
+
+def md_code(value: object) -> str:
+    """``value`` as a Markdown code span (contents shown literally), fenced with more backticks
+    than it holds in a row."""
+    text = printable(value)
+    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    pad = " " if text.startswith(("`", " ")) or text.endswith(("`", " ")) else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
@@ -16,44 +40,47 @@ def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def _where(d: dict[str, Any]) -> str:
-    parts = [f"step {d.get('step')}", f"phase `{d.get('phase')}`"]
+    parts = [f"step {md_text(d.get('step'))}", f"phase {md_code(d.get('phase'))}"]
     if d.get("module"):
-        parts.append(f"module `{d['module']}`")
+        parts.append(f"module {md_code(d['module'])}")
     if d.get("microbatch") is not None:
-        parts.append(f"microbatch {d['microbatch']}")
+        parts.append(f"microbatch {md_text(d['microbatch'])}")
     return ", ".join(parts)
 
 
 def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
-    """Peak and where, comparisons, per-phase maxima, top events, modules, steps."""
+    """Peak and where, comparisons, per-phase maxima, top events, modules, steps (each table at
+    most ``max_rows`` rows)."""
+    t, code = md_text, md_code
     meta = report.get("metadata", {})
     peak = report.get("peak", {})
     lines = [
-        f"# MemScope runtime report — rank {report.get('rank')} of {report.get('world_size')}",
+        f"# MemScope runtime report — rank {t(report.get('rank'))} of "
+        f"{t(report.get('world_size'))}",
         "",
-        f"- status: **{report.get('status')}**"
-        + (f" ({report['status_reason']})" if report.get("status_reason") else ""),
-        f"- backend: `{meta.get('backend')}` on {meta.get('device_name')}; "
-        f"TP={meta.get('tp_size')} PP={meta.get('pp_size')} DP={meta.get('dp_size')} "
-        f"CP={meta.get('cp_size')} EP={meta.get('ep_size')} VPP={meta.get('vpp_size')}",
-        f"- steps traced: {meta.get('steps_completed')}; schema {report.get('schema_version')}, "
-        f"memscope {report.get('tool', {}).get('version')}",
+        f"- status: **{t(report.get('status'))}**"
+        + (f" ({t(report['status_reason'])})" if report.get("status_reason") else ""),
+        f"- backend: {code(meta.get('backend'))} on {t(meta.get('device_name'))}; "
+        f"TP={t(meta.get('tp_size'))} PP={t(meta.get('pp_size'))} DP={t(meta.get('dp_size'))} "
+        f"CP={t(meta.get('cp_size'))} EP={t(meta.get('ep_size'))} VPP={t(meta.get('vpp_size'))}",
+        f"- steps traced: {t(meta.get('steps_completed'))}; schema "
+        f"{t(report.get('schema_version'))}, memscope {t(report.get('tool', {}).get('version'))}",
         "",
         "## Peak",
         "",
         f"- allocated peak: **{format_bytes(peak.get('memory_bytes'))}** at {_where(peak)} "
-        f"(attribution: {peak.get('attribution')})",
+        f"(attribution: {t(peak.get('attribution'))})",
         f"- reserved peak: {format_bytes(peak.get('reserved_bytes'))}",
     ]
     if peak.get("categories"):
-        parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in peak["categories"].items())
+        parts = ", ".join(f"{t(k)} {format_bytes(v)}" for k, v in peak["categories"].items())
         lines.append(f"- live at the peak: {parts}")
     lines.append("")
 
     comp = report.get("comparisons", {})
     lines += ["## Static estimate vs runtime", ""]
     if comp.get("status") != "ok":
-        lines += [f"Static estimate missing: {comp.get('reason', 'unknown reason')}.", ""]
+        lines += [f"Static estimate missing: {t(comp.get('reason', 'unknown reason'))}.", ""]
     else:
         lines += [
             f"- static peak {format_bytes(comp.get('static_peak_memory_bytes'))}, runtime peak "
@@ -66,13 +93,13 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
             ["component", "static", "runtime", "static − runtime", "ratio"],
             [
                 [
-                    c["component"],
+                    t(c["component"]),
                     format_bytes(c.get("static_bytes")),
                     format_bytes(c.get("runtime_bytes")),
                     format_bytes(c.get("diff_bytes"), signed=True),
                     format_ratio(c.get("diff_ratio")),
                 ]
-                for c in comp.get("components", [])
+                for c in comp.get("components", [])[:max_rows]
             ],
         )
 
@@ -81,14 +108,14 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
         ["phase", "events", "max allocated (high-water)", "max allocated after", "max Δ", "min Δ"],
         [
             [
-                p["phase"],
-                str(p["count"]),
+                t(p["phase"]),
+                t(p["count"]),
                 format_bytes(p["max_mem_allocated"]),
                 format_bytes(p["max_mem_allocated_after"]),
                 format_bytes(p["max_delta_allocated"], signed=True),
                 format_bytes(p["min_delta_allocated"], signed=True),
             ]
-            for p in report.get("phase_summary", [])
+            for p in report.get("phase_summary", [])[:max_rows]
         ],
     )
     lines += ["## Top events (deduplicated)", ""]
@@ -96,16 +123,16 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
         ["event", "module", "phase", "count", "allocated after", "max Δ", "min Δ", "worst step"],
         [
             [
-                t["event_type"],
-                f"`{t['module']}`" if t["module"] else "—",
-                t["phase"],
-                str(t["count"]),
-                format_bytes(t["mem_allocated_after"]),
-                format_bytes(t["max_delta_allocated"], signed=True),
-                format_bytes(t["min_delta_allocated"], signed=True),
-                str(t["worst_step"]),
+                t(e["event_type"]),
+                code(e["module"]) if e["module"] else "—",
+                t(e["phase"]),
+                t(e["count"]),
+                format_bytes(e["mem_allocated_after"]),
+                format_bytes(e["max_delta_allocated"], signed=True),
+                format_bytes(e["min_delta_allocated"], signed=True),
+                t(e["worst_step"]),
             ]
-            for t in report.get("top_events", [])[:max_rows]
+            for e in report.get("top_events", [])[:max_rows]
         ],
     )
     lines += ["## Modules by largest allocation increase", ""]
@@ -113,9 +140,9 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
         ["module", "class", "events", "max allocated after", "max Δ", "min Δ"],
         [
             [
-                f"`{m['module']}`",
-                m["module_class"],
-                str(m["count"]),
+                code(m["module"]),
+                t(m["module_class"]),
+                t(m["count"]),
                 format_bytes(m["max_allocated_after"]),
                 format_bytes(m["max_delta_allocated"], signed=True),
                 format_bytes(m["min_delta_allocated"], signed=True),
@@ -128,11 +155,11 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
         ["step", "start", "end", "peak", "peak phase", "reserved peak", "host RSS"],
         [
             [
-                str(st["step"]),
+                t(st["step"]),
                 format_bytes(st["allocated_start"]),
                 format_bytes(st["allocated_end"]),
                 format_bytes(st["peak_allocated"]),
-                st["peak_phase"],
+                t(st["peak_phase"]),
                 format_bytes(st["peak_reserved"]),
                 format_bytes(st.get("host_rss_end")),
             ]
@@ -143,15 +170,18 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
         lines += ["## Tracing errors (training was not affected)", ""]
         lines += _table(
             ["site", "count", "first error"],
-            [[e["site"], str(e["count"]), e["first_error"]] for e in report["errors"]],
+            [
+                [t(e["site"]), t(e["count"]), t(e["first_error"])]
+                for e in report["errors"][:max_rows]
+            ],
         )
     trace = report.get("trace", {})
     lines += [
         "## Trace",
         "",
-        f"{trace.get('events_recorded')} events recorded, {trace.get('events_in_report')} kept "
-        f"in this report (detail steps {trace.get('detail_steps')}); full trace: "
-        f"`{trace.get('jsonl') or 'disabled'}`.",
+        f"{t(trace.get('events_recorded'))} events recorded, {t(trace.get('events_in_report'))} "
+        f"kept in this report (detail steps {t(trace.get('detail_steps'))}); full trace: "
+        f"{code(trace.get('jsonl') or 'disabled')}.",
         "",
     ]
     return "\n".join(lines)

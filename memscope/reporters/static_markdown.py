@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from memscope.reporters.markdown import md_code, md_text
 from memscope.units import format_bytes
 
 _SUMMARY_ROWS = (
@@ -18,7 +19,7 @@ _SUMMARY_ROWS = (
 
 
 def _row(cells: list[str]) -> str:
-    return "| " + " | ".join(cells) + " |"
+    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
 
 def render_static_markdown(report: dict[str, Any]) -> str:
@@ -27,15 +28,16 @@ def render_static_markdown(report: dict[str, Any]) -> str:
     lines = [
         "# MemScope static memory estimate",
         "",
-        f"{meta['source']}; dtype `{meta['dtype']}`; world size {meta['world_size']}; "
-        f"rank position tp={s['tp_rank']} pp={s['pp_rank']}; "
+        f"{md_text(meta['source'])}; dtype {md_code(meta['dtype'])}; world size "
+        f"{md_text(meta['world_size'])}; rank position tp={md_text(s['tp_rank'])} "
+        f"pp={md_text(s['pp_rank'])}; "
         f"{s['param_count']:,} parameters on this rank.",
         "",
         _row(["term", "bytes", ""]),
         _row(["---", "---:", "---:"]),
     ]
     lines += [_row([label, str(s[key]), format_bytes(s[key])]) for label, key in _SUMMARY_ROWS]
-    lines += ["", f"Peak stage: `{s['peak_stage']}`.", "", "## Ranks", ""]
+    lines += ["", f"Peak stage: {md_code(s['peak_stage'])}.", "", "## Ranks", ""]
     lines.append(
         _row(
             [
@@ -63,7 +65,7 @@ def render_static_markdown(report: dict[str, Any]) -> str:
                     format_bytes(c[k])
                     for k in ("parameters", "gradients", "optimizer_state", "activations")
                 ]
-                + [format_bytes(r["peak_memory_bytes"]), r["peak_stage"]]
+                + [format_bytes(r["peak_memory_bytes"]), md_text(r["peak_stage"])]
             )
         )
     allowance = report.get("allowance") or {}
@@ -73,7 +75,7 @@ def render_static_markdown(report: dict[str, Any]) -> str:
         "",
         f"- CUDA context: {format_bytes(allowance.get('cuda_context_bytes'))}",
         f"- NCCL buffers: {format_bytes(allowance.get('nccl_buffer_bytes'))}",
-        f"- allocator fragmentation: {allowance.get('fragmentation', 'n/a')}",
+        f"- allocator fragmentation: {md_text(allowance.get('fragmentation', 'n/a'))}",
     ]
     lines += ["", "## Operators", "", _row(["name", "phase", "bytes", "formula", "notes"])]
     lines.append(_row(["---", "---", "---:", "---", "---"]))
@@ -81,13 +83,13 @@ def render_static_markdown(report: dict[str, Any]) -> str:
         lines.append(
             _row(
                 [
-                    op["name"],
-                    op["phase"],
+                    md_text(op["name"]),
+                    md_text(op["phase"]),
                     format_bytes(op["memory_bytes"]),
-                    f"`{op['formula']}`",
-                    op["notes"],
+                    md_code(op["formula"]),
+                    md_text(op["notes"]),
                 ]
             )
         )
-    lines += ["", f"_Exact vs approximate: {meta['approximations']}._", ""]
+    lines += ["", f"_Exact vs approximate: {md_text(meta['approximations'])}._", ""]
     return "\n".join(lines)
