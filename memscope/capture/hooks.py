@@ -106,22 +106,13 @@ class HookSet:
         return removed
 
     # -- hook factories --------------------------------------------------------------------
-    # Every hook body runs inside two nets: the inner one reports a failure to the sink (which
-    # turns that hook family off); the outer one catches a failure of the safety net itself
-    # (``family_enabled``, ``hook_failed``, the failure log), so nothing ever reaches the model.
+    # Every hook body runs inside two nets (see :func:`_guarded`), so nothing ever reaches the
+    # model, not even a failure of the safety net itself.
     def _pre_hook(self, label: ModuleLabel):  # type: ignore[no-untyped-def]
         sink = self._sink
 
         def hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            try:
-                if not sink.family_enabled("module_hooks"):
-                    return
-                try:
-                    sink.module_enter(label, args, kwargs)
-                except Exception as exc:
-                    sink.hook_failed("module_hooks", exc)
-            except Exception:
-                return
+            _guarded(sink, "module_hooks", sink.module_enter, label, args, kwargs)
 
         return hook
 
@@ -131,40 +122,24 @@ class HookSet:
         def hook(
             module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
         ) -> None:
-            try:
-                if not sink.family_enabled("module_hooks"):
-                    return
-                try:
-                    wanting_grads = sink.module_exit(label, output)
-                except Exception as exc:
-                    sink.hook_failed("module_hooks", exc)
-                    return
-                if wanting_grads and sink.family_enabled("output_grad_hooks"):
-                    mb = getattr(sink, "current_microbatch", None)
-                    for tensor in wanting_grads:
-                        try:
-                            tensor.register_hook(self._output_grad_hook(label, mb))
-                        except Exception as exc:
-                            sink.hook_failed("output_grad_hooks", exc)
-                            break
-            except Exception:
-                return
+            wanting_grads = _guarded(sink, "module_hooks", sink.module_exit, label, output)
+            if wanting_grads:
+                mb = getattr(sink, "current_microbatch", None)
+                _guarded(sink, "output_grad_hooks", self._watch_grads, wanting_grads, label, mb)
 
         return hook
+
+    def _watch_grads(
+        self, tensors: list[torch.Tensor], label: ModuleLabel, microbatch: int | None
+    ) -> None:
+        for tensor in tensors:
+            tensor.register_hook(self._output_grad_hook(label, microbatch))
 
     def _output_grad_hook(self, label: ModuleLabel, microbatch: int | None):  # type: ignore[no-untyped-def]
         sink = self._sink
 
         def hook(grad: torch.Tensor) -> None:
-            try:
-                if not sink.family_enabled("output_grad_hooks"):
-                    return
-                try:
-                    sink.output_grad(label, microbatch, grad)
-                except Exception as exc:
-                    sink.hook_failed("output_grad_hooks", exc)
-            except Exception:
-                return
+            _guarded(sink, "output_grad_hooks", sink.output_grad, label, microbatch, grad)
 
         return hook
 
@@ -172,15 +147,7 @@ class HookSet:
         sink = self._sink
 
         def hook(grad: torch.Tensor) -> None:
-            try:
-                if not sink.family_enabled("param_grad_hooks"):
-                    return
-                try:
-                    sink.param_grad_ready(name, grad)
-                except Exception as exc:
-                    sink.hook_failed("param_grad_hooks", exc)
-            except Exception:
-                return
+            _guarded(sink, "param_grad_hooks", sink.param_grad_ready, name, grad)
 
         return hook
 
@@ -188,14 +155,21 @@ class HookSet:
         sink = self._sink
 
         def hook(param: torch.Tensor) -> None:
-            try:
-                if not sink.family_enabled("param_grad_hooks"):
-                    return
-                try:
-                    sink.param_grad_accumulated(name, param)
-                except Exception as exc:
-                    sink.hook_failed("param_grad_hooks", exc)
-            except Exception:
-                return
+            _guarded(sink, "param_grad_hooks", sink.param_grad_accumulated, name, param)
 
         return hook
+
+
+def _guarded(sink: HookSink, family: str, call: Any, *args: Any) -> Any:
+    """``call(*args)`` if ``family`` is on; a failure is reported to the sink (which turns the
+    family off), and a failure of that reporting itself is swallowed. Never raises."""
+    try:
+        if not sink.family_enabled(family):
+            return None
+        try:
+            return call(*args)
+        except Exception as exc:
+            sink.hook_failed(family, exc)
+    except Exception:
+        pass
+    return None

@@ -420,32 +420,13 @@ MAX_YAML_NODES = 100_000  # after alias expansion
 
 def read_config_text(path: str) -> str:
     """The UTF-8 text of ``path``: a regular file of at most :data:`MAX_CONFIG_BYTES`
-    (a FIFO, a device such as ``/dev/zero`` or a directory is refused before reading).
-
-    (A local check: ``memscope.analysis`` may import neither ``memscope.io`` nor torch.)"""
-    import os
-    import stat
+    (a FIFO, a device such as ``/dev/zero`` or a directory is refused before reading)."""
+    from memscope.events.bounded_input import InputRefused, read_regular
 
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read ({exc.strerror})") from None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        os.close(fd)
-        raise ValueError(f"{path}: not a regular file")
-    with os.fdopen(fd, "rb") as f:
-        if info.st_size > MAX_CONFIG_BYTES:
-            raise ValueError(
-                f"{path}: {info.st_size:,} bytes, more than the {MAX_CONFIG_BYTES:,} a config "
-                "may have"
-            )
-        try:
-            data = f.read(MAX_CONFIG_BYTES + 1)
-        except OSError as exc:
-            raise ValueError(f"{path}: cannot read ({exc.strerror})") from None
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ValueError(f"{path}: more than the {MAX_CONFIG_BYTES:,} bytes a config may have")
+        data = read_regular(path, MAX_CONFIG_BYTES)
+    except InputRefused as exc:
+        raise ValueError(f"{path}: {exc}") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
