@@ -99,7 +99,7 @@ def test_missing_and_truncated_files_fail_cleanly_and_keep_old_reports(tmp_path,
     before = (tmp_path / "static_report.json").read_bytes()
     truncated = tmp_path / "cut.json"
     truncated.write_text(pathlib.Path(EXAMPLE).read_text()[:120])
-    for path, needle in ((tmp_path / "none.json", "cannot read"), (truncated, "invalid JSON")):
+    for path, needle in ((tmp_path / "none.json", "no such file"), (truncated, "invalid JSON")):
         res = cli("--config", str(path), "--outdir", str(tmp_path))
         assert res.returncode == 2 and needle in res.stderr and "Traceback" not in res.stderr
         assert len(res.stderr.strip().splitlines()) == 1

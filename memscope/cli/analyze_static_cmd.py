@@ -43,7 +43,51 @@ def register(sub: Any) -> None:
         default=None,
         help="unpadded vocabulary size when the config leaves it to the tokenizer",
     )
+    world = p.add_argument_group("world size (else the config's world_size / data_parallel_size)")
+    world.add_argument("--world-size", type=int, default=None, help="number of ranks")
+    world.add_argument("--nnodes", type=int, default=None, help="nodes (with --nproc-per-node)")
+    world.add_argument(
+        "--nproc-per-node", type=int, default=None, help="ranks per node (with --nnodes)"
+    )
+    world.add_argument(
+        "--experiment",
+        default=None,
+        help="FlagScale experiment YAML: its runner's hostfile or nnodes x nproc_per_node",
+    )
+    world.add_argument("--hostfile", default=None, help="hostfile of 'host slots=N' lines")
     p.set_defaults(run=run)
+
+
+def _world_size(args: argparse.Namespace) -> tuple[int | None, str]:
+    """The world size the options give (None: none does) and where it comes from; options
+    that disagree are a one-line error."""
+    from memscope.analysis.static.sources import experiment_world_size, read_hostfile
+
+    given: list[tuple[int, str]] = []
+    if args.world_size is not None:
+        if args.world_size < 1:
+            raise CliError(f"--world-size must be >= 1, got {args.world_size}")
+        given.append((args.world_size, "--world-size"))
+    if (args.nnodes is None) != (args.nproc_per_node is None):
+        raise CliError("--nnodes and --nproc-per-node go together")
+    if args.nnodes is not None:
+        if args.nnodes < 1 or args.nproc_per_node < 1:
+            raise CliError("--nnodes and --nproc-per-node must be >= 1")
+        what = f"--nnodes {args.nnodes} x --nproc-per-node {args.nproc_per_node}"
+        given.append((args.nnodes * args.nproc_per_node, what))
+    try:
+        if args.hostfile is not None:
+            given.append((read_hostfile(args.hostfile), f"hostfile {args.hostfile}"))
+        if args.experiment is not None:
+            found = experiment_world_size(args.experiment)
+            if found is not None:
+                given.append((found[0], f"{args.experiment}: {found[1]}"))
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    for size, where in given[1:]:
+        if size != given[0][0]:
+            raise CliError(f"world size {size} ({where}) contradicts {given[0][0]} ({given[0][1]})")
+    return (given[0][0], given[0][1]) if given else (None, "")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,10 +103,12 @@ def run(args: argparse.Namespace) -> int:
     md_path = os.path.join(args.outdir, "static_report.md")
     for out in (json_path, md_path):  # before any work: regular files, never the config
         check_output(out, [args.config])
+    world, world_source = _world_size(args)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConfigWarning)
         try:
-            spec = replace(load_config_file(args.config, args.vocab_size), device=args.device)
+            spec = load_config_file(args.config, args.vocab_size, world)
+            spec = replace(spec, device=args.device)
             estimates = estimate_all_ranks(spec)
             if args.rank is None:
                 selected = max(estimates, key=lambda e: e.peak_memory_bytes)
@@ -75,11 +121,15 @@ def run(args: argparse.Namespace) -> int:
     for other in caught:  # anything else keeps its usual treatment
         if not issubclass(other.category, ConfigWarning):
             warnings.warn_explicit(other.message, other.category, other.filename, other.lineno)
-    notes += peak_warnings(selected.peak_memory_bytes, _first_rank(spec, selected))
+    rank = _first_rank(spec, selected) if args.rank is None else args.rank
+    notes += peak_warnings(selected.peak_memory_bytes, rank)
     for note in dict.fromkeys(notes):  # one line each, in order, no repeats
         print(f"memscope analyze-static: warning: {args.config}: {note}", file=sys.stderr)
     report = build_static_report(spec, estimates, selected, args.config)
     report["warnings"] = list(dict.fromkeys(notes))
+    report["rank"] = rank
+    report["summary"]["rank"] = rank
+    report["data_parallel"] = _data_parallel_note(spec, world_source)
     write_json_output(json_path, report, [args.config])
     write_output(md_path, render_static_markdown(report), [args.config])
     progress(f"wrote {json_path} and static_report.md")
@@ -93,14 +143,33 @@ def run(args: argparse.Namespace) -> int:
             )
     s = report["summary"]
     line = (
-        f"peak {format_bytes(s['peak_memory_bytes'])} on rank {s['global_ranks'][0]} "
+        f"peak {format_bytes(s['peak_memory_bytes'])} on rank {rank} "
         f"(tp={s['tp_rank']} pp={s['pp_rank']}, {s['peak_stage']}): {s['param_count']:,} "
         f"parameters, persistent {format_bytes(s['persistent_memory_bytes'])}, activations "
         f"{format_bytes(s['activation_memory_bytes'])}, temporary "
         f"{format_bytes(s['temporary_memory_bytes'])}"
     )
+    dp = report["data_parallel"]
+    if dp["assumed"]:
+        line += f"; {dp['note']}"
     print(printable(line))
     return 0
+
+
+def _data_parallel_note(spec: Any, source: str) -> dict[str, Any]:
+    """How the data-parallel size was found: given, or assumed when nothing said it."""
+    p = spec.parallel
+    out: dict[str, Any] = {"dp": p.dp, "world_size": p.world_size, "assumed": p.dp_assumed}
+    if p.dp_assumed:
+        out["source"] = "assumed"
+        out["note"] = (
+            f"world size not given: assumed DP={p.dp} (world size {p.world_size}, the least "
+            "the grid allows); pass --world-size, --nnodes/--nproc-per-node, --experiment or "
+            "--hostfile"
+        )
+    else:
+        out["source"] = source or "config"
+    return out
 
 
 def _first_rank(spec: Any, estimate: Any) -> int:

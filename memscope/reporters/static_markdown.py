@@ -33,6 +33,7 @@ def render_static_markdown(report: dict[str, Any]) -> str:
         f"pp={md_text(s['pp_rank'])}; "
         f"{s['param_count']:,} parameters on this rank.",
         "",
+        *_data_parallel_lines(report),
         _row(["term", "bytes", ""]),
         _row(["---", "---:", "---:"]),
     ]
@@ -93,3 +94,19 @@ def render_static_markdown(report: dict[str, Any]) -> str:
         )
     lines += ["", f"_Exact vs approximate: {md_text(meta['approximations'])}._", ""]
     return "\n".join(lines)
+
+
+def _data_parallel_lines(report: dict[str, Any]) -> list[str]:
+    """The selected rank and how the data-parallel size was found (assumed or given)."""
+    out = []
+    if "rank" in report:
+        out.append(f"Detailed rank: {md_text(report['rank'])}.")
+    dp = report.get("data_parallel")
+    if isinstance(dp, dict):
+        if dp.get("assumed"):
+            out.append(f"**Data parallel assumed**: {md_text(dp.get('note', ''))}.")
+        else:
+            out.append(
+                f"Data parallel: DP={md_text(dp.get('dp'))} from {md_text(dp.get('source'))}."
+            )
+    return [*out, ""] if out else []

@@ -21,6 +21,7 @@ per TP rank, ``e`` activation bytes, ``sp`` = TP size under sequence parallelism
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from memscope.analysis.static.config import TrainingSpec
 
@@ -221,17 +222,24 @@ class ActivationEstimate:
     """Activation bytes of one rank at its forward/backward high-water mark."""
 
     per_layer: dict[str, int]  # one layer, one microbatch (no recompute applied)
-    chunk_saved_bytes: int  # one (chunk-)microbatch's saved tensors on this rank
+    chunk_saved_bytes: int  # one microbatch's saved tensors in the chunk whose backward peaks
     in_flight: int  # (chunk-)microbatches whose saved tensors coexist at the peak
     backward_working_bytes: int  # on top of the saved tensors, at the peak moment
     peak_moment: str  # which backward moment is the high-water mark
     buffer_bytes: int  # megatron's global "mpu" buffer (attention scores / SP all-gather)
     logits_bytes: int  # last stage: fp32 softmax kept by the cross entropy (one microbatch)
     detail: dict[str, int] = field(default_factory=dict)
+    # per virtual chunk: its microbatches in flight at the peak, one microbatch's saved bytes
+    in_flight_per_chunk: tuple[int, ...] = ()
+    saved_per_chunk: tuple[int, ...] = ()
 
     @property
     def saved_bytes(self) -> int:
         """Saved tensors of every in-flight (chunk-)microbatch."""
+        if self.in_flight_per_chunk:
+            return sum(
+                n * b for n, b in zip(self.in_flight_per_chunk, self.saved_per_chunk, strict=False)
+            )
         return self.in_flight * self.chunk_saved_bytes
 
     @property
@@ -240,18 +248,63 @@ class ActivationEstimate:
         return self.saved_bytes + self.backward_working_bytes + self.buffer_bytes
 
 
+@lru_cache(maxsize=256)
+def _schedule_states(
+    pp: int, pp_rank: int, chunks: int, microbatches: int, group: int
+) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """Every distinct moment a backward starts on stage ``pp_rank``: (the chunk running it,
+    the chunk-microbatches per chunk whose saved tensors are alive, its own included).
+
+    Replays megatron-core's schedules (megatron/core/pipeline_parallel/schedules.py):
+    ``get_pp_rank_microbatches`` gives the warm-up forwards (``pp - rank - 1`` without
+    interleaving; ``2 (pp - rank - 1) + (chunks - 1) group`` with it, ``group`` being
+    ``microbatch_group_size_per_vp_stage``, all of them when that exceeds the total); the
+    steady 1F1B phase runs forward ``k + warmup`` then backward ``k``; the cool-down runs
+    the remaining backwards. ``get_schedule_table`` orders the chunk-microbatches (``group``
+    microbatches per chunk, the last group taking the remainder) and ``get_model_chunk_id``
+    runs the backward of table entry ``k`` on chunk ``chunks - 1 - table[k]``. A last-stage
+    microbatch's loss (and the logits' softmax) is computed inside its forward and freed by
+    its backward, so the last chunk's extras count only for its own in-flight microbatches.
+    """
+    if pp == 1:  # forward_backward_no_pipelining: forward then backward, per microbatch
+        return ((0, (1,)),)
+    table: list[int] = []  # forward order: the chunk of each chunk-microbatch
+    for start in range(0, microbatches, group):
+        size = microbatches - start if start + group >= microbatches else group
+        table += [c for c in range(chunks) for _ in range(size)]
+        if start + group >= microbatches:
+            break
+    total = len(table)
+    warmup = pp - pp_rank - 1 if chunks == 1 else 2 * (pp - pp_rank - 1) + (chunks - 1) * group
+    warmup = min(warmup, total)
+    alive = [0] * chunks
+    for k in range(warmup):
+        alive[table[k]] += 1
+    states: dict[tuple[int, tuple[int, ...]], None] = {}
+    for k in range(total):  # backward k, after forward k + warmup in the steady phase
+        if k + warmup < total:
+            alive[table[k + warmup]] += 1
+        chunk = chunks - 1 - table[k]
+        states.setdefault((chunk, tuple(alive)), None)
+        alive[chunk] -= 1
+    return tuple(states)
+
+
+def schedule_states(spec: TrainingSpec, pp_rank: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """:func:`_schedule_states` for ``spec``'s stage ``pp_rank``."""
+    p = spec.parallel
+    chunks = p.vpp if p.vpp is not None and p.pp > 1 else 1
+    group = p.microbatch_group_size or p.pp
+    return _schedule_states(p.pp, pp_rank, chunks, spec.num_microbatches, group)
+
+
 def in_flight_microbatches(spec: TrainingSpec, pp_rank: int) -> int:
-    """(Chunk-)microbatches with live activations at the 1F1B high-water mark of a stage.
+    """The most (chunk-)microbatches with live activations when a backward starts.
 
     No pipelining: one. 1F1B: ``min(M, pp - rank)`` (warm-up forwards plus one). Interleaved
     1F1B: Megatron's warm-up ``2 (pp - rank - 1) + (vpp - 1) pp`` chunk-forwards plus one.
     """
-    p, mb = spec.parallel, spec.num_microbatches
-    if p.pp == 1:
-        return 1
-    if p.vpp is None:
-        return min(mb, p.pp - pp_rank)
-    return min(mb * p.vpp, 2 * (p.pp - pp_rank - 1) + (p.vpp - 1) * p.pp + 1)
+    return max(sum(alive) for _, alive in schedule_states(spec, pp_rank))
 
 
 def _checkpointed(spec: TrainingSpec, n_layers: int) -> list[int | None]:
@@ -344,24 +397,40 @@ def activation_estimate(
         first = pp_rank == 0 and c == 0
         last = pp_rank == p.pp - 1 and c == len(layer_counts) - 1
         chunks.append(chunk_activations(spec, n, first, last))
-    saved, work, moment, detail = max(chunks, key=lambda r: r[0] + r[1])
     x = dims(spec)
+    extra_work = 0
     if p.vpp is not None:
-        work += x.hidden  # the interleaved schedule holds one more p2p receive buffer
+        extra_work += x.hidden  # the interleaved schedule holds one more p2p receive buffer
     if pp_rank > 0 and spec.num_microbatches > 1:
         # the schedule still holds the previous microbatch's input gradient (just sent
         # upstream) while the next backward runs
-        work += x.hidden
+        extra_work += x.hidden
+    saved_each = tuple(r[0] for r in chunks)
+    # the highest moment over the schedule: every in-flight chunk-microbatch's saved tensors
+    # (the last chunk's logits/loss only for its own microbatches) plus the working set of
+    # the chunk whose backward runs
+    best: tuple[int, int, tuple[int, ...]] | None = None
+    for chunk, alive in schedule_states(spec, pp_rank):
+        total = sum(n * b for n, b in zip(alive, saved_each, strict=False)) + chunks[chunk][1]
+        if best is None or total > best[0]:
+            best = (total, chunk, alive)
+    assert best is not None
+    _, peak_chunk, alive = best
+    saved, work, moment, detail = chunks[peak_chunk]
+    if len(chunks) > 1:
+        moment = f"chunk {peak_chunk} {moment}"
     logits = x.s * x.b * x.vocab * FP32 if pp_rank == p.pp - 1 else 0
     return ActivationEstimate(
         per_layer=layer_saved(spec, x),
         chunk_saved_bytes=saved,
-        in_flight=in_flight_microbatches(spec, pp_rank),
-        backward_working_bytes=work,
+        in_flight=sum(alive),
+        backward_working_bytes=work + extra_work,
         peak_moment=moment,
         buffer_bytes=buffer_bytes(spec),
         logits_bytes=logits,
         detail=detail,
+        in_flight_per_chunk=alive,
+        saved_per_chunk=saved_each,
     )
 
 

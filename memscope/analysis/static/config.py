@@ -105,6 +105,14 @@ class ParallelSpec:
     last_stage_layers: int | None = None  # decoder_last_pipeline_num_layers
     stage_layers: tuple[int, ...] | None = None  # per stage (FlagScale's hetero layer split)
     stage_meshes: tuple[tuple[int, int], ...] | None = None  # hetero: (tp, dp) per stage
+    # account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split: the
+    # embedding (loss) counts as one layer of the first (last) stage's split
+    account_for_embedding: bool = False
+    account_for_loss: bool = False
+    # microbatch_group_size_per_vp_stage (interleaved schedule); None: pp (Megatron's default)
+    microbatch_group_size: int | None = None
+    # nothing gave the world size or dp: dp is the least the grid allows (1 without experts)
+    dp_assumed: bool = False
 
     @property
     def world_size(self) -> int:
@@ -201,14 +209,14 @@ class TrainingSpec:
         for name in ("micro_batch_size", "num_microbatches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"training.{name} must be >= 1, got {getattr(self, name)}")
-        chunks = p.pp * (p.vpp or 1)
-        uneven = (p.first_stage_layers, p.last_stage_layers, p.stage_layers) != (None,) * 3
-        if not uneven and m.num_layers % chunks:
-            raise ValueError(
-                f"parallel.pp x vpp ({chunks}) must divide model.num_layers ({m.num_layers})"
-            )
         if p.vpp is not None and p.pp < 2:
             raise ValueError("parallel.vpp needs parallel.pp >= 2")
+        group = p.microbatch_group_size
+        if p.vpp is not None and group is not None and not p.pp <= group <= self.num_microbatches:
+            raise ValueError(  # megatron-core forward_backward_pipelining_with_interleaving
+                f"microbatch_group_size_per_vp_stage ({group}) must be in [parallel.pp "
+                f"({p.pp}), num_microbatches ({self.num_microbatches})]"
+            )
         if prec.params_dtype not in DTYPE_BYTES:
             raise ValueError(
                 f"precision.params_dtype {prec.params_dtype!r} is unknown; use one of "
@@ -253,28 +261,61 @@ def stage_spec(spec: TrainingSpec, pp_rank: int) -> TrainingSpec:
     return replace(spec, parallel=sizes)
 
 
-def stage_layer_counts(m: ModelSpec, p: ParallelSpec) -> list[int]:
-    """Decoder layers per pipeline stage (even split, Megatron's uneven first/last, or an
-    explicit per-stage split)."""
+def chunk_layer_counts(m: ModelSpec, p: ParallelSpec, pp_rank: int) -> list[int]:
+    """Decoder layers of each virtual chunk of stage ``pp_rank``: megatron-core's
+    ``get_num_layers_to_build`` (megatron/core/transformer/transformer_block.py).
+
+    Uneven first/last stages give their layers to that stage (split evenly over its
+    chunks); otherwise ``num_layers`` (+1 with ``account_for_embedding_in_pipeline_split``,
+    +1 with ``account_for_loss_in_pipeline_split``) is split evenly over the stages and each
+    stage's layers over its chunks, then the first chunk of the first stage builds one layer
+    less for the embedding and the last chunk of the last stage one less for the loss.
+    FlagScale's hetero split gives each stage its own count (no virtual chunks)."""
     if p.stage_layers is not None:
-        return list(p.stage_layers)
-    if p.first_stage_layers is None and p.last_stage_layers is None:
-        return [m.num_layers // p.pp] * p.pp
-    fixed = [p.first_stage_layers, p.last_stage_layers]
-    middle = p.pp - sum(x is not None for x in fixed)
-    rest = m.num_layers - sum(x or 0 for x in fixed)
-    each = rest // middle if middle > 0 else 0
-    counts = [each] * p.pp
-    if p.first_stage_layers is not None:
-        counts[0] = p.first_stage_layers
-    if p.last_stage_layers is not None:
-        counts[-1] = p.last_stage_layers
+        return [p.stage_layers[pp_rank]]
+    vpp = p.vpp if p.vpp is not None and p.pp > 1 else 1
+    if p.first_stage_layers is not None or p.last_stage_layers is not None:
+        fixed = [p.first_stage_layers, p.last_stage_layers]
+        middle = p.pp - sum(x is not None for x in fixed)
+        rest = m.num_layers - sum(x or 0 for x in fixed)
+        per_rank = rest // middle if middle > 0 else 0
+        if pp_rank == 0 and p.first_stage_layers is not None:
+            per_rank = p.first_stage_layers
+        if pp_rank == p.pp - 1 and p.last_stage_layers is not None:
+            per_rank = p.last_stage_layers
+        return [per_rank // vpp] * vpp
+    total = m.num_layers + int(p.account_for_embedding) + int(p.account_for_loss)
+    counts = [total // p.pp // vpp] * vpp
+    if p.account_for_embedding and pp_rank == 0:
+        counts[0] -= 1
+    if p.account_for_loss and pp_rank == p.pp - 1:
+        counts[-1] -= 1
     return counts
 
 
+def chunk_layer_offset(m: ModelSpec, p: ParallelSpec, pp_rank: int, chunk: int) -> int:
+    """Global index of the first layer of virtual chunk ``chunk`` of stage ``pp_rank``.
+
+    megatron-core's ``get_transformer_layer_offset`` (megatron/core/transformer/
+    transformer_layer.py) numbers layers chunk-major (virtual stage, then pipeline rank); in
+    every case it equals the layers of all earlier (chunk, rank) pairs, summed here."""
+    per_rank = [chunk_layer_counts(m, p, r) for r in range(p.pp)]
+    earlier = sum(per_rank[r][c] for c in range(chunk) for r in range(p.pp))
+    return earlier + sum(per_rank[r][chunk] for r in range(pp_rank))
+
+
+def stage_layer_counts(m: ModelSpec, p: ParallelSpec) -> list[int]:
+    """Decoder layers per pipeline stage (all its virtual chunks)."""
+    return [sum(chunk_layer_counts(m, p, r)) for r in range(p.pp)]
+
+
 def _validate_stage_layers(m: ModelSpec, p: ParallelSpec) -> None:
+    """The layer-split checks of megatron-core ``TransformerConfig.__post_init__``
+    (megatron/core/transformer/transformer_config.py), each refused with its reason."""
     if p.stage_meshes is not None and len(p.stage_meshes) != p.pp:
         raise ValueError(f"parallel.stage_meshes: {len(p.stage_meshes)} stages, pp is {p.pp}")
+    uneven = p.first_stage_layers is not None or p.last_stage_layers is not None
+    accounted = p.account_for_embedding or p.account_for_loss
     if p.stage_layers is not None:
         counts = list(p.stage_layers)
         if len(counts) != p.pp or sum(counts) != m.num_layers or min(counts) < 1:
@@ -284,24 +325,54 @@ def _validate_stage_layers(m: ModelSpec, p: ParallelSpec) -> None:
             )
         if p.vpp is not None:
             raise ValueError("parallel.vpp with a per-stage layer split is not supported")
+        if accounted:
+            raise ValueError(
+                "account_for_embedding/loss_in_pipeline_split with a per-stage layer split "
+                "(hetero_pipeline_layer_split) is not supported"
+            )
         return
-    if p.first_stage_layers is None and p.last_stage_layers is None:
-        return
-    for name in ("first_stage_layers", "last_stage_layers"):
-        value = getattr(p, name)
-        if value is not None and value < 1:
-            raise ValueError(f"parallel.{name} must be >= 1 (megatron-core), got {value}")
-    if p.vpp is not None:
-        raise ValueError("parallel.vpp with uneven first/last pipeline stages is not supported")
-    fixed = [x for x in (p.first_stage_layers, p.last_stage_layers) if x is not None]
-    middle = p.pp - len(fixed)
-    rest = m.num_layers - sum(fixed)
-    if p.pp < 2 or rest < 0 or (middle > 0 and rest % middle) or (middle == 0 and rest):
+    vpp = p.vpp if p.vpp is not None and p.pp > 1 else None
+    if uneven and accounted:
         raise ValueError(
-            f"parallel.first_stage_layers/last_stage_layers ({p.first_stage_layers}/"
-            f"{p.last_stage_layers}) do not split model.num_layers ({m.num_layers}) over "
-            f"parallel.pp ({p.pp}) stages"
+            "decoder_first/last_pipeline_num_layers cannot be combined with "
+            "account_for_embedding/loss_in_pipeline_split (megatron-core TransformerConfig)"
         )
+    if uneven:
+        for name in ("first_stage_layers", "last_stage_layers"):
+            value = getattr(p, name)
+            if value is not None and value < 1:
+                raise ValueError(f"parallel.{name} must be >= 1 (megatron-core), got {value}")
+            if value is not None and vpp is not None and value % vpp:
+                raise ValueError(
+                    f"parallel.{name} ({value}) must be divisible by parallel.vpp ({vpp}) "
+                    "(megatron-core TransformerConfig)"
+                )
+        fixed = [x for x in (p.first_stage_layers, p.last_stage_layers) if x is not None]
+        middle = p.pp - len(fixed)
+        rest = m.num_layers - sum(fixed)
+        if p.pp < 2 or rest < 0 or (middle > 0 and rest % middle) or (middle == 0 and rest):
+            raise ValueError(
+                f"parallel.first_stage_layers/last_stage_layers ({p.first_stage_layers}/"
+                f"{p.last_stage_layers}) do not split model.num_layers ({m.num_layers}) over "
+                f"parallel.pp ({p.pp}) stages"
+            )
+        if middle > 0 and vpp is not None and (rest // middle) % vpp:
+            raise ValueError(
+                f"the {rest // middle} layers of each middle pipeline stage must be divisible "
+                f"by parallel.vpp ({vpp}) (megatron-core TransformerConfig)"
+            )
+        return
+    total = m.num_layers + int(p.account_for_embedding) + int(p.account_for_loss)
+    what = "model.num_layers" + (
+        f" + {int(p.account_for_embedding) + int(p.account_for_loss)} "
+        "(account_for_embedding/loss_in_pipeline_split)"
+        if accounted
+        else ""
+    )
+    chunks = p.pp * (vpp or 1)
+    if total % chunks:
+        raise ValueError(f"parallel.pp x vpp ({chunks}) must divide {what} ({total})")
+    # total % chunks == 0 leaves every chunk >= 1 layer before the embedding/loss takes one
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:

@@ -20,7 +20,7 @@ from memscope.analysis.static.activations import (
     activation_estimate,
     optimizer_step_bytes,
 )
-from memscope.analysis.static.config import TrainingSpec, stage_layer_counts, stage_spec
+from memscope.analysis.static.config import TrainingSpec, stage_spec
 from memscope.analysis.static.params import (
     ParamTensor,
     RankPosition,
@@ -100,13 +100,12 @@ def estimate_rank(spec: TrainingSpec, position: RankPosition) -> RankEstimate:
         raise ValueError(f"rank position {position} is outside tp={p.tp} x pp={p.pp}")
     params = rank_params(spec, position)
     per_chunk = layers_per_chunk(spec, position.pp_rank)
-    assert per_chunk * (p.vpp or 1) == stage_layer_counts(spec.model, p)[position.pp_rank]
     largest = max((t.numel for t in params), default=0)
     return RankEstimate(
         position=position,
         params=params,
         persistent=persistent_terms(spec, params),
-        activations=activation_estimate(spec, position.pp_rank, [per_chunk] * (p.vpp or 1)),
+        activations=activation_estimate(spec, position.pp_rank, per_chunk),
         optimizer_step_bytes=optimizer_step_bytes(spec, largest),
     )
 

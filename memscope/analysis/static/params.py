@@ -20,7 +20,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memscope.analysis.static.config import ModelSpec, TrainingSpec, stage_layer_counts
+from memscope.analysis.static.config import (
+    ModelSpec,
+    TrainingSpec,
+    chunk_layer_counts,
+    chunk_layer_offset,
+)
 
 
 @dataclass(frozen=True)
@@ -41,18 +46,10 @@ class RankPosition:
     pp_rank: int = 0
 
 
-def layers_per_chunk(spec: TrainingSpec, pp_rank: int = 0) -> int:
-    """Decoder layers in each virtual chunk of pipeline stage ``pp_rank``."""
-    p = spec.parallel
-    return stage_layer_counts(spec.model, p)[pp_rank] // (p.vpp or 1)
-
-
-def _chunk_offset(spec: TrainingSpec, pp_rank: int, chunk: int) -> int:
-    """Global index of the chunk's first layer (Megatron's layer offset)."""
-    p = spec.parallel
-    if p.vpp is None:
-        return sum(stage_layer_counts(spec.model, p)[:pp_rank])
-    return (chunk * p.pp + pp_rank) * layers_per_chunk(spec)
+def layers_per_chunk(spec: TrainingSpec, pp_rank: int = 0) -> list[int]:
+    """Decoder layers in each virtual chunk of pipeline stage ``pp_rank``
+    (:func:`.config.chunk_layer_counts`, megatron-core's ``get_num_layers_to_build``)."""
+    return chunk_layer_counts(spec.model, spec.parallel, pp_rank)
 
 
 def _norm(prefix: str, size: int, normalization: str) -> list[ParamTensor]:
@@ -183,8 +180,8 @@ def _mtp(spec: TrainingSpec, tag: str) -> list[ParamTensor]:
 def rank_params(spec: TrainingSpec, pos: RankPosition) -> list[ParamTensor]:
     """Every parameter tensor the rank at ``pos`` holds, over all its virtual chunks."""
     m, p = spec.model, spec.parallel
-    chunks = p.vpp or 1
     per_chunk = layers_per_chunk(spec, pos.pp_rank)
+    chunks = len(per_chunk)
     out: list[ParamTensor] = []
     for chunk in range(chunks):
         first = pos.pp_rank == 0 and chunk == 0
@@ -193,8 +190,8 @@ def rank_params(spec: TrainingSpec, pos: RankPosition) -> list[ParamTensor]:
         tag = f"chunk{chunk}." if chunks > 1 else ""
         if first or mtp:  # MTP needs the embedding on its stage too (a tied copy)
             out += _embedding(spec, tag)
-        start = _chunk_offset(spec, pos.pp_rank, chunk)
-        for i in range(start, start + per_chunk):
+        start = chunk_layer_offset(m, p, pos.pp_rank, chunk)
+        for i in range(start, start + per_chunk[chunk]):
             out += layer_params(spec, f"{tag}decoder.layers.{i}", m.is_moe_layer(i))
         if last:
             out += _norm(f"{tag}decoder.final_layernorm", m.hidden_size, m.normalization)

@@ -208,11 +208,23 @@ def _position_embedding(args: Any) -> str:
     return kind
 
 
-def spec_from_megatron_args(args: Any, vocab_size: int | None = None) -> TrainingSpec:
+def spec_from_megatron_args(
+    args: Any, vocab_size: int | None = None, world_size: int | None = None
+) -> TrainingSpec:
     """From a Megatron args namespace (or a dict with the same underscore keys).
 
-    ``vocab_size`` (unpadded) is used when the source has none (tokenizer-defined vocab).
+    ``vocab_size`` (unpadded) is used when the source has none (tokenizer-defined vocab);
+    ``world_size`` (from the launcher: ``--world-size``, nnodes x nproc_per_node, a hostfile)
+    when given must agree with the config's own ``world_size``.
     """
+    if world_size is not None:
+        own = _int(args, "world_size", None, "parallel.world_size (world_size)")
+        if own is not None and own != world_size:
+            raise ValueError(
+                f"parallel.world_size (world_size) {own} in the config contradicts the "
+                f"launcher's world size {world_size}"
+            )
+        args = {**(args if isinstance(args, dict) else vars(args)), "world_size": world_size}
     for name, what in UNSUPPORTED.items():
         if _get(args, name):
             raise ValueError(f"{name}: {what} are not supported by the static estimator")
@@ -264,6 +276,11 @@ def spec_from_megatron_args(args: Any, vocab_size: int | None = None) -> Trainin
     if etp is not None and etp < 1:
         raise ValueError(f"parallel.etp (expert_tensor_parallel_size) must be >= 1, got {etp}")
     dp = _data_parallel(args, tp, pp, cp, ep, etp or tp)
+    dp_assumed = (
+        _get(args, "data_parallel_size") is None
+        and _get(args, "world_size") is None
+        and _get(args, "hetero_stage_meshes") is None
+    )
     vpp = _int(args, "virtual_pipeline_model_parallel_size", None, "parallel.vpp")
     per_vstage = _int(args, "num_layers_per_virtual_pipeline_stage")
     if vpp is None and per_vstage:
@@ -286,7 +303,17 @@ def spec_from_megatron_args(args: Any, vocab_size: int | None = None) -> Trainin
         last_stage_layers=_int(args, "decoder_last_pipeline_num_layers"),
         stage_layers=_int_tuple(args, "hetero_stage_layers"),
         stage_meshes=_stage_meshes(args),
+        account_for_embedding=_flag(args, "account_for_embedding_in_pipeline_split"),
+        account_for_loss=_flag(args, "account_for_loss_in_pipeline_split"),
+        microbatch_group_size=_int(args, "microbatch_group_size_per_vp_stage"),
+        dp_assumed=dp_assumed,
     )
+    if _get(args, "pipeline_model_parallel_layout") is not None:
+        raise ValueError(
+            "pipeline_model_parallel_layout: a custom pipeline layout is not modelled by the "
+            "static estimator (use decoder_first/last_pipeline_num_layers or "
+            "account_for_embedding/loss_in_pipeline_split)"
+        )
     precision = PrecisionSpec(
         params_dtype=dtype,
         grads_in_fp32=bf16 or _flag(args, "accumulate_allreduce_grads_in_fp32"),
@@ -322,7 +349,9 @@ def spec_from_megatron_args(args: Any, vocab_size: int | None = None) -> Trainin
     ).validate()
 
 
-def spec_from_flagscale_yaml(config: dict[str, Any], vocab_size: int | None = None) -> TrainingSpec:
+def spec_from_flagscale_yaml(
+    config: dict[str, Any], vocab_size: int | None = None, world_size: int | None = None
+) -> TrainingSpec:
     """From a FlagScale training YAML (its ``system``/``model``/``data`` sections merged).
 
     The merged keys get Megatron's argument defaults (:func:`.megatron_defaults`); a YAML for
@@ -342,7 +371,7 @@ def spec_from_flagscale_yaml(config: dict[str, Any], vocab_size: int | None = No
     refuse_non_gpt(merged)
     megatron_defaults(merged)
     apply_hetero(merged)
-    return spec_from_megatron_args(merged, vocab_size)
+    return spec_from_megatron_args(merged, vocab_size, world_size)
 
 
 # The original MemScope JSON config's names (and common synonyms) -> Megatron arg names.
@@ -367,7 +396,9 @@ JSON_KNOWN = READ_KEYS | set(JSON_ALIASES) | {"dtype", "model_type"}
 JSON_KNOWN |= {"hetero_stage_layers", "hetero_stage_meshes"}  # what apply_hetero sets
 
 
-def spec_from_json_config(config: dict[str, Any], vocab_size: int | None = None) -> TrainingSpec:
+def spec_from_json_config(
+    config: dict[str, Any], vocab_size: int | None = None, world_size: int | None = None
+) -> TrainingSpec:
     """From the original MemScope JSON config: sections flattened, aliases and ``dtype``."""
     for section in JSON_SECTIONS:
         if section in config and not isinstance(config[section], dict):
@@ -398,10 +429,12 @@ def spec_from_json_config(config: dict[str, Any], vocab_size: int | None = None)
         flat.setdefault("untie_embeddings_and_output_weights", True)
         flat.setdefault("hidden_dropout", 0.0)  # LLaMA recipes train without dropout
         flat.setdefault("attention_dropout", 0.0)
-    return spec_from_megatron_args(flat, vocab_size)
+    return spec_from_megatron_args(flat, vocab_size, world_size)
 
 
-def load_config_file(path: str, vocab_size: int | None = None) -> TrainingSpec:
+def load_config_file(
+    path: str, vocab_size: int | None = None, world_size: int | None = None
+) -> TrainingSpec:
     """A JSON (original MemScope) or YAML (FlagScale training) config file -> spec.
 
     Whatever the file holds, the only exception is a one-line ``ValueError`` (naming the
@@ -419,7 +452,7 @@ def load_config_file(path: str, vocab_size: int | None = None) -> TrainingSpec:
             loader = spec_from_flagscale_yaml
         if not isinstance(data, dict):
             raise ValueError(f"{path}: the config must be a mapping at the top level")
-        return loader(data, vocab_size)
+        return loader(data, vocab_size, world_size)
     except (ArithmeticError, LookupError, TypeError, AttributeError, RecursionError) as exc:
         # A safety net: every check above should have refused the config first.
         raise ValueError(
@@ -507,3 +540,48 @@ def _stage_meshes(args: Any) -> tuple[tuple[int, int], ...] | None:
         (as_int(tp, "hetero_stage_meshes", 1), as_int(dp, "hetero_stage_meshes", 1))
         for tp, dp in value
     )
+
+
+def read_hostfile(path: str) -> int:
+    """The world size of a hostfile: the sum of its ``host slots=N`` lines (FlagScale's
+    runner starts ``slots`` processes per host; ``#`` comments and blank lines skipped)."""
+    total = 0
+    for number, line in enumerate(read_config_text(path).splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        slots = [f for f in line.split()[1:] if f.startswith("slots=")]
+        if not slots:
+            raise ValueError(f"{path}: line {number}: expected 'host slots=N', got {show(line)}")
+        total += as_int(slots[0][len("slots=") :], f"{path}: line {number}: slots", minimum=1)
+    if total == 0:
+        raise ValueError(f"{path}: no 'host slots=N' line")
+    return total
+
+
+def experiment_world_size(path: str) -> tuple[int, str] | None:
+    """(world size, where from) of a FlagScale experiment YAML's ``experiment.runner``: the
+    slots of its ``hostfile`` when that names a readable file (relative to the YAML's folder
+    or the working directory), else ``nnodes`` x ``nproc_per_node``; ``None`` when neither
+    is given."""
+    try:
+        data = load_yaml(read_config_text(path))
+    except YamlRefusal as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    except Exception as exc:  # yaml.YAMLError and friends: one line
+        raise ValueError(f"{path}: invalid YAML ({type(exc).__name__})") from None
+    experiment = data.get("experiment") if isinstance(data, dict) else None
+    runner = experiment.get("runner") if isinstance(experiment, dict) else None
+    if not isinstance(runner, dict):
+        raise ValueError(f"{path}: experiment.runner: missing (not a FlagScale experiment YAML)")
+    hostfile = runner.get("hostfile")
+    if isinstance(hostfile, str) and hostfile and "${" not in hostfile:
+        for candidate in (os.path.join(os.path.dirname(os.path.abspath(path)), hostfile), hostfile):
+            if os.path.isfile(candidate):
+                return read_hostfile(candidate), f"experiment.runner.hostfile {hostfile}"
+    nnodes, nproc = runner.get("nnodes"), runner.get("nproc_per_node")
+    if nnodes is None and nproc is None:
+        return None
+    nodes = as_int(1 if nnodes is None else nnodes, "experiment.runner.nnodes", minimum=1)
+    per_node = as_int(1 if nproc is None else nproc, "experiment.runner.nproc_per_node", minimum=1)
+    return nodes * per_node, (f"experiment.runner nnodes {nodes} x nproc_per_node {per_node}")

@@ -47,6 +47,8 @@ SANE_PEAK_BYTES = 1 << 50  # 1 PiB on one rank: far beyond any accelerator
 # Megatron argument names (and the JSON config's own) that the estimator reads.
 READ_KEYS = frozenset(
     [
+        "account_for_embedding_in_pipeline_split",
+        "account_for_loss_in_pipeline_split",
         "accumulate_allreduce_grads_in_fp32",
         "add_bias_linear",
         "add_qkv_bias",
@@ -76,6 +78,7 @@ READ_KEYS = frozenset(
         "make_vocab_size_divisible_by",
         "max_position_embeddings",
         "micro_batch_size",
+        "microbatch_group_size_per_vp_stage",
         "moe_aux_loss_coeff",
         "moe_expert_capacity_factor",
         "moe_ffn_hidden_size",
@@ -98,6 +101,7 @@ READ_KEYS = frozenset(
         "optimizer",
         "pad_vocab",
         "padded_vocab_size",
+        "pipeline_model_parallel_layout",
         "pipeline_model_parallel_size",
         "position_embedding_type",
         "q_lora_rank",
@@ -133,7 +137,6 @@ MEGATRON_LOOKALIKES = frozenset(
         "moe_router_dtype",
         "moe_router_group_topk",
         "moe_z_loss_coeff",
-        "pipeline_model_parallel_layout",
         "vocab_file",
     ]
 )

@@ -1,0 +1,66 @@
+"""The interleaved (virtual pipeline) schedule: the last chunk's logits counted once per its
+own in-flight microbatch, checked against a real megatron-core VPP run on CPU."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "tools"))
+
+from bench_static_accuracy import BASE, measure
+
+from memscope.analysis.static.activations import activation_estimate, schedule_states
+from memscope.analysis.static.estimator import estimate_rank
+from memscope.analysis.static.params import RankPosition
+from memscope.analysis.static.sources import spec_from_megatron_args
+from memscope.demo.tiny_gpt import TinyGPTConfig
+from memscope.demo.traced_training import megatron_like_args
+
+TOLERANCE = 0.03  # tests/test_static_accuracy.py's bound per rank
+# logits [s, b, V] fp32 = 64 x 2 x 8192 x 4 = 4 MiB per microbatch: far above a layer's tensors
+LARGE_VOCAB = dict(pp=2, vpp=2, num_layers=4, num_microbatches=4, vocab_size=8192, seq_length=64)
+
+
+def _spec(overrides, world=2):
+    args = megatron_like_args(TinyGPTConfig(**{**BASE, **overrides}), [])
+    args.world_size = world
+    return dataclasses.replace(spec_from_megatron_args(args), device="cpu")
+
+
+def test_schedule_replay_counts_one_last_chunk_microbatch_on_the_last_stage():
+    spec = _spec(LARGE_VOCAB)
+    # last stage: warm-up (vpp - 1) pp = 2 chunk-0 forwards; each chunk-1 forward is followed
+    # by its own backward, so at most one last-chunk microbatch is ever alive
+    assert max(alive[1] for _, alive in schedule_states(spec, 1)) == 1
+    assert (1, (2, 1)) in schedule_states(spec, 1)
+    # first stage: warm-up 2 (pp - 1) + (vpp - 1) pp = 4, then forward 5 before backward 1
+    assert max(sum(alive) for _, alive in schedule_states(spec, 0)) == 5
+    act = activation_estimate(spec, 1, [1, 1])
+    last, other = act.saved_per_chunk[1], act.saved_per_chunk[0]
+    assert act.in_flight_per_chunk == (2, 1)
+    assert act.saved_bytes == 2 * other + last  # not 3 x the last chunk's (logits included)
+    assert last - other >= act.detail["cross_entropy_softmax"]
+
+
+def test_all_warmup_keeps_every_last_chunk_microbatch():
+    # M = pp: the first stage's warm-up covers every chunk-microbatch (all forwards first)
+    spec = _spec(dict(LARGE_VOCAB, num_microbatches=2))
+    states = schedule_states(spec, 0)
+    assert states[0] == (1, (2, 2))
+
+
+@pytest.mark.integration
+@pytest.mark.multiprocess
+def test_vpp_large_vocab_last_stage_within_bound_of_a_real_run():
+    rows = measure("vpp2-vocab8192", 2, LARGE_VOCAB, steps=2)
+    spec = _spec(LARGE_VOCAB)
+    last = next(r for r in rows if r["pp_rank"] == 1)
+    est = estimate_rank(spec, RankPosition(last["tp_rank"], 1))
+    error = (est.peak_memory_bytes - last["measured"]) / last["measured"]
+    print(f"last stage: measured {last['measured']:,} estimated {est.peak_memory_bytes:,}")
+    assert abs(error) <= TOLERANCE, (last["measured"], est.peak_memory_bytes, error)
+    assert last["in_report"] == est.peak_memory_bytes  # the runtime report carries it too
