@@ -1,0 +1,576 @@
+"""Static estimate vs the memory golden values of Megatron-LM's own GPU functional tests.
+
+NVIDIA's Megatron-LM functional tests publish, per test case, ``model_config.yaml`` (the
+training flags under ``MODEL_ARGS``) and ``golden_values_{dev,lts}_dgx_{h100,a100}.json``
+with ``mem-allocated-bytes`` and ``mem-max-allocated-bytes`` per logged iteration:
+``torch.cuda.memory_stats()``'s ``allocated_bytes.all.current`` / ``.peak`` as the
+TensorBoard writer records them. That writer exists only on the last global rank
+(``is_last_rank()``: rank world_size - 1, i.e. the last tensor-parallel rank of the last
+pipeline stage), so every number here is that rank's. The FlagScale 0.8.0 wheel ships the
+cases (megatron-core 0.15) under ``third_party/Megatron-LM/tests/functional_tests/test_cases``.
+
+    python tools/bench_static_gpu_golden.py [--json OUT] [--filter SUBSTR]
+        [--gpu h100|a100] [--golden dev|lts]
+
+Per modelled case, one line: the measured steady allocation (``mem-allocated-bytes`` at the
+last logged iteration: what stays allocated between iterations, ~ weights + gradients +
+optimizer state + global buffers), the measured peak (max of ``mem-max-allocated-bytes``), our
+persistent and peak estimate for the last rank, the ratio estimate / measured peak, and the
+term that differs most: ``persistent`` (our persistent part vs the measured steady
+allocation) or ``transient`` (our peak - persistent vs measured peak - steady: activations,
+backward working set, optimizer-step temporaries). The last line is
+``worst: X%  median: Y%`` over the modelled cases: the signed peak error
+(estimate - measured) / measured of the case with the largest absolute error, and the median
+absolute error. Every case not modelled is listed below the table with its reason (a
+non-GPT family, an inference-only case, a feature the estimator says it does not model, a
+refusal by the estimator, an input the tree does not give); none is dropped silently.
+
+**The namespace** of each case is built by Megatron-LM's own argument code from the
+FlagScale tree, run in a subprocess (so the tree's ``megatron`` never shadows the installed
+one in the caller): ``megatron.training.arguments.parse_args(ignore_unknown_args=True)`` on
+the argv that the functional tests' ``_run_training.sh`` builds from ``MODEL_ARGS`` (``true``
+-> the bare flag, a list -> its items), then ``validate_args`` with ``pretrain_gpt.py``'s
+``args_defaults`` (``tokenizer_type=GPT2BPETokenizer``), ``world_size`` and ``rank`` (the last
+one) set, which derives what the flags leave out (data-parallel size, FFN width, query groups,
+virtual stages, ...). ``validate_args`` asks the GPU and Transformer Engine for versions; on
+this CPU-only machine three answers are stubbed: the device's compute capability (9.0 for
+``--gpu h100``, 8.0 for ``a100``) and ``is_te_min_version`` (True: the CI containers run a
+recent Transformer Engine). The vocabulary is the tokenizer's, as Megatron builds it:
+GPT-2 BPE (``vocab.json``/``merges.txt``, the default): 50257; ``NullTokenizer``:
+``--vocab-size`` + 1 (its EOD); ``TikTokenizer``: ``--vocab-size`` or 131072; anything that
+needs a tokenizer file the tree does not hold is listed as not modelled.
+
+**World size**: ``NxG`` in the case name (``1N8G`` = 8 GPUs, ``2N8G`` = 16), else the
+``nodes`` x ``gpus`` of the recipe (``tests/test_utils/recipes/*.yaml``) that lists the case;
+a case with neither (the ``*_release`` ones) is listed as not modelled.
+
+The estimator runs with ``device="cuda"`` (bool dropout masks) and the precision the flags
+give (``--bf16`` / ``--fp16``). Nothing is tuned to these numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import glob
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import types
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+CASES_DIR = os.path.join("third_party", "Megatron-LM", "tests", "functional_tests", "test_cases")
+RECIPES_DIR = os.path.join("third_party", "Megatron-LM", "tests", "test_utils", "recipes")
+# Families built on Megatron's GPTModel (the only model the static estimator models).
+GPT_FAMILIES = ("gpt", "moe", "mixtral")
+# Every other family of the tree, with the reason it is skipped.
+SKIPPED_FAMILIES = {
+    "bert": "BertModel (bidirectional encoder with a binary head), not GPTModel",
+    "t5": "T5Model (encoder-decoder), not GPTModel",
+    "hybrid": "MambaModel (hybrid Mamba/attention layers), not GPTModel",
+    "multimodal-llava": "LLaVA (vision encoder + language model), not GPTModel",
+    "mimo": "MIMO vision-language model, not GPTModel",
+    "gpt-nemo": "NeMo 2.0 recipes (nemo-run arguments, not Megatron MODEL_ARGS)",
+    "common": "checkpoint-consistency tooling, no training run",
+}
+GPU_ARCH = {"h100": (9, 0), "a100": (8, 0)}
+GPT2_BPE_VOCAB = 50257  # GPT-2's vocab.json, the functional tests' default tokenizer
+TIKTOKEN_DEFAULT_VOCAB = 2**17  # megatron/training/tokenizer/tokenizer.py's fallback
+GIB = 1024**3
+
+
+# --------------------------------------------------------------------------------------
+# Reading a case
+# --------------------------------------------------------------------------------------
+
+
+def cases_root(tree: str) -> str:
+    return os.path.join(tree, CASES_DIR)
+
+
+def golden_file(case_dir: str, gpu: str, golden: str) -> str | None:
+    """The golden-values file to use: the requested (golden, gpu) first, then the same golden
+    on the other GPU, the other golden on this GPU, the other on the other, then a file
+    without a platform (``golden_values_{dev,lts}.json``). Only files with memory values."""
+    other_gpu = "a100" if gpu == "h100" else "h100"
+    other_golden = "lts" if golden == "dev" else "dev"
+    order = [
+        f"golden_values_{golden}_dgx_{gpu}.json",
+        f"golden_values_{golden}_dgx_{other_gpu}.json",
+        f"golden_values_{other_golden}_dgx_{gpu}.json",
+        f"golden_values_{other_golden}_dgx_{other_gpu}.json",
+        f"golden_values_{golden}.json",
+        f"golden_values_{other_golden}.json",
+    ]
+    for name in order:
+        path = os.path.join(case_dir, name)
+        if os.path.isfile(path) and _has_memory(path):
+            return path
+    return None
+
+
+def _has_memory(path: str) -> bool:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and "mem-max-allocated-bytes" in data
+
+
+def _numbers(metric: dict[str, Any]) -> list[tuple[int, float]]:
+    """(iteration, value) pairs of one golden metric, NaN and non-numbers left out."""
+    out = []
+    for it, value in (metric.get("values") or {}).items():
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            continue
+        if number == number:  # not NaN
+            out.append((int(it), number))
+    return sorted(out)
+
+
+def measured(path: str) -> dict[str, Any]:
+    """Steady allocation (``mem-allocated-bytes`` at the last logged iteration) and peak
+    (max of ``mem-max-allocated-bytes``) from a golden-values file."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    allocated = _numbers(data.get("mem-allocated-bytes") or {})
+    peaks = _numbers(data.get("mem-max-allocated-bytes") or {})
+    if not allocated or not peaks:
+        raise ValueError(f"{os.path.basename(path)}: no numeric memory values")
+    steady_iter, steady = allocated[-1]
+    peak_iter, peak = max(peaks, key=lambda p: (p[1], -p[0]))
+    return {
+        "golden_file": os.path.basename(path),
+        "steady_bytes": int(steady),
+        "steady_iteration": steady_iter,
+        "peak_bytes": int(peak),
+        "peak_iteration": peak_iter,
+        "iterations": [allocated[0][0], allocated[-1][0]],
+    }
+
+
+def load_case_config(case_dir: str) -> dict[str, Any]:
+    import yaml
+
+    with open(os.path.join(case_dir, "model_config.yaml"), encoding="utf-8") as f:
+        data = yaml.safe_load(f)
+    return data if isinstance(data, dict) else {}
+
+
+def argv_from_model_args(model_args: dict[str, Any]) -> list[str]:
+    """The command line ``_run_training.sh`` builds from ``MODEL_ARGS``: ``true`` -> the
+    bare flag, a list or a ``"[a b]"`` string -> its items, anything else -> the flag and
+    its value. ``false`` (which the script would pass as the word ``false``, refused by
+    argparse for a switch) is left out. A value with spaces (``--hierarchical-context-
+    parallel-sizes: 2 2``) is split into words, as an ``nargs='+'`` option reads it (the
+    script quotes it into one word, which argparse refuses for an int list; a
+    single-valued option ignores the extra words here)."""
+    argv: list[str] = []
+    for key, value in model_args.items():
+        key = str(key)
+        if value is True:
+            argv.append(key)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, list):
+            argv += [key, *(str(v) for v in value)]
+        else:
+            text = str(value).strip()
+            if re.fullmatch(r"\([^)]+\)", text):
+                argv += [key, text]  # the script quotes a parenthesised value as one word
+            elif re.fullmatch(r"\[[^]]+\]", text):
+                argv += [key, *text[1:-1].split()]  # ... and strips brackets into words
+            else:
+                argv += [key, *(text.split() or [""])]
+    return argv
+
+
+def _env_value(value: Any) -> str:
+    """An ``ENV_VARS`` value as the shell exports it (YAML ``true`` -> ``true``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def recipe_world_sizes(tree: str) -> dict[str, int]:
+    """test case -> nodes x gpus of the recipe listing it."""
+    import yaml
+
+    out: dict[str, int] = {}
+    for path in sorted(glob.glob(os.path.join(tree, RECIPES_DIR, "*.yaml"))):
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+        spec = data.get("spec") or {}
+        if not isinstance(spec.get("nodes"), int) or not isinstance(spec.get("gpus"), int):
+            continue
+        for product in data.get("products") or []:
+            for case in product.get("test_case") or []:
+                out.setdefault(str(case), spec["nodes"] * spec["gpus"])
+    return out
+
+
+def world_size(name: str, recipes: dict[str, int]) -> tuple[int | None, str]:
+    """The case's world size and where it came from."""
+    match = re.search(r"(\d+)N(\d+)G", name)
+    if match:
+        return int(match.group(1)) * int(match.group(2)), f"name {match.group(0)}"
+    if name in recipes:
+        return recipes[name], "recipe nodes x gpus"
+    return None, "neither NxG in the name nor a recipe listing the case"
+
+
+def tokenizer_vocab(ns: Any) -> tuple[int | None, str]:
+    """The tokenizer's (unpadded) vocabulary as Megatron's ``build_tokenizer`` gets it."""
+    kind = getattr(ns, "tokenizer_type", None) or "GPT2BPETokenizer"
+    given = getattr(ns, "vocab_size", None)
+    if kind == "GPT2BPETokenizer":
+        return GPT2_BPE_VOCAB, "GPT-2 BPE vocab.json"
+    if kind == "NullTokenizer" and given:
+        return int(given) + 1, "NullTokenizer --vocab-size + EOD"
+    if kind == "TikTokenizer":
+        return int(given or TIKTOKEN_DEFAULT_VOCAB), "TikTokenizer"
+    return None, f"{kind}: the vocabulary is in a tokenizer file the tree does not hold"
+
+
+def not_modelled_feature(ns: Any) -> str | None:
+    """A feature docs/static-estimator.md says the estimator does not model."""
+    if getattr(ns, "fp8", None):
+        return f"FP8 training (--fp8-format {ns.fp8}): not modelled (docs/static-estimator.md)"
+    if getattr(ns, "fp4", None):
+        return f"FP4 training (--fp4-format {ns.fp4}): not modelled (docs/static-estimator.md)"
+    for flag in ("cpu_offloading", "optimizer_cpu_offload", "fine_grained_activation_offloading"):
+        if getattr(ns, flag, None):
+            return f"--{flag.replace('_', '-')}: CPU/activation offloading is not modelled"
+    return None
+
+
+def unmentioned_features(ns: Any) -> list[str]:
+    """Features in the run that the estimator neither models nor refuses (a note per case)."""
+    notes = []
+    if getattr(ns, "use_torch_fsdp2", False) or getattr(ns, "use_megatron_fsdp", False):
+        notes.append("FSDP (parameter sharding not modelled)")
+    if getattr(ns, "cuda_graph_impl", "none") not in (None, "none") or getattr(
+        ns, "enable_cuda_graph", False
+    ):
+        notes.append("CUDA graphs")
+    if getattr(ns, "cross_entropy_loss_fusion", False):
+        notes.append("fused cross entropy")
+    if getattr(ns, "transformer_impl", None) == "transformer_engine":
+        notes.append("TE")
+    return notes
+
+
+# --------------------------------------------------------------------------------------
+# Megatron's parser, in a subprocess
+# --------------------------------------------------------------------------------------
+
+
+def _worker(tree: str, gpu: str) -> None:
+    """Read [{name, argv, env, world_size}] on stdin; write {name: vars(args) | {"error": ...}}."""
+    import contextlib
+    import io
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    sys.path[:0] = [os.path.join(tree, "third_party", "Megatron-LM"), tree]
+    jobs = json.load(sys.stdin)
+    real_stdout = sys.stdout
+    with contextlib.redirect_stdout(io.StringIO()):
+        import torch
+        from megatron.training import arguments
+
+        arch = GPU_ARCH[gpu]
+        arguments.get_device_arch_version = lambda: arch[0]  # STUB: no GPU here
+        arguments.is_te_min_version = lambda *a, **k: True  # STUB: no Transformer Engine
+        torch.cuda.get_device_capability = lambda *a, **k: arch  # STUB: no GPU here
+        out: dict[str, Any] = {}
+        for job in jobs:
+            sys.argv = ["pretrain_gpt.py", *job["argv"]]
+            saved = dict(os.environ)
+            os.environ.update(job["env"])  # _run_training.sh exports ENV_VARS before training
+            os.environ["WORLD_SIZE"] = str(job["world_size"])
+            os.environ["RANK"] = str(job["world_size"] - 1)
+            stage, err = "parse_args", io.StringIO()
+            try:
+                with contextlib.redirect_stderr(err):
+                    args = arguments.parse_args(ignore_unknown_args=True)
+                stage = "validate_args"
+                arguments.validate_args(args, {"tokenizer_type": "GPT2BPETokenizer"})
+                out[job["name"]] = json.loads(json.dumps(vars(args), default=str))
+            except SystemExit as exc:
+                out[job["name"]] = {"error": f"{stage}: argparse exit {exc.code}: {_last(err)}"}
+            except Exception as exc:  # Megatron's own checks are asserts and ValueErrors
+                message = str(exc).splitlines()[0][:200] if str(exc) else ""
+                out[job["name"]] = {"error": f"{stage}: {type(exc).__name__}: {message}"}
+            finally:
+                os.environ.clear()
+                os.environ.update(saved)
+    json.dump(out, real_stdout)
+
+
+def _last(stream: Any) -> str:
+    lines = stream.getvalue().strip().splitlines()
+    return lines[-1][:200] if lines else ""
+
+
+def parse_with_megatron(tree: str, jobs: list[dict[str, Any]], gpu: str) -> dict[str, Any]:
+    """Megatron-LM's ``parse_args`` + ``validate_args`` from the tree, for every job."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--_worker", tree, "--gpu", gpu]
+    proc = subprocess.run(cmd, input=json.dumps(jobs), capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"Megatron argument parser failed: {proc.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(proc.stdout)
+    return result
+
+
+# --------------------------------------------------------------------------------------
+# The benchmark
+# --------------------------------------------------------------------------------------
+
+
+def prepare_case(
+    tree: str, family: str, name: str, gpu: str, golden: str, recipes: dict[str, int]
+) -> dict[str, Any] | None:
+    """One GPT-family case read from the tree: measured numbers, world size, argv and env
+    for Megatron's parser; or, with a ``reason``, why it goes to the separate list. ``None``
+    when the case has no memory golden values."""
+    case_dir = os.path.join(cases_root(tree), family, name)
+    path = golden_file(case_dir, gpu, golden)
+    if path is None:
+        return None
+    case: dict[str, Any] = {"name": name, "family": family, "measured": measured(path)}
+    config = load_case_config(case_dir)
+    if str(config.get("MODE", "pretraining")) == "inference":
+        return {**case, "reason": "inference-only case (MODE: inference)"}
+    world, source = world_size(name, recipes)
+    if world is None:
+        return {**case, "reason": f"world size unknown: {source}"}
+    case.update(world_size=world, world_size_source=source)
+    case["argv"] = argv_from_model_args(config.get("MODEL_ARGS") or {})
+    env = config.get("ENV_VARS") or {}
+    case["env"] = {str(k): _env_value(v) for k, v in env.items()}
+    return case
+
+
+def estimate_cases(tree: str, cases: list[dict[str, Any]], gpu: str) -> list[dict[str, Any]]:
+    """Parse every prepared case with Megatron's code (one subprocess), then estimate each."""
+    jobs = [{k: c[k] for k in ("name", "argv", "env", "world_size")} for c in cases]
+    parsed = parse_with_megatron(tree, jobs, gpu) if jobs else {}
+    return [estimate_case(case, parsed[case["name"]]) for case in cases]
+
+
+def collect(tree: str, gpu: str, golden: str, substr: str | None) -> dict[str, Any]:
+    """Every case with memory golden values: modelled rows and the rest with reasons."""
+    root = cases_root(tree)
+    recipes = recipe_world_sizes(tree)
+    skipped_families: dict[str, dict[str, Any]] = {}
+    separate: list[dict[str, Any]] = []
+    jobs: list[dict[str, Any]] = []
+    for family in sorted(os.listdir(root)):
+        for name in sorted(os.listdir(os.path.join(root, family))):
+            if substr and substr not in name:
+                continue
+            if family not in GPT_FAMILIES:
+                if golden_file(os.path.join(root, family, name), gpu, golden) is None:
+                    continue
+                entry = skipped_families.setdefault(
+                    family,
+                    {"reason": SKIPPED_FAMILIES.get(family, "not a GPTModel family"), "cases": []},
+                )
+                entry["cases"].append(name)
+                continue
+            case = prepare_case(tree, family, name, gpu, golden, recipes)
+            if case is not None:
+                (separate if "reason" in case else jobs).append(case)
+    rows: list[dict[str, Any]] = []
+    for result in estimate_cases(tree, jobs, gpu):
+        (separate if "reason" in result else rows).append(result)
+    return {"rows": rows, "separate": separate, "skipped_families": skipped_families}
+
+
+def estimate_case(case: dict[str, Any], parsed: dict[str, Any]) -> dict[str, Any]:
+    """Our estimate for the case's last rank, or the case with the reason it is not one."""
+    from memscope.analysis.static.estimator import estimate_rank, position_of_rank
+    from memscope.analysis.static.sources import spec_from_megatron_args
+
+    case = {k: v for k, v in case.items() if k not in ("argv", "env")}
+    if "error" in parsed:
+        return {**case, "reason": f"Megatron's argument code refused it: {parsed['error']}"}
+    ns = types.SimpleNamespace(**parsed)
+    reason = not_modelled_feature(ns)
+    if reason:
+        return {**case, "reason": reason}
+    vocab, vocab_source = tokenizer_vocab(ns)
+    if vocab is None:
+        return {**case, "reason": vocab_source}
+    ns.vocab_size = vocab
+    ns.padded_vocab_size = None  # Megatron pads the tokenizer's vocabulary after parsing
+    try:
+        spec = spec_from_megatron_args(ns)
+        spec = dataclasses.replace(spec, device="cuda")
+        rank = case["world_size"] - 1
+        position = position_of_rank(spec, rank)
+        est = estimate_rank(spec, position)
+    except ValueError as exc:
+        return {**case, "reason": f"refused by the estimator: {exc}"}
+    m = case["measured"]
+    persistent, peak = est.persistent.total_bytes, est.peak_memory_bytes
+    d_persistent = persistent - m["steady_bytes"]
+    d_transient = (peak - persistent) - (m["peak_bytes"] - m["steady_bytes"])
+    term = "persistent" if abs(d_persistent) >= abs(d_transient) else "transient"
+    p = spec.parallel
+    return {
+        **case,
+        "rank": rank,
+        "tp_rank": position.tp_rank,
+        "pp_rank": position.pp_rank,
+        "parallel": {"tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "ep": p.ep, "vpp": p.vpp},
+        "dtype": spec.precision.params_dtype,
+        "vocab": {"tokenizer": vocab, "source": vocab_source, "padded": spec.model.vocab_size},
+        "estimate": {
+            "persistent_bytes": persistent,
+            "weight_bytes": est.persistent.weight_bytes,
+            "grad_bytes": est.persistent.grad_bytes,
+            "optimizer_bytes": est.persistent.optimizer_bytes,
+            "peak_bytes": peak,
+            "peak_stage": est.peak_stage,
+            "peak_moment": est.activations.peak_moment,
+        },
+        "ratio": peak / m["peak_bytes"],
+        "error": (peak - m["peak_bytes"]) / m["peak_bytes"],
+        "persistent_diff_bytes": d_persistent,
+        "transient_diff_bytes": d_transient,
+        "most_differing_term": term,
+        "notes": unmentioned_features(ns),
+    }
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    if not rows:
+        return {"cases": 0}
+    worst = max(rows, key=lambda r: abs(r["error"]))
+    return {
+        "cases": len(rows),
+        "worst_error": worst["error"],
+        "worst_case": worst["name"],
+        "median_abs_error": statistics.median(abs(r["error"]) for r in rows),
+    }
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:7.2f}"
+
+
+def render(result: dict[str, Any]) -> str:
+    rows, lines = result["rows"], []
+    lines.append(
+        f"# memory golden values of Megatron-LM {result['megatron']} functional tests "
+        f"(FlagScale {result['flagscale']} wheel), last rank, device=cuda; "
+        f"requested golden={result['golden']} gpu={result['gpu']}"
+    )
+    lines.append(
+        "# GiB; steady = mem-allocated-bytes at the last logged iteration, peak = max "
+        "mem-max-allocated-bytes; est = ours for that rank; term = where ours differs most "
+        "(persistent: est persistent - steady; transient: (est peak - persistent) - "
+        "(peak - steady))"
+    )
+    header = (
+        f"{'case':<100} {'golden':<10} {'world':>5} {'rank':>4} {'tp,pp':>5} "
+        f"{'steady':>7} {'peak':>7} {'est.pers':>8} {'est.peak':>8} {'ratio':>6} "
+        f"{'term':<10} {'diff':>7}  notes"
+    )
+    lines.append(header)
+    for r in rows:
+        m, e = r["measured"], r["estimate"]
+        diff = r[f"{r['most_differing_term']}_diff_bytes"]
+        golden = m["golden_file"].replace("golden_values_", "").replace(".json", "")
+        golden = golden.replace("_dgx_", "/")
+        lines.append(
+            f"{r['family'] + '/' + r['name']:<100} {golden:<10} {r['world_size']:>5} "
+            f"{r['rank']:>4} {r['tp_rank']:>2},{r['pp_rank']:<2} "
+            f"{_gib(m['steady_bytes'])} {_gib(m['peak_bytes'])} "
+            f"{_gib(e['persistent_bytes']):>8} {_gib(e['peak_bytes']):>8} "
+            f"{r['ratio']:6.2f} {r['most_differing_term']:<10} {diff / GIB:+7.2f}  "
+            f"{', '.join(r['notes'])}"
+        )
+    lines.append("")
+    lines.append(f"listed separately (not modelled): {len(result['separate'])} cases")
+    for s in result["separate"]:
+        lines.append(f"  {s['family']}/{s['name']}: {s['reason']}")
+    lines.append("skipped families (cases with memory golden values):")
+    for family, entry in sorted(result["skipped_families"].items()):
+        lines.append(f"  {family} ({len(entry['cases'])} cases): {entry['reason']}")
+    s = result["summary"]
+    lines.append("")
+    if s["cases"]:
+        lines.append(
+            f"modelled: {s['cases']} cases; worst: {s['worst_case']}; "
+            "median is of |estimate - measured| / measured peak"
+        )
+        lines.append(
+            f"worst: {100 * s['worst_error']:+.1f}%  median: {100 * s['median_abs_error']:.1f}%"
+        )
+    else:
+        lines.append("worst: n/a  median: n/a (no case modelled)")
+    return "\n".join(lines)
+
+
+def versions(tree: str) -> tuple[str, str]:
+    info = os.path.join(tree, "third_party", "Megatron-LM", "megatron", "core", "package_info.py")
+    ns: dict[str, Any] = {}
+    try:
+        with open(info, encoding="utf-8") as f:
+            exec(compile(f.read(), info, "exec"), ns)
+    except OSError:
+        pass
+    from flagscale_wheel import VERSION
+
+    return str(ns.get("__version__", "?")), VERSION
+
+
+def run(tree: str, gpu: str = "h100", golden: str = "dev", substr: str | None = None) -> dict:
+    result = collect(tree, gpu, golden, substr)
+    megatron, flagscale = versions(tree)
+    result.update(gpu=gpu, golden=golden, megatron=megatron, flagscale=flagscale)
+    result["summary"] = summary(result["rows"])
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", metavar="OUT", help="write machine-readable results")
+    parser.add_argument("--filter", metavar="SUBSTR", help="only cases whose name contains it")
+    parser.add_argument("--gpu", choices=sorted(GPU_ARCH), default="h100")
+    parser.add_argument("--golden", choices=("dev", "lts"), default="dev")
+    parser.add_argument("--tree", help="FlagScale root (default: tools/flagscale_wheel.py)")
+    parser.add_argument("--_worker", metavar="TREE", help=argparse.SUPPRESS)
+    opts = parser.parse_args(argv)
+    if opts._worker:
+        _worker(opts._worker, opts.gpu)
+        return 0
+    if opts.tree:
+        tree = opts.tree
+    else:
+        from flagscale_wheel import flagscale_tree
+
+        tree = flagscale_tree()
+    result = run(tree, opts.gpu, opts.golden, opts.filter)
+    print(render(result))
+    if opts.json:
+        with open(opts.json, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1, sort_keys=True)
+            f.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
