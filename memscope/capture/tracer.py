@@ -110,7 +110,9 @@ class MemoryTracer:
         return sample
 
     def _set_context(self, module: str, microbatch: int | None, phase: str | None = None) -> None:
-        self.backend.context = PeakContext(self.step, phase or self.phase, module, microbatch)
+        # Only a backend that records where its peak was set reads the context.
+        if self._peak_context:
+            self.backend.context = PeakContext(self.step, phase or self.phase, module, microbatch)
 
     def _emit(
         self,
