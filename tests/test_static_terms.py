@@ -47,6 +47,12 @@ TINY: dict[str, Any] = dict(
     num_microbatches=4,
     hidden_dropout=0.0,
     attention_dropout=0.0,
+    # the harness runs megatron-core's local spec with its CUDA fusions off (FUSIONS_OFF)
+    transformer_impl="local",
+    bias_swiglu_fusion=False,
+    bias_gelu_fusion=False,
+    masked_softmax_fusion=False,
+    gradient_accumulation_fusion=False,
 )
 
 
@@ -71,8 +77,12 @@ def test_layer_saved_tensors_by_hand():
     }
     selective = layer_saved(tiny(recompute_granularity="selective"), dims(tiny()))
     assert "attention_scores" not in selective
-    flash = layer_saved(tiny(use_flash_attn=True), dims(tiny()))
+    flash = layer_saved(tiny(transformer_impl="transformer_engine"), dims(tiny()))
     assert flash["attention_softmax_lse"] == b * a * s * 4 and "attention_scores" not in flash
+    # the local spec's DotProductAttention has no flash path: the flag is warned, not modelled
+    with pytest.warns(UserWarning, match="no flash path"):
+        local = tiny(use_flash_attn=True)
+    assert not local.flash_attention and "attention_scores" in layer_saved(local, dims(local))
 
 
 def test_swiglu_gqa_tp_and_sequence_parallel_by_hand():

@@ -365,7 +365,7 @@ def estimate_cases(tree: str, cases: list[dict[str, Any]], gpu: str) -> list[dic
     """Parse every prepared case with Megatron's code (one subprocess), then estimate each."""
     jobs = [{k: c[k] for k in ("name", "argv", "env", "world_size")} for c in cases]
     parsed = parse_with_megatron(tree, jobs, gpu) if jobs else {}
-    return [estimate_case(case, parsed[case["name"]]) for case in cases]
+    return [estimate_case(case, parsed[case["name"]], gpu) for case in cases]
 
 
 def collect(tree: str, gpu: str, golden: str, substr: str | None) -> dict[str, Any]:
@@ -397,11 +397,21 @@ def collect(tree: str, gpu: str, golden: str, substr: str | None) -> dict[str, A
     return {"rows": rows, "separate": separate, "skipped_families": skipped_families}
 
 
-def estimate_case(case: dict[str, Any], parsed: dict[str, Any]) -> dict[str, Any]:
-    """Our estimate for the case's last rank, or the case with the reason it is not one."""
+def measured_gpu(golden_name: str, requested: str) -> str:
+    """The GPU the golden file was measured on (``..._dgx_h100.json``), else ``requested``."""
+    match = re.search(r"_dgx_([a-z0-9]+)\.json$", golden_name)
+    return match.group(1) if match and match.group(1) in GPU_ARCH else requested
+
+
+def estimate_case(case: dict[str, Any], parsed: dict[str, Any], gpu: str = "h100") -> dict[str, Any]:
+    """Our estimate for the case's last rank, or the case with the reason it is not one.
+
+    The estimate is for the GPU the golden file names and the ``CUBLAS_WORKSPACE_CONFIG``
+    the case's ``ENV_VARS`` export (both size the fixed workspaces)."""
     from memscope.analysis.static.estimator import estimate_rank, position_of_rank
     from memscope.analysis.static.sources import spec_from_megatron_args
 
+    env = case.get("env") or {}
     case = {k: v for k, v in case.items() if k not in ("argv", "env")}
     if "error" in parsed:
         return {**case, "reason": f"Megatron's argument code refused it: {parsed['error']}"}
@@ -416,14 +426,19 @@ def estimate_case(case: dict[str, Any], parsed: dict[str, Any]) -> dict[str, Any
     ns.padded_vocab_size = None  # Megatron pads the tokenizer's vocabulary after parsing
     try:
         spec = spec_from_megatron_args(ns)
-        spec = dataclasses.replace(spec, device="cuda")
+        spec = dataclasses.replace(
+            spec,
+            device="cuda",
+            gpu=measured_gpu(case["measured"]["golden_file"], gpu),
+            cublas_workspace_config=env.get("CUBLAS_WORKSPACE_CONFIG"),
+        )
         rank = case["world_size"] - 1
         position = position_of_rank(spec, rank)
         est = estimate_rank(spec, position)
     except ValueError as exc:
         return {**case, "reason": f"refused by the estimator: {exc}"}
     m = case["measured"]
-    persistent, peak = est.persistent.total_bytes, est.peak_memory_bytes
+    persistent, peak = est.steady_bytes, est.peak_memory_bytes
     d_persistent = persistent - m["steady_bytes"]
     d_transient = (peak - persistent) - (m["peak_bytes"] - m["steady_bytes"])
     term = "persistent" if abs(d_persistent) >= abs(d_transient) else "transient"
@@ -437,7 +452,10 @@ def estimate_case(case: dict[str, Any], parsed: dict[str, Any]) -> dict[str, Any
         "dtype": spec.precision.params_dtype,
         "vocab": {"tokenizer": vocab, "source": vocab_source, "padded": spec.model.vocab_size},
         "estimate": {
-            "persistent_bytes": persistent,
+            "persistent_bytes": est.persistent.total_bytes,
+            "steady_bytes": persistent,
+            "workspace_bytes": est.workspace_bytes,
+            "buffer_bytes": est.activations.buffer_bytes,
             "weight_bytes": est.persistent.weight_bytes,
             "grad_bytes": est.persistent.grad_bytes,
             "optimizer_bytes": est.persistent.optimizer_bytes,

@@ -20,6 +20,7 @@ from typing import Protocol
 import torch
 
 from memscope.demo.tiny_gpt import (
+    FUSIONS_OFF,
     TinyGPTConfig,
     build_model,
     build_optimizer,
@@ -115,6 +116,10 @@ def megatron_like_args(cfg: TinyGPTConfig, memscope_argv: list[str]) -> argparse
     args.sgd_momentum = 0.0  # build_optimizer's plain SGD
     args.torch_optimizer = True  # torch.optim keeps a float32 ``step`` tensor per parameter
     args.transformer_impl = "local"
+    # the run builds its TransformerConfig with FUSIONS_OFF: say so in Megatron's names
+    args.bias_swiglu_fusion = args.bias_gelu_fusion = FUSIONS_OFF["bias_activation_fusion"]
+    args.masked_softmax_fusion = FUSIONS_OFF["masked_softmax_fusion"]
+    args.gradient_accumulation_fusion = FUSIONS_OFF["gradient_accumulation_fusion"]
     return args
 
 

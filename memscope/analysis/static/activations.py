@@ -40,6 +40,7 @@ class Dims:
     b: int
     h: int
     a: int
+    g: int  # query groups (key/value heads) per TP rank
     d: int
     f: int
     vocab: int
@@ -57,6 +58,11 @@ class Dims:
     def heads(self) -> int:
         """One ``[s, b, a, d]`` per-head activation (query, key, value or context)."""
         return self.s * self.b * self.a * self.d * self.e
+
+    @property
+    def kv_heads(self) -> int:
+        """One ``[s, b, g, d]`` key or value at its query-group heads (no GQA repeat)."""
+        return self.s * self.b * self.g * self.d * self.e
 
     @property
     def scores(self) -> int:
@@ -92,6 +98,7 @@ def dims(spec: TrainingSpec) -> Dims:
         b=spec.micro_batch_size,
         h=m.hidden_size,
         a=m.num_attention_heads // p.tp,
+        g=m.query_groups // p.tp,
         d=m.head_dim,
         f=m.ffn // p.tp,
         vocab=m.vocab_size // p.tp,
@@ -102,6 +109,39 @@ def dims(spec: TrainingSpec) -> Dims:
     )
 
 
+def fused_softmax(spec: TrainingSpec, x: Dims) -> bool:
+    """Whether unfused attention runs megatron's fused scale-mask-softmax CUDA kernel.
+
+    megatron/core/fusions/fused_softmax.py ``FusedScaleMaskSoftmax.is_kernel_available``:
+    ``masked_softmax_fusion`` on, 16-bit input, ``16 < sk <= 4096``, ``sq`` and ``sk``
+    multiples of 4 and ``b * heads`` a multiple of 4 (the kernel's batch-per-block
+    condition is not checked here). The kernel keeps only the softmax output and computes
+    its gradient in place; the causal mask is applied inside it."""
+    return (
+        not spec.flash_attention
+        and spec.device == "cuda"
+        and spec.model.masked_softmax_fusion
+        and x.e == 2
+        and 16 < x.s <= 4096
+        and x.s % 4 == 0
+        and (x.b * x.a) % 4 == 0
+    )
+
+
+def mlp_tensors(spec: TrainingSpec) -> int:
+    """FFN-wide ``[s, b, f/t]`` tensors one dense MLP keeps (megatron/core/transformer/mlp.py).
+
+    GeLU: fc1's output and the activation (with ``bias_activation_fusion``,
+    ``bias_gelu_impl`` keeps the same two). SwiGLU unfused: the ``2f``-wide fc1 output, the
+    silu output, the linear branch and the product (5, measured on CPU); fused
+    (``bias_swiglu_impl``, megatron/core/fusions/fused_bias_swiglu.py): its ``2f``-wide
+    input and the product fc2 keeps (3)."""
+    m = spec.model
+    if not m.gated_linear_unit:
+        return 2
+    return 3 if m.bias_activation_fusion else 5
+
+
 def layer_saved(spec: TrainingSpec, x: Dims) -> dict[str, int]:
     """What one layer keeps for backward per microbatch, itemised (without its input).
 
@@ -109,13 +149,16 @@ def layer_saved(spec: TrainingSpec, x: Dims) -> dict[str, int]:
     final norm); callers drop it where nothing keeps it (a pipeline stage's last output).
     """
     m = spec.model
-    per_ffn = 5 if m.gated_linear_unit else 2
+    per_ffn = mlp_tensors(spec)
+    # flash/fused attention (TE's FusedAttention / FlashAttention, megatron's flash path)
+    # keeps key and value at num_query_groups heads; the unfused path repeats them to ``a``
+    qkv = x.heads + 2 * x.kv_heads if spec.flash_attention else 3 * x.heads
     items = {
         "norm_outputs": 2 * x.hidden,  # inputs of linear_qkv and linear_fc1
         "norm_statistics": 2 * x.stats,
         "attention_residual": x.hidden,  # input of the pre-MLP norm
         "layer_output": x.hidden,
-        "attention_qkv": 3 * x.heads,  # query, key, value (GQA: key/value repeated to a heads)
+        "attention_qkv": qkv,  # query, key, value
         "attention_context": x.heads,  # input of linear_proj
         # GeLU: fc1 output (+bias) and the activation; SwiGLU: the 2f-wide fc1 output, silu,
         # the linear branch (+offset) and their product
@@ -131,6 +174,10 @@ def layer_saved(spec: TrainingSpec, x: Dims) -> dict[str, int]:
         items["attention_mask_recompute"] = FP32  # the checkpoint's saved RNG/shape scalar
     else:
         items["attention_scores"] = x.scores  # softmax output
+        if spec.model.attention_softmax_in_fp32 and x.e < FP32 and not fused_softmax(spec, x):
+            # the softmax runs on an fp32 copy and keeps its fp32 output beside the cast one
+            # (megatron/core/fusions/fused_softmax.py forward_torch_softmax)
+            items["attention_scores"] += x.scores // x.e * FP32
         if m.attention_dropout > 0:
             items["attention_dropout"] = x.scores + x.scores_mask  # output (bmm input), mask
     if m.hidden_dropout > 0:
@@ -192,6 +239,8 @@ def attention_backward_work(
         return x.hidden + 3 * x.heads - released  # dq, dk, dv
     if "attention_dropout" in saved:
         return x.hidden + 2 * x.heads + x.scores - released
+    if fused_softmax(spec, x):  # probability gradient, softmax backward in place on it
+        return x.hidden + 2 * x.heads + x.scores - released
     work = x.hidden + x.heads + 4 * x.scores - saved.get("attention_scores", 0)
     if spec.recompute == "selective":
         work += 2 * x.heads  # the recomputed query/key copies
@@ -212,7 +261,8 @@ def mlp_backward_work(
     incoming = x.hidden * (2 if "residual_dropout_masks" in saved else 1)  # (+ masked copy)
     if x.sp > 1:  # sequence parallel: fc2's output gradient all-gathered to the full sequence
         incoming += x.s * x.b * x.h * x.e
-    fc2_weight_grad = x.h * x.f * x.e
+    # with gradient_accumulation_fusion the weight gradient accumulates into main_grad
+    fc2_weight_grad = 0 if spec.gradient_accumulation_fusion else x.h * x.f * x.e
     activation_grads = 2 if spec.model.gated_linear_unit else 1
     return incoming + x.ffn + max(fc2_weight_grad, (activation_grads - 1) * x.ffn) - released
 
@@ -326,7 +376,7 @@ def chunk_activations(
     groups = _checkpointed(spec, n_layers)
     layer_total = sum(full.values())
     extras: dict[str, int] = {"chunk_input": x.hidden}
-    if not spec.flash_attention:
+    if not spec.flash_attention and not fused_softmax(spec, x):
         extras["causal_mask"] = x.s * x.s  # [1, 1, s, s] bool, kept by the masked fill
     if first:
         positions = spec.model.position_embedding_type == "learned_absolute"
@@ -335,7 +385,7 @@ def chunk_activations(
             extras["embedding_dropout_mask"] = x.hidden_mask
     if last:
         extras["final_norm"] = x.hidden + x.stats
-        extras["cross_entropy_softmax"] = x.s * x.b * x.vocab * FP32
+        extras["cross_entropy_softmax"] = cross_entropy_saved(spec, x)
         extras["cross_entropy_small"] = x.s * x.b * CE_BYTES_PER_TOKEN
     stored = []
     for i, g in enumerate(groups):
@@ -349,7 +399,15 @@ def chunk_activations(
     hold = x.vocab * x.h * x.e if spec.parallel.pp == 1 and spec.model.tie_embeddings else 0
     best, moment = 0, "none"
     if last:
-        best, moment = x.vocab * x.h * x.e + x.s * x.b * x.h * x.e, "output_layer_backward"
+        best, moment = max(
+            (w, name) for name, w in loss_moments(spec, x, extras["cross_entropy_softmax"]).items()
+        )
+        if spec.defer_embedding_wgrad:
+            deferred = deferred_wgrad_bytes(x)
+            best += (spec.num_microbatches - 1) * deferred
+            drain = spec.num_microbatches * deferred - saved
+            if drain > best:
+                best, moment = drain, "embedding_wgrad_drain"
     released_extras = sum(
         extras.get(k, 0) for k in ("final_norm", "cross_entropy_softmax", "cross_entropy_small")
     )
@@ -376,13 +434,62 @@ def chunk_activations(
     return saved, best, moment, detail
 
 
-def buffer_bytes(spec: TrainingSpec) -> int:
-    """Megatron's global ``"mpu"`` buffer: sized by the largest of its uses, kept forever."""
+def cross_entropy_saved(spec: TrainingSpec, x: Dims) -> int:
+    """What the cross entropy keeps for backward over the ``[s, b, V/t]`` logits.
+
+    megatron/core/tensor_parallel/cross_entropy.py (unfused) and
+    megatron/core/fusions/fused_cross_entropy.py (``native``) upcast the logits to fp32
+    (``calculate_logits_max``), work in place on that copy and keep it as the softmax, which
+    backward turns into the gradient in place. Transformer Engine's ``parallel_cross_entropy``
+    (``te``) writes the gradient into the logits themselves and keeps them at their dtype."""
+    logits = x.s * x.b * x.vocab
+    return logits * (x.e if spec.cross_entropy == "te" else FP32)
+
+
+def loss_moments(spec: TrainingSpec, x: Dims, ce_saved: int) -> dict[str, int]:
+    """Working bytes above the last chunk's saved tensors at the loss and the output layer.
+
+    ``cross_entropy``: the 16-bit logits the output layer produced stay alive beside their
+    fp32 copy while the loss is computed (forward; the same pair exists in backward, when
+    autograd casts the fp32 gradient back to the logits' dtype). Under ``native`` fusion the
+    helpers are ``torch.compile``d (megatron/core/jit.py), whose functionalisation of the
+    in-place subtraction and ``exp`` materialises one more fp32 ``[s, b, V/t]`` buffer.
+    ``output_layer_backward``: the fp32 softmax is gone, the logits' gradient (activation
+    dtype), the input gradient ``[s, b, h]`` and, without ``gradient_accumulation_fusion``,
+    the ``[V/t, h]`` weight-gradient temporary are alive
+    (megatron/core/tensor_parallel/layers.py ``LinearWithGradAccumulationAndAsyncCommunication``)."""
+    logits = x.s * x.b * x.vocab
+    upcast = 0 if spec.cross_entropy == "te" or x.e == FP32 else logits * x.e
+    if spec.cross_entropy == "native":
+        upcast += logits * FP32
+    wgrad = 0 if spec.gradient_accumulation_fusion else x.vocab * x.h * x.e
+    return {
+        "cross_entropy": upcast,
+        "output_layer_backward": logits * x.e - ce_saved + wgrad + x.s * x.b * x.h * x.e,
+    }
+
+
+def deferred_wgrad_bytes(x: Dims) -> int:
+    """Per microbatch, what ``defer_embedding_wgrad_compute`` keeps on the last stage until
+    the pipeline flush (megatron/core/tensor_parallel/layers.py: the output layer's input
+    in ``embedding_activation_buffer``, its output gradient in ``grad_output_buffer``;
+    drained by ``finish_embedding_wgrad_compute`` in schedules.py)."""
+    return x.hidden + x.s * x.b * x.vocab * x.e
+
+
+def buffer_bytes(spec: TrainingSpec, last: bool = False) -> int:
+    """Megatron's global ``"mpu"`` buffer: sized by the largest of its uses, kept forever.
+
+    Local spec: ``DotProductAttention``'s ``baddbmm`` output and the sequence-parallel
+    all-gather of megatron's parallel linears. Transformer Engine layers allocate their own
+    (transient) tensors; only megatron's output layer (``ColumnParallelLinear``, last stage)
+    all-gathers into the buffer under sequence parallelism."""
     x = dims(spec)
     uses = [0]
-    if not spec.flash_attention:
+    local = spec.model.transformer_impl == "local"
+    if local and not spec.flash_attention:
         uses.append(x.scores)  # the baddbmm output buffer of DotProductAttention
-    if x.sp > 1:
+    if x.sp > 1 and (local or last):
         uses.append(x.s * x.b * x.h * x.e)  # the sequence-parallel all-gather
     return max(uses)
 
@@ -426,7 +533,7 @@ def activation_estimate(
         in_flight=sum(alive),
         backward_working_bytes=work + extra_work,
         peak_moment=moment,
-        buffer_bytes=buffer_bytes(spec),
+        buffer_bytes=buffer_bytes(spec, last=pp_rank == p.pp - 1),
         logits_bytes=logits,
         detail=detail,
         in_flight_per_chunk=alive,

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 from memscope.analysis.static.feature_checks import validate_mla_mtp, validate_moe
 from memscope.analysis.static.validation import check_scale, check_sharding, check_sizes
+from memscope.analysis.static.workspaces import compute_major
 
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
@@ -20,6 +21,7 @@ OPTIMIZERS = ("adam", "sgd")
 RECOMPUTE = (None, "selective", "full")
 RECOMPUTE_METHODS = ("uniform", "block")
 TRANSFORMER_IMPLS = ("local", "transformer_engine")
+CROSS_ENTROPY = ("unfused", "native", "te")
 # Megatron features whose parameters/activations this estimator does not model (refused).
 UNSUPPORTED: dict[str, str] = {}
 
@@ -65,6 +67,10 @@ class ModelSpec:
     # "transformer_engine" only changes shapes where TE's spec differs from the local one
     # (MLA down-projections are replicated across TP ranks instead of sharded).
     transformer_impl: str = "local"
+    # Megatron's kernel fusions (megatron/training/arguments.py defaults: all on)
+    bias_activation_fusion: bool = True  # bias_swiglu_fusion / bias_gelu_fusion
+    masked_softmax_fusion: bool = True  # unfused attention: fused scale-mask-softmax kernel
+    attention_softmax_in_fp32: bool = False  # unfused softmax computed (and kept) in fp32
 
     @property
     def query_groups(self) -> int:
@@ -146,6 +152,9 @@ class PrecisionSpec:
     distributed_optimizer: bool = False
     sgd_momentum: bool = True
     torch_optimizer: bool = False  # torch.optim (keeps a 4-byte step tensor per param tensor)
+    # num_distributed_optimizer_instances: the distributed optimizer shards within each
+    # instance's share of the data-parallel group (megatron/core/parallel_state.py)
+    distributed_optimizer_instances: int = 1
 
     @property
     def param_bytes(self) -> int:
@@ -170,6 +179,18 @@ class TrainingSpec:
     recompute_num_layers: int = 1  # full recompute: layers per checkpoint (uniform) or count
     flash_attention: bool = False  # fused/flash kernel: no [b, a, s, s] scores kept
     device: str = "cuda"  # "cpu": dropout masks have the activation dtype, not bool
+    # the GPU (fixed cuBLAS / Transformer Engine workspaces depend on its architecture);
+    # None on cuda: a Hopper GPU is assumed (stated in the report's assumptions)
+    gpu: str | None = None
+    # cross entropy: "unfused" (tensor_parallel.vocab_parallel_cross_entropy), or with
+    # cross_entropy_loss_fusion its cross_entropy_fusion_impl: "native" or "te"
+    cross_entropy: str = "unfused"
+    defer_embedding_wgrad: bool = False  # defer_embedding_wgrad_compute (last stage)
+    # gradient_accumulation_fusion: weight gradients accumulate straight into main_grad
+    # (no per-GEMM weight-gradient temporary)
+    gradient_accumulation_fusion: bool = False
+    # CUBLAS_WORKSPACE_CONFIG of the run (":SIZE_KIB:COUNT" pairs); None: torch's default
+    cublas_workspace_config: str | None = None
 
     def validate(self) -> TrainingSpec:
         m, p, prec = self.model, self.parallel, self.precision
@@ -232,6 +253,20 @@ class TrainingSpec:
             raise ValueError(f"model.position_embedding_type must be one of {POSITION_EMBEDDINGS}")
         if m.transformer_impl not in TRANSFORMER_IMPLS:
             raise ValueError(f"model.transformer_impl must be one of {TRANSFORMER_IMPLS}")
+        if self.cross_entropy not in CROSS_ENTROPY:
+            raise ValueError(f"cross_entropy_fusion_impl must be one of {CROSS_ENTROPY[1:]}")
+        if prec.distributed_optimizer_instances < 1 or p.dp % prec.distributed_optimizer_instances:
+            raise ValueError(
+                f"num_distributed_optimizer_instances ({prec.distributed_optimizer_instances}) "
+                f"must divide the data-parallel size ({p.dp})"
+            )
+        if self.device == "cuda":
+            compute_major(self.gpu)  # an unknown GPU name is refused
+        if self.defer_embedding_wgrad and (p.pp < 2 or not self.gradient_accumulation_fusion):
+            raise ValueError(  # megatron/core/model_parallel_config.py __post_init__
+                "defer_embedding_wgrad_compute needs pipeline parallelism (pp > 1) and "
+                "gradient_accumulation_fusion"
+            )
         validate_moe(m, p)
         validate_mla_mtp(m, p)
         check_scale(self)

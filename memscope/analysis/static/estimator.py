@@ -29,6 +29,7 @@ from memscope.analysis.static.params import (
 )
 from memscope.analysis.static.sources import spec_from_megatron_args
 from memscope.analysis.static.terms import PersistentTerms, persistent_terms
+from memscope.analysis.static.workspaces import workspace_terms
 
 SOURCE = f"memscope static estimator {__version__}"
 
@@ -42,6 +43,17 @@ class RankEstimate:
     persistent: PersistentTerms
     activations: ActivationEstimate
     optimizer_step_bytes: int  # optimizer-step temporaries
+    workspaces: dict[str, int]  # fixed GPU workspaces (cuBLAS, Transformer Engine), by source
+
+    @property
+    def workspace_bytes(self) -> int:
+        return sum(self.workspaces.values())
+
+    @property
+    def steady_bytes(self) -> int:
+        """What stays allocated between steps: persistent terms, fixed workspaces and
+        megatron's global buffer (what ``torch.cuda.memory_allocated()`` shows after a step)."""
+        return self.persistent.total_bytes + self.workspace_bytes + self.activations.buffer_bytes
 
     @property
     def peak_stage(self) -> str:
@@ -58,7 +70,7 @@ class RankEstimate:
 
     @property
     def peak_memory_bytes(self) -> int:
-        return self.persistent.total_bytes + self.transient_bytes
+        return self.persistent.total_bytes + self.workspace_bytes + self.transient_bytes
 
     def components(self) -> dict[str, int]:
         """Bytes per MemScope category at the peak (``compare_with_static`` names)."""
@@ -67,7 +79,7 @@ class RankEstimate:
             "gradients": self.persistent.grad_bytes,
             "optimizer_state": self.persistent.optimizer_bytes,
             "activations": self.transient_bytes,
-            "other": 0,
+            "other": self.workspace_bytes,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -83,6 +95,8 @@ class RankEstimate:
                 "saved_bytes": self.activations.saved_bytes,
             },
             "optimizer_step_bytes": self.optimizer_step_bytes,
+            "workspaces": dict(self.workspaces),
+            "steady_bytes": self.steady_bytes,
             "peak_memory_bytes": self.peak_memory_bytes,
             "peak_stage": self.peak_stage,
         }
@@ -107,6 +121,7 @@ def estimate_rank(spec: TrainingSpec, position: RankPosition) -> RankEstimate:
         persistent=persistent_terms(spec, params),
         activations=activation_estimate(spec, position.pp_rank, per_chunk),
         optimizer_step_bytes=optimizer_step_bytes(spec, largest),
+        workspaces=workspace_terms(spec),
     )
 
 

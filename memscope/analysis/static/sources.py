@@ -148,7 +148,8 @@ def _expert_fields(args: Any, num_layers: int) -> dict[str, Any]:
         qk_pos_emb_head_dim=_int(args, "qk_pos_emb_head_dim", 64),
         v_head_dim=_int(args, "v_head_dim", 128),
         mtp_num_layers=_int(args, "mtp_num_layers") or None,
-        transformer_impl=_name(args, "transformer_impl", "local"),
+        # megatron/training/arguments.py: --transformer-impl defaults to transformer_engine
+        transformer_impl=_name(args, "transformer_impl", "transformer_engine"),
     )
     if experts is not None:
         if not out["moe_router_topk"] >= 1:
@@ -225,6 +226,7 @@ def spec_from_megatron_args(
                 f"launcher's world size {world_size}"
             )
         args = {**(args if isinstance(args, dict) else vars(args)), "world_size": world_size}
+    args = _negated_flags(args)
     for name, what in UNSUPPORTED.items():
         if _get(args, name):
             raise ValueError(f"{name}: {what} are not supported by the static estimator")
@@ -266,6 +268,16 @@ def spec_from_megatron_args(
         position_embedding_type=_position_embedding(args),
         tie_embeddings=not _flag(args, "untie_embeddings_and_output_weights"),
         hidden_dropout=_float(args, "hidden_dropout", 0.1, 0.0, 1.0),
+        # megatron/training/arguments.py: the fusions default on (--no-*-fusion turns them
+        # off); bias_gelu_fusion is turned off with the biases
+        bias_activation_fusion=_flag(args, "bias_swiglu_fusion", True)
+        if _flag(args, "swiglu")
+        else _flag(args, "bias_gelu_fusion", True)
+        and not _flag(args, "disable_bias_linear")
+        and _flag(args, "add_bias_linear", True),
+        masked_softmax_fusion=_flag(args, "masked_softmax_fusion", True),
+        attention_softmax_in_fp32=_flag(args, "attention_softmax_in_fp32")
+        or _flag(args, "apply_query_key_layer_scaling"),
         attention_dropout=_float(args, "attention_dropout", 0.1, 0.0, 1.0),
         **_expert_fields(args, num_layers),
     )
@@ -320,6 +332,7 @@ def spec_from_megatron_args(
         optimizer=_name(args, "optimizer", "adam"),
         distributed_optimizer=_flag(args, "use_distributed_optimizer"),
         torch_optimizer=_flag(args, "torch_optimizer"),
+        distributed_optimizer_instances=_size(args, "num_distributed_optimizer_instances"),
         sgd_momentum=_float(args, "sgd_momentum", 0.9, 0.0) > 0,
     )
     mbs = _int(args, "micro_batch_size", 1, "training.micro_batch_size")
@@ -332,10 +345,10 @@ def spec_from_megatron_args(
         recompute = as_str(recompute, "training.recompute_granularity")
     method = _name(args, "recompute_method", "uniform")
     recompute_layers = _int(args, "recompute_num_layers", 1, "recompute_num_layers")
-    backend = _name(args, "attention_backend", "auto").split(".")[-1]
-    flash = _flag(args, "use_flash_attn") or backend in ("flash", "fused")
-    if _get(args, "transformer_impl") == "transformer_engine" and backend == "auto":
-        flash = True  # Transformer Engine picks a fused kernel
+    flash = _flash_attention(args, model.transformer_impl)
+    cross_entropy = "unfused"
+    if _flag(args, "cross_entropy_loss_fusion"):
+        cross_entropy = _name(args, "cross_entropy_fusion_impl", "native")
     return TrainingSpec(
         model,
         parallel,
@@ -346,7 +359,55 @@ def spec_from_megatron_args(
         recompute_method=method,
         recompute_num_layers=recompute_layers,
         flash_attention=flash,
+        cross_entropy=cross_entropy,
+        defer_embedding_wgrad=_flag(args, "defer_embedding_wgrad_compute"),
+        gradient_accumulation_fusion=_flag(args, "gradient_accumulation_fusion", True),
     ).validate()
+
+
+# Megatron's store_false flags (megatron/training/arguments.py): the YAML/JSON key a user
+# writes (``no_masked_softmax_fusion: true``) -> the argument it clears
+NEGATED_FLAGS = {
+    "no_masked_softmax_fusion": "masked_softmax_fusion",
+    "no_bias_gelu_fusion": "bias_gelu_fusion",
+    "no_bias_swiglu_fusion": "bias_swiglu_fusion",
+    "no_gradient_accumulation_fusion": "gradient_accumulation_fusion",
+}
+
+
+def _negated_flags(args: Any) -> Any:
+    """``args`` with every ``no_<flag>: true`` turned into ``<flag>: false`` (a dict source;
+    a parsed namespace already holds the destinations)."""
+    if not isinstance(args, dict) or not any(k in args for k in NEGATED_FLAGS):
+        return args
+    out = dict(args)
+    for key, dest in NEGATED_FLAGS.items():
+        if key in out and _flag(out, key):
+            if dest in out and _flag(out, dest):
+                raise ValueError(f"{key} contradicts {dest}: true")
+            out[dest] = False
+    return out
+
+
+def _flash_attention(args: Any, impl: str) -> bool:
+    """Whether attention runs a flash/fused kernel, as megatron-core picks it.
+
+    Transformer Engine (``TEDotProductAttention``) with ``attention_backend`` ``auto``,
+    ``flash`` or ``fused`` runs a fused kernel; ``unfused`` runs TE's unfused path. The local
+    spec's ``DotProductAttention`` (megatron/core/transformer/dot_product_attention.py) has
+    no flash path: ``use_flash_attn`` does not change it (warned)."""
+    backend = _name(args, "attention_backend", "auto").split(".")[-1]
+    if impl == "transformer_engine":
+        return backend in ("auto", "flash", "fused")
+    if _flag(args, "use_flash_attn") or backend in ("flash", "fused"):
+        _warn_all(
+            [
+                "use_flash_attn / attention_backend flash|fused with transformer_impl local: "
+                "megatron-core's local DotProductAttention has no flash path, so attention is "
+                "modelled unfused (as it runs)"
+            ]
+        )
+    return False
 
 
 def spec_from_flagscale_yaml(

@@ -42,10 +42,17 @@ def persistent_terms(spec: TrainingSpec, params: list[ParamTensor]) -> Persisten
     else:
         per_param = (FP32 if prec.sgd_momentum else 0) + (FP32 if prec.mixed_precision else 0)
     optimizer = count * per_param
-    if prec.distributed_optimizer:  # routed experts shard over the expert-data-parallel group
+    if prec.distributed_optimizer:
+        # megatron/core/distributed/distributed_data_parallel.py: dense parameters shard over
+        # the data-parallel group with context parallelism (dp x cp), routed experts over the
+        # expert-data-parallel group; with num_distributed_optimizer_instances each instance
+        # shards over its own part of those groups (megatron/core/parallel_state.py)
+        p, instances = spec.parallel, prec.distributed_optimizer_instances
         expert = sum(t.numel for t in params if t.expert) * per_param
         dense = optimizer - expert
-        optimizer = -(-dense // spec.parallel.dp) + -(-expert // spec.parallel.expert_dp)
+        dense_shards = p.dp * p.cp // instances
+        expert_shards = max(1, p.expert_dp // instances)
+        optimizer = -(-dense // dense_shards) + -(-expert // expert_shards)
     if prec.torch_optimizer and prec.optimizer == "adam":
         optimizer += FP32 * len(params)  # one float32 ``step`` tensor per parameter tensor
     return PersistentTerms(count, weights, grads, optimizer)
