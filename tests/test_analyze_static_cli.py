@@ -46,8 +46,10 @@ def test_json_config_gives_the_original_schema_plus_every_rank(tmp_path, cli):
                 "persistent_memory_bytes", "peak_memory_bytes", "peak_stage"):  # fmt: skip
         assert key in s
     assert s["peak_memory_bytes"] == (
-        s["persistent_memory_bytes"] + s["activation_memory_bytes"] + s["temporary_memory_bytes"]
-    )
+        s["persistent_memory_bytes"] + s["workspace_memory_bytes"]
+        + s["activation_memory_bytes"] + s["temporary_memory_bytes"]
+    )  # fmt: skip
+    assert s["workspace_memory_bytes"] > 0  # device cuda: the fixed cuBLAS workspaces
     assert report["schema_version"] and report["world_size"] == 64
     assert len(report["ranks"]) == 8  # tp 4 x pp 2 positions, each with its 8 DP peers
     assert sorted(g for r in report["ranks"] for g in r["global_ranks"]) == list(range(64))

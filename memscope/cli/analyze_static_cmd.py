@@ -38,6 +38,18 @@ def register(sub: Any) -> None:
         help="where the tensors live (CPU dropout masks are not bool)",
     )
     p.add_argument(
+        "--gpu",
+        default=None,
+        help="the GPU (h100, a100, h200, b200, ...): sizes the fixed cuBLAS / Transformer "
+        "Engine workspaces (default: an H100 is assumed and said so)",
+    )
+    p.add_argument(
+        "--cublas-workspace-config",
+        default=None,
+        metavar="CONFIG",
+        help="the run's CUBLAS_WORKSPACE_CONFIG (e.g. :4096:8) (default: torch's default)",
+    )
+    p.add_argument(
         "--vocab-size",
         type=int,
         default=None,
@@ -92,6 +104,7 @@ def _world_size(args: argparse.Namespace) -> tuple[int | None, str]:
 
 def run(args: argparse.Namespace) -> int:
     """Estimate every rank position, write the reports, print the detailed rank's peak."""
+    from memscope.analysis.static.coverage import config_coverage, config_keys, warning_lines
     from memscope.analysis.static.estimator import estimate_all_ranks, position_of_rank
     from memscope.analysis.static.report import build_static_report
     from memscope.analysis.static.sources import load_config_file
@@ -108,13 +121,19 @@ def run(args: argparse.Namespace) -> int:
         warnings.simplefilter("always", ConfigWarning)
         try:
             spec = load_config_file(args.config, args.vocab_size, world)
-            spec = replace(spec, device=args.device)
+            spec = replace(
+                spec,
+                device=args.device,
+                gpu=args.gpu,
+                cublas_workspace_config=args.cublas_workspace_config,
+            ).validate()
             estimates = estimate_all_ranks(spec)
             if args.rank is None:
                 selected = max(estimates, key=lambda e: e.peak_memory_bytes)
             else:
                 position = position_of_rank(spec, args.rank)
                 selected = next(e for e in estimates if e.position == position)
+            coverage = config_coverage(config_keys(args.config), spec, world_source)
         except ValueError as exc:
             raise CliError(f"{args.config}: {exc}") from None
     notes = [str(w.message) for w in caught if issubclass(w.category, ConfigWarning)]
@@ -123,9 +142,11 @@ def run(args: argparse.Namespace) -> int:
             warnings.warn_explicit(other.message, other.category, other.filename, other.lineno)
     rank = _first_rank(spec, selected) if args.rank is None else args.rank
     notes += peak_warnings(selected.peak_memory_bytes, rank)
-    for note in dict.fromkeys(notes):  # one line each, in order, no repeats
+    # one line each, in order, no repeats; the not-modelled keys are in report["coverage"]
+    for note in dict.fromkeys(notes + warning_lines(coverage.not_modelled)):
         print(f"memscope analyze-static: warning: {args.config}: {note}", file=sys.stderr)
-    report = build_static_report(spec, estimates, selected, args.config)
+    _print_coverage(coverage)
+    report = build_static_report(spec, estimates, selected, args.config, coverage.to_dict())
     report["warnings"] = list(dict.fromkeys(notes))
     report["rank"] = rank
     report["summary"]["rank"] = rank
@@ -147,13 +168,22 @@ def run(args: argparse.Namespace) -> int:
         f"(tp={s['tp_rank']} pp={s['pp_rank']}, {s['peak_stage']}): {s['param_count']:,} "
         f"parameters, persistent {format_bytes(s['persistent_memory_bytes'])}, activations "
         f"{format_bytes(s['activation_memory_bytes'])}, temporary "
-        f"{format_bytes(s['temporary_memory_bytes'])}"
+        f"{format_bytes(s['temporary_memory_bytes'])}, fixed workspaces "
+        f"{format_bytes(s['workspace_memory_bytes'])}"
     )
     dp = report["data_parallel"]
     if dp["assumed"]:
         line += f"; {dp['note']}"
     print(printable(line))
     return 0
+
+
+def _print_coverage(coverage: Any, shown: int = 6) -> None:
+    """``assumed: ...`` and ``not used: N keys (first few)`` on stderr."""
+    progress("assumed: " + "; ".join(coverage.assumptions))
+    unused = coverage.unused_keys
+    few = ", ".join(unused[:shown]) + (", ..." if len(unused) > shown else "")
+    progress(f"not used: {len(unused)} keys" + (f" ({few})" if unused else ""))
 
 
 def _data_parallel_note(spec: Any, source: str) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 from memscope.reporters.markdown import md_code, md_text
@@ -14,6 +15,7 @@ _SUMMARY_ROWS = (
     ("activations (in flight)", "activation_memory_bytes"),
     ("temporary (backward working set, buffers)", "temporary_memory_bytes"),
     ("persistent", "persistent_memory_bytes"),
+    ("fixed workspaces (cuBLAS, Transformer Engine)", "workspace_memory_bytes"),
     ("**peak**", "peak_memory_bytes"),
 )
 
@@ -37,8 +39,13 @@ def render_static_markdown(report: dict[str, Any]) -> str:
         _row(["term", "bytes", ""]),
         _row(["---", "---:", "---:"]),
     ]
-    lines += [_row([label, str(s[key]), format_bytes(s[key])]) for label, key in _SUMMARY_ROWS]
-    lines += ["", f"Peak stage: {md_code(s['peak_stage'])}.", "", "## Ranks", ""]
+    lines += [
+        _row([label, str(s.get(key, 0)), format_bytes(s.get(key, 0))])
+        for label, key in _SUMMARY_ROWS
+    ]
+    lines += ["", f"Peak stage: {md_code(s['peak_stage'])}.", ""]
+    lines += _coverage_lines(report.get("coverage"))
+    lines += ["## Ranks", ""]
     lines.append(
         _row(
             [
@@ -92,8 +99,46 @@ def render_static_markdown(report: dict[str, Any]) -> str:
                 ]
             )
         )
-    lines += ["", f"_Exact vs approximate: {md_text(meta['approximations'])}._", ""]
+    lines += ["", _footer(report), ""]
     return "\n".join(lines)
+
+
+def _coverage_lines(coverage: Any) -> list[str]:
+    """The "Assumptions and coverage" section: assumptions, keys set but not modelled (with
+    the memory effect missed), every config key the estimator does not read."""
+    if not isinstance(coverage, dict):
+        return []
+    lines = ["## Assumptions and coverage", ""]
+    lines += [f"- {md_text(a)}" for a in coverage.get("assumptions", [])]
+    missing = coverage.get("not_modelled", [])
+    lines += ["", f"Set in the config but not modelled ({len(missing)}):", ""]
+    groups: dict[str, list[str]] = {}  # keys that share a reason share a line
+    for n in missing:
+        groups.setdefault(n["reason"], []).append(f"{md_code(n['key'])} = {md_code(n['value'])}")
+    lines += [f"- {', '.join(keys)}: {md_text(reason)}" for reason, keys in groups.items()]
+    if not missing:
+        lines.append("- none")
+    unused = coverage.get("unused_keys", [])
+    lines += ["", f"Config keys the estimator does not use ({len(unused)}):", ""]
+    text = ", ".join(md_code(k) for k in unused) if unused else "none"
+    lines += textwrap.wrap(text, 100, break_long_words=False, break_on_hyphens=False)
+    return [*lines, ""]
+
+
+def _footer(report: dict[str, Any]) -> str:
+    """What is modelled, approximated and not modelled for this config (the fixed
+    approximations text for a report without a coverage block)."""
+    coverage = report.get("coverage")
+    if not isinstance(coverage, dict):
+        return f"_Exact vs approximate: {md_text(report['metadata']['approximations'])}._"
+    parts = [
+        ("Modelled for this config", "modelled"),
+        ("approximated", "approximated"),
+        ("not modelled", "not_modelled_features"),
+    ]
+    shown = [f"{name}: {', '.join(md_text(x) for x in coverage.get(key) or []) or 'nothing'}"
+             for name, key in parts]  # fmt: skip
+    return "_" + "; ".join(shown) + "._"
 
 
 def _data_parallel_lines(report: dict[str, Any]) -> list[str]:

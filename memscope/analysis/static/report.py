@@ -4,6 +4,7 @@
 rank; ``ranks`` holds every distinct rank position of the job (with the global ranks that
 share it: data- and context-parallel peers hold the same shard), ``allowance`` what the
 estimate leaves out on a GPU. ``peak_memory_bytes`` = ``persistent_memory_bytes`` +
+``workspace_memory_bytes`` (fixed cuBLAS / Transformer Engine workspaces on a GPU) +
 ``activation_memory_bytes`` + ``temporary_memory_bytes`` at ``peak_stage`` (activations are
 zero when the optimizer step is the peak, as in the original).
 """
@@ -171,6 +172,20 @@ def operator_records(spec: TrainingSpec, est: RankEstimate) -> list[dict[str, An
             "sqrt and division of one parameter's denominator",
         ),
     ]
+    ops += [
+        _op(
+            f"workspace.{name}",
+            "other",
+            "forward",
+            size,
+            True,
+            "torch: 2 x CUBLAS_WORKSPACE_CONFIG or the GPU's default; TE: 32 MiB (sm >= 9) "
+            "or 4 MiB",
+            "fixed GPU workspace allocated at the first GEMM and kept "
+            "(memscope/analysis/static/workspaces.py names the sources)",
+        )
+        for name, size in est.workspaces.items()
+    ]
     return ops
 
 
@@ -187,6 +202,8 @@ def summary(est: RankEstimate) -> dict[str, Any]:
         "activation_memory_bytes": activations,
         "temporary_memory_bytes": est.transient_bytes - activations,
         "persistent_memory_bytes": per.total_bytes,
+        "workspace_memory_bytes": est.workspace_bytes,
+        "steady_memory_bytes": est.steady_bytes,
         "peak_memory_bytes": est.peak_memory_bytes,
         "peak_stage": est.peak_stage,
     }
@@ -197,13 +214,17 @@ def build_static_report(
     estimates: list[RankEstimate],
     selected: RankEstimate,
     config_path: str | None = None,
+    coverage: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The report as a JSON-ready dict; ``summary``/``operators`` describe ``selected``."""
+    """The report as a JSON-ready dict; ``summary``/``operators`` describe ``selected``.
+
+    ``coverage`` (plain data, ``ConfigCoverage.to_dict()`` of :mod:`.coverage`) becomes the
+    top-level ``coverage`` block: assumptions, unused and not-modelled config keys."""
     peers = ranks_by_position(spec)
     ranks = [
         {**est.to_dict(), **summary(est), "global_ranks": peers[est.position]} for est in estimates
     ]
-    return {
+    report: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "report_type": REPORT_TYPE_STATIC,
         "tool": {"name": "memscope", "version": __version__},
@@ -228,3 +249,6 @@ def build_static_report(
             "approximations": APPROXIMATE,
         },
     }
+    if coverage is not None:
+        report["coverage"] = coverage
+    return report

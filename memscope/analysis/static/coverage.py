@@ -1,0 +1,391 @@
+"""What the static estimate of a config rests on: its assumptions, which config keys it read,
+and which memory-relevant Megatron features the config turns on that it does not model.
+
+:func:`config_keys` reads the merged key mapping of a config file the way the estimator's
+readers do (:mod:`.sources`); :func:`config_coverage` compares it with what the estimator
+reads (:data:`.validation.READ_KEYS`) and with :data:`NOT_MODELLED`, and states the
+assumptions the spec carries. Pure functions, no torch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from memscope.analysis.static.config import TrainingSpec
+from memscope.analysis.static.validation import READ_KEYS, show
+
+# Memory-relevant Megatron / FlagScale arguments the estimator does not model: key -> what
+# memory effect the estimate misses when the config sets it. A key the estimator reads
+# (READ_KEYS) is never reported, so modelling a feature and adding its key to READ_KEYS takes
+# it off this list without editing it -- except the keys of READ_NOT_MODELLED below.
+NOT_MODELLED: dict[str, str] = {
+    "fp8": "FP8 (Transformer Engine): activations are counted in the parameter dtype; FP8 "
+    "weight/activation casts, transpose caches and scaling state are not counted",
+    "fp8_recipe": "FP8 recipe scaling state (amax histories, scales) is not counted",
+    "fp8_param": "FP8 parameters: weights are counted in the parameter dtype, not in FP8",
+    "fp4": "FP4 (Transformer Engine): activations are counted in the parameter dtype; FP4 "
+    "casts and scaling state are not counted",
+    "cuda_graph_impl": "CUDA graphs keep static input/output buffers and a private memory pool "
+    "per captured graph, not counted",
+    "enable_cuda_graph": "CUDA graphs keep static input/output buffers and a private memory "
+    "pool per captured graph, not counted",
+    "external_cuda_graph": "CUDA graphs keep static input/output buffers and a private memory "
+    "pool per captured graph, not counted",
+    "tp_comm_overlap": "TP communication overlap allocates Transformer Engine userbuffers "
+    "(all-gather/reduce-scatter workspaces per GEMM), not counted",
+    "overlap_moe_expert_parallel_comm": "overlapped expert-parallel all-to-all keeps a second "
+    "micro-batch's dispatch tensors alive, not counted",
+    "use_dualpipev": "the DualPipeV schedule (two chunks per stage, its own in-flight "
+    "micro-batches) is not modelled; the 1F1B/interleaved schedule is estimated instead",
+    "optimizer_cpu_offload": "optimizer state offloaded to host memory is counted on the GPU "
+    "(the estimate is too high)",
+    "cpu_offloading": "activations/weights offloaded to host memory are counted on the GPU "
+    "(the estimate is too high)",
+    "fine_grained_activation_offloading": "activations offloaded to host memory are counted "
+    "on the GPU (the estimate is too high)",
+    "use_torch_fsdp2": "FSDP2 shards parameters, gradients and optimizer state over data "
+    "parallel; the estimate uses Megatron DDP (too high, and no all-gather buffers)",
+    "use_megatron_fsdp": "Megatron FSDP shards parameters and gradients over data parallel; "
+    "the estimate uses Megatron DDP (too high, and no all-gather buffers)",
+    "use_custom_fsdp": "Megatron FSDP shards parameters and gradients over data parallel; "
+    "the estimate uses Megatron DDP (too high, and no all-gather buffers)",
+    "data_parallel_sharding_strategy": "parameters/gradients sharded over data parallel "
+    "(Megatron FSDP) are counted whole on every rank",
+    "use_precision_aware_optimizer": "the precision-aware optimizer keeps main parameters, "
+    "main gradients and Adam moments in their own dtypes; the estimate counts them in fp32",
+    "main_grads_dtype": "main gradients in a dtype other than fp32 are counted in fp32",
+    "main_params_dtype": "main (master) parameters in a dtype other than fp32 are counted in fp32",
+    "exp_avg_dtype": "the Adam first moment in a dtype other than fp32 is counted in fp32",
+    "exp_avg_sq_dtype": "the Adam second moment in a dtype other than fp32 is counted in fp32",
+    "grad_reduce_in_bf16": "gradients reduced in bf16: the estimate counts the fp32 gradient "
+    "buffer of bf16 training",
+    "recompute_activations": "Megatron turns it into selective recompute; the estimate keeps "
+    "the attention scores (set recompute_granularity: selective)",
+    "recompute_modules": "selective recompute of these modules: the estimate recomputes core "
+    "attention only (Megatron's default ['core_attn'])",
+    "moe_layer_recompute": "recomputed MoE layers: the estimate keeps the MoE layers' activations",
+    "distribute_saved_activations": "full-recompute checkpoints split over the tensor-parallel "
+    "ranks: the estimate keeps each checkpoint whole on every rank (too high)",
+    "pipeline_model_parallel_layout": "a custom pipeline layout (refused by the estimator)",
+    "moe_token_dispatcher_type": "the alltoall/flex dispatcher's send/receive and permutation "
+    "buffers are not counted (routed tokens are counted as balanced)",
+    "moe_expert_capacity_factor": "token dropping/padding at the expert capacity is not "
+    "applied: each expert gets the balanced share of tokens",
+    "moe_pad_expert_input_to_capacity": "expert inputs padded to capacity are larger than the "
+    "balanced share the estimate counts",
+    "moe_shared_expert_overlap": "the shared expert overlapped with the token dispatch keeps "
+    "extra tensors alive, not counted",
+    "recompute_granularity_per_stage_micro_batch": "FlagScale per-stage/micro-batch recompute: "
+    "the global recompute settings are applied to every stage and micro-batch",
+    "recompute_method_per_stage_micro_batch": "FlagScale per-stage/micro-batch recompute: the "
+    "global recompute settings are applied to every stage and micro-batch",
+    "recompute_num_layers_per_stage_micro_batch": "FlagScale per-stage/micro-batch recompute: "
+    "the global recompute settings are applied to every stage and micro-batch",
+}
+# ``finetune`` is not listed: Megatron's --finetune only skips loading optimizer/RNG state.
+# Keys by prefix (LoRA / PEFT adapters).
+_ADAPTERS = (
+    "LoRA/PEFT adapters: their parameters, gradients and optimizer state are not counted, and "
+    "the frozen base weights are counted with gradients and optimizer state"
+)
+NOT_MODELLED_PREFIXES: dict[str, str] = {"lora": _ADAPTERS, "peft": _ADAPTERS}
+# Keys in READ_KEYS that are still reported: the estimator reads them only to check the value
+# (moe_expert_capacity_factor: refused when 0, otherwise balanced routing is estimated) or to
+# refuse the config (pipeline_model_parallel_layout: never reaches a report).
+READ_NOT_MODELLED = frozenset({"moe_expert_capacity_factor", "pipeline_model_parallel_layout"})
+
+# Values that mean "off" (Megatron's defaults), compared in lower case.
+_OFF = frozenset(
+    {"", "false", "no", "off", "0", "none", "null", "no_shard", "fp32", "float32",
+     "torch.float32", "allgather"}
+)  # fmt: skip
+# Per-key defaults beyond _OFF (megatron-core TransformerConfig).
+_DEFAULTS: dict[str, Any] = {"fp8_recipe": "delayed", "recompute_modules": ["core_attn"]}
+
+
+def _moe(merged: Mapping[str, Any], spec: TrainingSpec) -> bool:
+    return spec.model.num_experts is not None
+
+
+# Keys that only matter together with another setting (else Megatron ignores them).
+_RELEVANT: dict[str, Callable[[Mapping[str, Any], TrainingSpec], bool]] = {
+    "fp8_recipe": lambda merged, spec: (
+        is_set("fp8", merged.get("fp8")) or is_set("fp4", merged.get("fp4"))
+    ),
+    "recompute_modules": lambda merged, spec: spec.recompute == "selective",
+    "distribute_saved_activations": lambda merged, spec: spec.recompute == "full",
+    "moe_token_dispatcher_type": _moe,
+    "moe_expert_capacity_factor": _moe,
+    "moe_pad_expert_input_to_capacity": _moe,
+    "moe_shared_expert_overlap": _moe,
+    "overlap_moe_expert_parallel_comm": _moe,
+}
+# Read by the JSON config reader besides READ_KEYS (its own names).
+EXTRA_READ_KEYS = frozenset({"dtype", "model_type", "hetero_stage_layers", "hetero_stage_meshes"})
+CUDA_ALLOWANCE = "CUDA context, NCCL buffers and allocator fragmentation (see allowance)"
+
+
+@dataclass(frozen=True)
+class NotModelled:
+    """A memory-relevant key the config sets that the estimate does not model."""
+
+    key: str
+    value: str  # as written in the config (short, printable)
+    reason: str  # the memory effect the estimate misses
+
+    def to_dict(self) -> dict[str, str]:
+        return {"key": self.key, "value": self.value, "reason": self.reason}
+
+    def message(self) -> str:
+        """One warning line."""
+        return f"{self.key}={self.value} is not modelled: {self.reason}"
+
+
+@dataclass(frozen=True)
+class ConfigCoverage:
+    """Assumptions of the estimate and how much of the config it covers."""
+
+    unused_keys: tuple[str, ...]  # keys of the config the estimator does not read, sorted
+    not_modelled: tuple[NotModelled, ...]  # memory-relevant keys set but not modelled
+    assumptions: tuple[str, ...]
+    modelled: tuple[str, ...]
+    approximated: tuple[str, ...]
+    not_modelled_features: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain, JSON-ready data for the reports."""
+        return {
+            "assumptions": list(self.assumptions),
+            "modelled": list(self.modelled),
+            "approximated": list(self.approximated),
+            "not_modelled_features": list(self.not_modelled_features),
+            "not_modelled": [n.to_dict() for n in self.not_modelled],
+            "unused_keys": list(self.unused_keys),
+        }
+
+
+def is_set(key: str, value: Any) -> bool:
+    """Whether ``value`` turns ``key`` on: truthy and not Megatron's default (False, None, 0,
+    ``"none"``, ``"no_shard"``, ``"fp32"``, ``"allgather"``, an empty list, ...)."""
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    if key in _DEFAULTS and value == _DEFAULTS[key]:
+        return False
+    if isinstance(value, (int, float)):
+        return value > 0  # a negative capacity factor turns it off, as in Megatron
+    if isinstance(value, str):
+        return value.strip().lower() not in _OFF
+    if isinstance(value, (list, tuple, dict, set)):
+        return len(value) > 0
+    return True
+
+
+def _display(value: Any) -> str:
+    if isinstance(value, str):
+        text = value.strip()
+        return text if len(text) <= 60 and text.isprintable() else show(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        text = "[" + ", ".join(_display(v) for v in value) + "]"
+        return text if len(text) <= 60 else text[:56] + "...]"
+    return show(value)
+
+
+def _reason(key: str) -> str | None:
+    if key in NOT_MODELLED:
+        return NOT_MODELLED[key]
+    for prefix, reason in NOT_MODELLED_PREFIXES.items():
+        if key.startswith(prefix):
+            return reason
+    return None
+
+
+def not_modelled(merged: Mapping[str, Any], spec: TrainingSpec) -> tuple[NotModelled, ...]:
+    """The memory-relevant keys ``merged`` sets that the estimate does not model (in key
+    order); keys the estimator reads are skipped unless in :data:`READ_NOT_MODELLED`."""
+    out = []
+    for key in sorted(merged):
+        if key in READ_KEYS and key not in READ_NOT_MODELLED:
+            continue
+        reason = _reason(key)
+        value = merged[key]
+        if reason is None or not is_set(key, value):
+            continue
+        relevant = _RELEVANT.get(key)
+        if relevant is not None and not relevant(merged, spec):
+            continue
+        out.append(NotModelled(key, _display(value), reason))
+    return tuple(out)
+
+
+def _by_reason(items: tuple[NotModelled, ...]) -> list[list[NotModelled]]:
+    """``items`` grouped by reason (LoRA's many keys, the CUDA-graph switches), in order."""
+    groups: dict[str, list[NotModelled]] = {}
+    for item in items:
+        groups.setdefault(item.reason, []).append(item)
+    return list(groups.values())
+
+
+def warning_lines(items: tuple[NotModelled, ...]) -> list[str]:
+    """One warning line per not-modelled key; keys that share a reason share one line."""
+    out = []
+    for group in _by_reason(items):
+        if len(group) == 1:
+            out.append(group[0].message())
+        else:
+            keys = ", ".join(f"{n.key}={n.value}" for n in group)
+            out.append(f"{keys} are not modelled: {group[0].reason}")
+    return out
+
+
+def assumptions(spec: TrainingSpec, world_source: str | None = None) -> tuple[str, ...]:
+    """What the estimate assumes that the config may not say."""
+    m, p, prec = spec.model, spec.parallel, spec.precision
+    out = []
+    if spec.device == "cpu":
+        out.append("device: cpu (dropout masks in the activation dtype; no GPU allowance)")
+    else:
+        gpu = getattr(spec, "gpu", None)
+        if gpu is None:
+            out.append(
+                "device: cuda; a Hopper GPU (H100) is assumed for the fixed cuBLAS/Transformer "
+                "Engine workspaces"
+            )
+        else:
+            out.append(f"device: cuda, GPU {gpu} (fixed cuBLAS/Transformer Engine workspaces)")
+    impl = (
+        "Transformer Engine layers" if m.transformer_impl == "transformer_engine"
+        else "megatron-core local-spec layers"
+    )  # fmt: skip
+    if spec.flash_attention:
+        out.append(f"attention: a flash/fused kernel (no [b, a, s, s] scores kept); {impl}")
+    else:
+        out.append(f"attention: unfused, the [b, a, s, s] scores are kept; {impl}")
+    if p.dp_assumed:
+        out.append(
+            f"world size not given: data-parallel size {p.dp} assumed (the least the grid "
+            f"allows), world size {p.world_size}"
+        )
+    else:
+        where = world_source or "the config"
+        out.append(f"world size {p.world_size} (from {where}), data-parallel size {p.dp}")
+    grads = "fp32" if prec.grads_in_fp32 else prec.params_dtype
+    state = f"{prec.optimizer} state in fp32"
+    if prec.optimizer == "sgd" and not prec.sgd_momentum:
+        state = "no optimizer state (SGD without momentum)"
+    master = ", fp32 master weights" if prec.mixed_precision else ""
+    out.append(
+        f"precision: {prec.params_dtype} parameters, {grads} gradient buffer, {state}{master}"
+    )
+    return tuple(out)
+
+
+def modelled_features(spec: TrainingSpec) -> tuple[str, ...]:
+    """The features of this config the estimate models."""
+    m, p, prec = spec.model, spec.parallel, spec.precision
+    out = [
+        "Transformer Engine layers" if m.transformer_impl == "transformer_engine"
+        else "local-spec layers",
+        "flash attention" if spec.flash_attention else "unfused attention",
+    ]  # fmt: skip
+    if not spec.flash_attention and getattr(m, "masked_softmax_fusion", False):
+        out.append("fused scale-mask-softmax")
+    if m.gated_linear_unit:
+        fused = getattr(m, "bias_activation_fusion", False)
+        out.append("fused bias-SwiGLU" if fused else "SwiGLU")
+    cross_entropy = getattr(spec, "cross_entropy", None)  # "unfused" | "native" | "te"
+    if cross_entropy not in (None, "unfused"):
+        out.append(f"fused cross entropy ({cross_entropy})")
+    elif getattr(spec, "cross_entropy_fusion", False):
+        out.append("fused cross entropy")
+    if prec.distributed_optimizer:
+        instances = getattr(prec, "distributed_optimizer_instances", 1)
+        more = f" ({instances} instances)" if instances > 1 else ""
+        out.append(f"distributed optimizer{more}")
+    if p.tp > 1:
+        out.append(f"tensor parallel (tp={p.tp})")
+    if p.pp > 1:
+        out.append(f"interleaved pipeline (vpp={p.vpp})" if p.vpp else f"1F1B pipeline (pp={p.pp})")
+    if p.stage_meshes is not None:
+        out.append("heterogeneous stage meshes")
+    if spec.recompute == "full":
+        out.append(f"full recompute ({spec.recompute_method}, {spec.recompute_num_layers})")
+    elif spec.recompute == "selective":
+        out.append("selective recompute (core attention)")
+    if p.sequence_parallel:
+        out.append("sequence parallel")
+    if p.cp > 1:
+        out.append(f"context parallel (cp={p.cp})")
+    if m.num_experts:
+        out.append(f"MoE ({m.num_experts} experts, top-{m.moe_router_topk}, ep={p.ep})")
+    if m.multi_latent_attention:
+        out.append("MLA")
+    if m.mtp_num_layers:
+        out.append(f"MTP ({m.mtp_num_layers} layer{'s' if m.mtp_num_layers > 1 else ''})")
+    return tuple(out)
+
+
+def approximated_features(spec: TrainingSpec) -> tuple[str, ...]:
+    """What the estimate models only to first order for this config."""
+    m = spec.model
+    out = []
+    if m.num_experts:
+        out.append("MoE routing is balanced (each expert gets tokens x top-k / experts)")
+    if m.multi_latent_attention:
+        out.append("MLA activations (first order)")
+    if m.mtp_num_layers:
+        out.append("MTP activations (first order)")
+    return tuple(out)
+
+
+def config_coverage(
+    merged: Mapping[str, Any], spec: TrainingSpec, world_source: str | None = None
+) -> ConfigCoverage:
+    """Coverage of the config keys ``merged`` (as :func:`config_keys` reads them) by the
+    estimate of ``spec``; ``world_source`` says where the world size came from (``None`` or
+    empty: the config)."""
+    read = READ_KEYS | EXTRA_READ_KEYS
+    missing = not_modelled(merged, spec)
+    features = [
+        f"{group[0].key}={group[0].value}" if len(group) == 1 else ", ".join(n.key for n in group)
+        for group in _by_reason(missing)
+    ]
+    if spec.device != "cpu":
+        features.append(CUDA_ALLOWANCE)
+    return ConfigCoverage(
+        unused_keys=tuple(sorted(k for k in merged if k not in read)),
+        not_modelled=missing,
+        assumptions=assumptions(spec, world_source),
+        modelled=modelled_features(spec),
+        approximated=approximated_features(spec),
+        not_modelled_features=tuple(features),
+    )
+
+
+def config_keys(path: str) -> dict[str, Any]:
+    """The merged key mapping of a config file as the estimator's readers build it: a
+    FlagScale YAML's ``system``/``model``/``data`` sections flattened (``-`` as ``_``), a JSON
+    config flattened with its aliases mapped to Megatron names. Raises ``ValueError``."""
+    from memscope.analysis.static import sources
+
+    text = sources.read_config_text(path)
+    if os.path.splitext(path)[1].lower() == ".json":
+        data = sources._parse_json(path, text)
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: the config must be a mapping at the top level")
+        raw = sources._flatten(data, "", leaves=frozenset(sources._LEAF_KEYS))
+        return {sources.JSON_ALIASES.get(k, k): v for k, v in raw.items()}
+    data = sources._parse_yaml(path, text)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: the config must be a mapping at the top level")
+    merged: dict[str, Any] = {}
+    for section in ("system", "model", "data"):
+        part = data.get(section) or {}
+        if isinstance(part, dict):
+            for key, value in sources._flatten(part, section).items():
+                merged[key.replace("-", "_")] = value
+    return merged

@@ -1,0 +1,284 @@
+"""analyze-static states its assumptions, the config keys it does not use and the
+memory-relevant keys a config sets that it does not model (console, JSON, Markdown)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pytest
+import yaml
+
+from memscope.analysis.static import coverage as cov
+from memscope.analysis.static.coverage import config_coverage, config_keys, is_set
+from memscope.analysis.static.sources import spec_from_megatron_args
+from memscope.analysis.static.validation import READ_KEYS
+from memscope.cli import main
+from memscope.reporters.static_markdown import render_static_markdown
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY_YAML = os.path.join(REPO, "configs", "flagscale", "train", "tiny_gpt.yaml")
+TINY_JSON = os.path.join(REPO, "configs", "static", "tiny_gpt.json")
+
+
+@dataclass
+class Result:
+    rc: int
+    out: str
+    err: str
+    report: dict[str, Any]
+    md: str
+
+    @property
+    def coverage(self) -> dict[str, Any]:
+        return self.report["coverage"]
+
+    def warnings(self) -> list[str]:
+        return [x for x in self.err.splitlines() if ": warning: " in x]
+
+
+@pytest.fixture
+def cli(tmp_path, capsys) -> Callable[..., Result]:
+    """``cli(config, *args)``: analyze-static into tmp_path/out, the reports read back."""
+
+    def run(config: str, *args: str) -> Result:
+        out = tmp_path / "out"
+        rc = main(["analyze-static", "--config", config, "--outdir", str(out), *args])
+        captured = capsys.readouterr()
+        assert rc == 0, captured.err
+        report = json.loads((out / "static_report.json").read_text())
+        md = (out / "static_report.md").read_text()
+        return Result(rc, captured.out, captured.err, report, md)
+
+    return run
+
+
+def _yaml(tmp_path, model: dict[str, Any] | None = None, system: dict[str, Any] | None = None):
+    """The tiny FlagScale training YAML with ``model``/``system`` keys added."""
+    with open(TINY_YAML) as f:
+        config = yaml.safe_load(f)
+    config["model"].update(model or {})
+    config["system"].update(system or {})
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+def _keys(result: Result) -> list[str]:
+    return [n["key"] for n in result.coverage["not_modelled"]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Through the CLI
+
+
+def test_unused_yaml_key_is_listed_in_json_markdown_and_console(tmp_path, cli):
+    res = cli(_yaml(tmp_path, model={"my_custom_knob": 3}))
+    unused = res.coverage["unused_keys"]
+    assert "my_custom_knob" in unused and unused == sorted(unused)
+    assert {"lr", "train_iters", "memscope_top_k"} <= set(unused)  # Megatron/FlagScale keys
+    assert not set(unused) & READ_KEYS
+    assert "## Assumptions and coverage" in res.md and "`my_custom_knob`" in res.md
+    assert res.md.index("## Assumptions and coverage") < res.md.index("## Ranks")
+    line = next(x for x in res.err.splitlines() if "not used: " in x)
+    assert f"not used: {len(unused)} keys (" in line
+    assert res.coverage["not_modelled"] == []  # nothing memory-relevant set
+    assert not res.warnings() or all("not modelled" not in x for x in res.warnings())
+
+
+def test_fp8_is_a_not_modelled_warning_in_console_json_and_markdown(tmp_path, cli):
+    config = _yaml(tmp_path, system={"fp8": "hybrid", "fp8_recipe": "tensorwise"})
+    res = cli(config)
+    lines = [x for x in res.warnings() if "fp8=hybrid is not modelled" in x]
+    assert len(lines) == 1 and lines[0].startswith(f"memscope analyze-static: warning: {config}: ")
+    assert any("fp8_recipe=tensorwise is not modelled" in x for x in res.warnings())
+    entry = next(n for n in res.coverage["not_modelled"] if n["key"] == "fp8")
+    assert entry["value"] == "hybrid" and "FP8" in entry["reason"]
+    assert "fp8=hybrid" in res.coverage["not_modelled_features"]
+    assert {"fp8", "fp8_recipe"} <= set(res.coverage["unused_keys"])
+    assert "`fp8` = `hybrid`" in res.md
+    footer = res.md.strip().splitlines()[-1]
+    assert footer.startswith("_Modelled for this config: ") and "fp8=hybrid" in footer
+    assert "Exact vs approximate" not in res.md
+    # the warnings list keeps the config warnings only; the not-modelled keys are in coverage
+    assert not any("not modelled" in w for w in res.report["warnings"])
+
+
+def test_tp_comm_overlap_is_a_not_modelled_warning(tmp_path, cli):
+    res = cli(_yaml(tmp_path, system={"tp_comm_overlap": True}))
+    assert any("tp_comm_overlap=true is not modelled: " in x for x in res.warnings())
+    assert _keys(res) == ["tp_comm_overlap"]
+    assert "userbuffers" in res.coverage["not_modelled"][0]["reason"]
+
+
+def test_default_values_are_not_reported(tmp_path, cli):
+    defaults = {
+        "fp8": None,
+        "tp_comm_overlap": False,
+        "cuda_graph_impl": "none",
+        "data_parallel_sharding_strategy": "no_shard",
+        "main_grads_dtype": "fp32",
+        "exp_avg_dtype": "float32",
+        "moe_token_dispatcher_type": "allgather",
+        "recompute_modules": [],
+        "fp8_recipe": "tensorwise",  # without fp8 it does nothing
+    }
+    res = cli(_yaml(tmp_path, system=defaults))
+    assert _keys(res) == [] and not any("not modelled" in x for x in res.warnings())
+    assert set(defaults) - {"fp8"} <= set(res.coverage["unused_keys"])
+
+
+def test_no_world_size_states_the_dp_assumed(tmp_path, cli):
+    config = str(tmp_path / "tp2pp2.json")
+    with open(TINY_JSON) as f:
+        data = json.load(f)
+    del data["train"]["dp"]
+    data["train"].update(tp=2, pp=2)
+    with open(config, "w") as f:
+        json.dump(data, f)
+    res = cli(config)
+    assumed = [a for a in res.coverage["assumptions"] if "world size" in a]
+    assert assumed == [
+        "world size not given: data-parallel size 1 assumed (the least the grid allows), "
+        "world size 4"
+    ]
+    assert "memscope: assumed: " in res.err and "data-parallel size 1 assumed" in res.err
+    res = cli(config, "--world-size", "8")
+    assert not any("data-parallel size" in a and "assumed" in a
+                   for a in res.coverage["assumptions"])  # fmt: skip
+    assert "world size 8 (from --world-size), data-parallel size 2" in res.coverage["assumptions"]
+
+
+def test_flash_and_unfused_attention_assumptions(tmp_path, cli):
+    res = cli(_yaml(tmp_path))
+    attention = [a for a in res.coverage["assumptions"] if a.startswith("attention:")]
+    assert len(attention) == 1 and "unfused" in attention[0] and "[b, a, s, s]" in attention[0]
+    assert "unfused attention" in res.coverage["modelled"]
+    res = cli(_yaml(tmp_path, system={"transformer_impl": "transformer_engine"}))
+    attention = [a for a in res.coverage["assumptions"] if a.startswith("attention:")]
+    assert len(attention) == 1 and "flash/fused kernel" in attention[0]
+    assert "Transformer Engine layers" in attention[0]
+    assert {"flash attention", "Transformer Engine layers"} <= set(res.coverage["modelled"])
+    assert "unfused attention" not in res.coverage["modelled"]
+
+
+def test_gpu_and_device_assumptions(tmp_path, cli):
+    res = cli(_yaml(tmp_path))
+    assert any("Hopper GPU (H100) is assumed" in a for a in res.coverage["assumptions"])
+    assert cov.CUDA_ALLOWANCE in res.coverage["not_modelled_features"]
+    res = cli(_yaml(tmp_path), "--device", "cpu")
+    assert res.coverage["assumptions"][0].startswith("device: cpu")
+    assert cov.CUDA_ALLOWANCE not in res.coverage["not_modelled_features"]
+
+
+def test_json_aliases_dtype_and_model_type_are_read(tmp_path, cli):
+    with open(TINY_JSON) as f:
+        data = json.load(f)
+    data["model"]["zzz_qqq"] = 1
+    config = tmp_path / "tiny.json"
+    config.write_text(json.dumps(data))
+    res = cli(str(config))
+    assert res.coverage["unused_keys"] == ["zzz_qqq"]  # tp, num_heads, dtype, model_type read
+    assert "zzz_qqq" in res.md
+
+
+def test_lora_keys_are_not_modelled(tmp_path, cli):
+    res = cli(_yaml(tmp_path, model={"lora_rank": 16, "lora_alpha": 32}))
+    assert _keys(res) == ["lora_alpha", "lora_rank"]
+    assert "LoRA" in res.coverage["not_modelled"][0]["reason"]
+    lines = [x for x in res.warnings() if "not modelled" in x]  # one line for a shared reason
+    assert len(lines) == 1 and "lora_alpha=32, lora_rank=16 are not modelled: LoRA/PEFT" in lines[0]
+    assert "lora_alpha, lora_rank" in res.coverage["not_modelled_features"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The functions
+
+
+def _spec(**args: Any):
+    base = dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32,
+                vocab_size=128)  # fmt: skip
+    return spec_from_megatron_args({**base, **args})
+
+
+def test_a_key_the_estimator_reads_is_never_unused_or_not_modelled(monkeypatch):
+    merged = {key: True for key in READ_KEYS} | {"not_a_megatron_key": 1}
+    monkeypatch.setitem(cov.NOT_MODELLED, "swiglu", "pretend it is not modelled")
+    result = config_coverage(merged, _spec(), None)
+    assert result.unused_keys == ("not_a_megatron_key",)
+    assert "swiglu" not in [n.key for n in result.not_modelled]
+    # ... except the documented ones the estimator reads only to check the value
+    result = config_coverage({"moe_expert_capacity_factor": 1.5}, _spec(num_experts=4), None)
+    assert [n.key for n in result.not_modelled] == ["moe_expert_capacity_factor"]
+
+
+def test_moe_keys_only_matter_with_experts():
+    merged = {"moe_token_dispatcher_type": "alltoall"}
+    assert config_coverage(merged, _spec(), None).not_modelled == ()
+    moe = _spec(num_experts=4, moe_router_topk=2)
+    result = config_coverage(merged, moe, None)
+    assert [(n.key, n.value) for n in result.not_modelled] == [
+        ("moe_token_dispatcher_type", "alltoall")
+    ]
+    assert any("MoE (4 experts, top-2" in m for m in result.modelled)
+    assert any("balanced" in a for a in result.approximated)
+
+
+def test_is_set():
+    for key, value in (
+        ("fp8", "hybrid"),
+        ("tp_comm_overlap", True),
+        ("cpu_offloading", 1),
+        ("recompute_modules", ["mlp"]),
+        ("moe_expert_capacity_factor", 1.0),
+    ):
+        assert is_set(key, value), (key, value)  # fmt: skip
+    for key, value in (
+        ("fp8", None),
+        ("tp_comm_overlap", "false"),
+        ("cpu_offloading", 0),
+        ("recompute_modules", ["core_attn"]),
+        ("main_params_dtype", "fp32"),
+        ("moe_expert_capacity_factor", -1.0),
+        ("fp8_recipe", "delayed"),
+    ):
+        assert not is_set(key, value), (key, value)  # fmt: skip
+
+
+def test_config_keys_merges_yaml_sections_as_the_reader_does(tmp_path):
+    path = tmp_path / "t.yaml"
+    path.write_text(
+        "system:\n  tensor-model-parallel-size: 2\n  precision:\n    bf16: true\n"
+        "model:\n  num_layers: 2\n  optimizer:\n    lr: 0.1\ndata:\n  tokenizer:\n"
+        "    vocab_size: 100\nexperiment:\n  ignored: 1\n"
+    )
+    assert config_keys(str(path)) == {
+        "tensor_model_parallel_size": 2, "bf16": True, "num_layers": 2, "lr": 0.1,
+        "vocab_size": 100,
+    }  # fmt: skip
+
+
+def test_report_without_coverage_keeps_the_fixed_footer(tmp_path, cli):
+    report = cli(_yaml(tmp_path)).report
+    assert "Modelled for this config" in render_static_markdown(report)
+    old = {k: v for k, v in report.items() if k != "coverage"}
+    md = render_static_markdown(old)
+    assert "Exact vs approximate" in md and "Assumptions and coverage" not in md
+
+
+def test_selective_recompute_modules_and_features(tmp_path, cli):
+    system = {"recompute_granularity": "selective", "recompute_modules": ["core_attn", "mlp"],
+              "sequence_parallel": True, "tensor_model_parallel_size": 2,
+              "use_distributed_optimizer": True}  # fmt: skip
+    res = cli(_yaml(tmp_path, system=system), "--world-size", "4")
+    assert _keys(res) == ["recompute_modules"]
+    assert res.coverage["not_modelled"][0]["value"] == "[core_attn, mlp]"
+    modelled = res.coverage["modelled"]
+    for feature in ("selective recompute (core attention)", "sequence parallel",
+                    "distributed optimizer", "tensor parallel (tp=2)"):  # fmt: skip
+        assert feature in modelled, modelled
+    spec = replace(_spec(), recompute=None)
+    assert config_coverage({"recompute_modules": ["mlp"]}, spec, None).not_modelled == ()
