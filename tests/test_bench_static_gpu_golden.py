@@ -76,7 +76,7 @@ def test_measured_numbers_come_from_the_golden_file(results):
     est = row["estimate"]
     assert 0 < est["persistent_bytes"] < est["peak_bytes"]
     assert row["ratio"] == pytest.approx(est["peak_bytes"] / row["measured"]["peak_bytes"])
-    assert row["most_differing_term"] in ("persistent", "transient")
+    assert row["most_differing_term"] in ("steady", "transient")
 
 
 def test_refused_and_unmodelled_cases_keep_their_reason(results):

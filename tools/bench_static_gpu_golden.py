@@ -262,10 +262,6 @@ def unmentioned_features(ns: Any) -> list[str]:
         ns, "enable_cuda_graph", False
     ):
         notes.append("CUDA graphs")
-    if getattr(ns, "cross_entropy_loss_fusion", False):
-        notes.append("fused cross entropy")
-    if getattr(ns, "transformer_impl", None) == "transformer_engine":
-        notes.append("TE")
     return notes
 
 
@@ -403,7 +399,9 @@ def measured_gpu(golden_name: str, requested: str) -> str:
     return match.group(1) if match and match.group(1) in GPU_ARCH else requested
 
 
-def estimate_case(case: dict[str, Any], parsed: dict[str, Any], gpu: str = "h100") -> dict[str, Any]:
+def estimate_case(
+    case: dict[str, Any], parsed: dict[str, Any], gpu: str = "h100"
+) -> dict[str, Any]:
     """Our estimate for the case's last rank, or the case with the reason it is not one.
 
     The estimate is for the GPU the golden file names and the ``CUBLAS_WORKSPACE_CONFIG``
@@ -441,7 +439,7 @@ def estimate_case(case: dict[str, Any], parsed: dict[str, Any], gpu: str = "h100
     persistent, peak = est.steady_bytes, est.peak_memory_bytes
     d_persistent = persistent - m["steady_bytes"]
     d_transient = (peak - persistent) - (m["peak_bytes"] - m["steady_bytes"])
-    term = "persistent" if abs(d_persistent) >= abs(d_transient) else "transient"
+    term = "steady" if abs(d_persistent) >= abs(d_transient) else "transient"
     p = spec.parallel
     return {
         **case,
@@ -465,7 +463,7 @@ def estimate_case(case: dict[str, Any], parsed: dict[str, Any], gpu: str = "h100
         },
         "ratio": peak / m["peak_bytes"],
         "error": (peak - m["peak_bytes"]) / m["peak_bytes"],
-        "persistent_diff_bytes": d_persistent,
+        "steady_diff_bytes": d_persistent,
         "transient_diff_bytes": d_transient,
         "most_differing_term": term,
         "notes": unmentioned_features(ns),
@@ -481,6 +479,8 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "worst_error": worst["error"],
         "worst_case": worst["name"],
         "median_abs_error": statistics.median(abs(r["error"]) for r in rows),
+        "over_5_percent": sum(abs(r["error"]) > 0.05 for r in rows),
+        "over_10_percent": [r["name"] for r in rows if abs(r["error"]) > 0.10],
     }
 
 
@@ -498,12 +498,13 @@ def render(result: dict[str, Any]) -> str:
     lines.append(
         "# GiB; steady = mem-allocated-bytes at the last logged iteration, peak = max "
         "mem-max-allocated-bytes; est = ours for that rank; term = where ours differs most "
-        "(persistent: est persistent - steady; transient: (est peak - persistent) - "
-        "(peak - steady))"
+        "(steady: est steady - steady; transient: (est peak - est steady) - (peak - steady)); "
+        "est steady = weights + gradients + optimizer state + fixed cuBLAS/TE workspaces + "
+        "megatron's global buffer (+ fp16 fp32 gradient copies); the GPU is the golden file's"
     )
     header = (
         f"{'case':<100} {'golden':<10} {'world':>5} {'rank':>4} {'tp,pp':>5} "
-        f"{'steady':>7} {'peak':>7} {'est.pers':>8} {'est.peak':>8} {'ratio':>6} "
+        f"{'steady':>7} {'peak':>7} {'est.stdy':>8} {'est.peak':>8} {'ratio':>6} {'error':>7} "
         f"{'term':<10} {'diff':>7}  notes"
     )
     lines.append(header)
@@ -516,8 +517,9 @@ def render(result: dict[str, Any]) -> str:
             f"{r['family'] + '/' + r['name']:<100} {golden:<10} {r['world_size']:>5} "
             f"{r['rank']:>4} {r['tp_rank']:>2},{r['pp_rank']:<2} "
             f"{_gib(m['steady_bytes'])} {_gib(m['peak_bytes'])} "
-            f"{_gib(e['persistent_bytes']):>8} {_gib(e['peak_bytes']):>8} "
-            f"{r['ratio']:6.2f} {r['most_differing_term']:<10} {diff / GIB:+7.2f}  "
+            f"{_gib(e['steady_bytes']):>8} {_gib(e['peak_bytes']):>8} "
+            f"{r['ratio']:6.2f} {r['error'] * 100:+6.1f}% {r['most_differing_term']:<10} "
+            f"{diff / GIB:+7.2f}  "
             f"{', '.join(r['notes'])}"
         )
     lines.append("")
@@ -532,7 +534,9 @@ def render(result: dict[str, Any]) -> str:
     if s["cases"]:
         lines.append(
             f"modelled: {s['cases']} cases; worst: {s['worst_case']}; "
-            "median is of |estimate - measured| / measured peak"
+            "median is of |estimate - measured| / measured peak; "
+            f"{s['over_5_percent']} cases beyond 5%, {len(s['over_10_percent'])} beyond 10%"
+            + (f" ({', '.join(s['over_10_percent'])})" if s["over_10_percent"] else "")
         )
         lines.append(
             f"worst: {100 * s['worst_error']:+.1f}%  median: {100 * s['median_abs_error']:.1f}%"

@@ -403,9 +403,12 @@ def chunk_activations(
             (w, name) for name, w in loss_moments(spec, x, extras["cross_entropy_softmax"]).items()
         )
         if spec.defer_embedding_wgrad:
+            # up to wgrad_deferral_limit microbatches (0: all) wait in the buffers: the
+            # others' while the last one computes its loss, all of them at the drain
+            m, limit = spec.num_microbatches, spec.wgrad_deferral_limit or spec.num_microbatches
             deferred = deferred_wgrad_bytes(x)
-            best += (spec.num_microbatches - 1) * deferred
-            drain = spec.num_microbatches * deferred - saved
+            best += min(m - 1, limit) * deferred
+            drain = min(m, limit) * deferred - saved
             if drain > best:
                 best, moment = drain, "embedding_wgrad_drain"
     released_extras = sum(
@@ -456,8 +459,8 @@ def loss_moments(spec: TrainingSpec, x: Dims, ce_saved: int) -> dict[str, int]:
     in-place subtraction and ``exp`` materialises one more fp32 ``[s, b, V/t]`` buffer.
     ``output_layer_backward``: the fp32 softmax is gone, the logits' gradient (activation
     dtype), the input gradient ``[s, b, h]`` and, without ``gradient_accumulation_fusion``,
-    the ``[V/t, h]`` weight-gradient temporary are alive
-    (megatron/core/tensor_parallel/layers.py ``LinearWithGradAccumulationAndAsyncCommunication``)."""
+    the ``[V/t, h]`` weight-gradient temporary are alive (megatron/core/tensor_parallel/
+    layers.py, ``LinearWithGradAccumulationAndAsyncCommunication``)."""
     logits = x.s * x.b * x.vocab
     upcast = 0 if spec.cross_entropy == "te" or x.e == FP32 else logits * x.e
     if spec.cross_entropy == "native":

@@ -186,6 +186,7 @@ class TrainingSpec:
     # cross_entropy_loss_fusion its cross_entropy_fusion_impl: "native" or "te"
     cross_entropy: str = "unfused"
     defer_embedding_wgrad: bool = False  # defer_embedding_wgrad_compute (last stage)
+    wgrad_deferral_limit: int = 0  # most microbatches deferred (0: all of them)
     # gradient_accumulation_fusion: weight gradients accumulate straight into main_grad
     # (no per-GEMM weight-gradient temporary)
     gradient_accumulation_fusion: bool = False
@@ -267,6 +268,8 @@ class TrainingSpec:
                 "defer_embedding_wgrad_compute needs pipeline parallelism (pp > 1) and "
                 "gradient_accumulation_fusion"
             )
+        if self.wgrad_deferral_limit < 0:
+            raise ValueError(f"wgrad_deferral_limit must be >= 0, got {self.wgrad_deferral_limit}")
         validate_moe(m, p)
         validate_mla_mtp(m, p)
         check_scale(self)

@@ -28,7 +28,7 @@ from memscope.analysis.static.params import (
     rank_params,
 )
 from memscope.analysis.static.sources import spec_from_megatron_args
-from memscope.analysis.static.terms import PersistentTerms, persistent_terms
+from memscope.analysis.static.terms import PersistentTerms, fp32_grad_copies, persistent_terms
 from memscope.analysis.static.workspaces import workspace_terms
 
 SOURCE = f"memscope static estimator {__version__}"
@@ -44,6 +44,7 @@ class RankEstimate:
     activations: ActivationEstimate
     optimizer_step_bytes: int  # optimizer-step temporaries
     workspaces: dict[str, int]  # fixed GPU workspaces (cuBLAS, Transformer Engine), by source
+    post_step_bytes: int = 0  # what the optimizer step leaves until the next zero_grad
 
     @property
     def workspace_bytes(self) -> int:
@@ -53,19 +54,24 @@ class RankEstimate:
     def steady_bytes(self) -> int:
         """What stays allocated between steps: persistent terms, fixed workspaces and
         megatron's global buffer (what ``torch.cuda.memory_allocated()`` shows after a step)."""
-        return self.persistent.total_bytes + self.workspace_bytes + self.activations.buffer_bytes
+        return (
+            self.persistent.total_bytes
+            + self.workspace_bytes
+            + self.activations.buffer_bytes
+            + self.post_step_bytes
+        )
 
     @property
     def peak_stage(self) -> str:
         """``forward_backward`` or ``optimizer_step``: where the high-water mark is."""
-        step = self.activations.buffer_bytes + self.optimizer_step_bytes
+        step = self.activations.buffer_bytes + self.optimizer_step_bytes + self.post_step_bytes
         return "optimizer_step" if step > self.activations.total_bytes else "forward_backward"
 
     @property
     def transient_bytes(self) -> int:
         """Non-persistent bytes at the peak (activations, working sets, buffers)."""
         if self.peak_stage == "optimizer_step":
-            return self.activations.buffer_bytes + self.optimizer_step_bytes
+            return self.activations.buffer_bytes + self.optimizer_step_bytes + self.post_step_bytes
         return self.activations.total_bytes
 
     @property
@@ -97,6 +103,7 @@ class RankEstimate:
             "optimizer_step_bytes": self.optimizer_step_bytes,
             "workspaces": dict(self.workspaces),
             "steady_bytes": self.steady_bytes,
+            "post_step_bytes": self.post_step_bytes,
             "peak_memory_bytes": self.peak_memory_bytes,
             "peak_stage": self.peak_stage,
         }
@@ -122,6 +129,7 @@ def estimate_rank(spec: TrainingSpec, position: RankPosition) -> RankEstimate:
         activations=activation_estimate(spec, position.pp_rank, per_chunk),
         optimizer_step_bytes=optimizer_step_bytes(spec, largest),
         workspaces=workspace_terms(spec),
+        post_step_bytes=fp32_grad_copies(spec, params),
     )
 
 

@@ -361,6 +361,7 @@ def spec_from_megatron_args(
         flash_attention=flash,
         cross_entropy=cross_entropy,
         defer_embedding_wgrad=_flag(args, "defer_embedding_wgrad_compute"),
+        wgrad_deferral_limit=_int(args, "wgrad_deferral_limit", 0, "wgrad_deferral_limit"),
         gradient_accumulation_fusion=_flag(args, "gradient_accumulation_fusion", True),
     ).validate()
 

@@ -56,3 +56,22 @@ def persistent_terms(spec: TrainingSpec, params: list[ParamTensor]) -> Persisten
     if prec.torch_optimizer and prec.optimizer == "adam":
         optimizer += FP32 * len(params)  # one float32 ``step`` tensor per parameter tensor
     return PersistentTerms(count, weights, grads, optimizer)
+
+
+def fp32_grad_copies(spec: TrainingSpec, params: list[ParamTensor]) -> int:
+    """fp32 copies of 16-bit gradients the Megatron optimizer makes for its step.
+
+    megatron/core/optimizer/optimizer.py ``_copy_model_grads_to_main_grads`` (and the
+    distributed optimizer's ``_copy_model_grads_to_main_grads`` for its shard) sets each main
+    parameter's ``.grad`` to ``main_grad.float()``: a no-op view when the gradient buffer is
+    fp32 (bf16 training), a new fp32 tensor when it is 16-bit (fp16 without
+    ``accumulate_allreduce_grads_in_fp32``). They live from the step until the next
+    ``zero_grad`` at the start of the following step (never beside the activations)."""
+    prec = spec.precision
+    if not prec.mixed_precision or prec.grads_in_fp32 or prec.torch_optimizer:
+        return 0
+    count = sum(t.numel for t in params)
+    if prec.distributed_optimizer:
+        p = spec.parallel
+        count = -(-count // max(1, p.dp * p.cp // prec.distributed_optimizer_instances))
+    return count * FP32

@@ -139,6 +139,7 @@ READ_KEYS = frozenset(
         "v_head_dim",
         "virtual_pipeline_model_parallel_size",
         "vocab_size",
+        "wgrad_deferral_limit",
         "world_size",
     ]
 )

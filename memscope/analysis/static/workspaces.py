@@ -7,7 +7,9 @@ Two workspaces appear in ``torch.cuda.memory_allocated()`` after the first step 
   ``CUDACachingAllocator``). Its size is ``CUBLAS_WORKSPACE_CONFIG`` (``:SIZE:COUNT`` pairs,
   SIZE in KiB, summed) when set, else ``parseChosenWorkspaceSize``'s default: 32 MiB
   (``4096 KiB x 8``) on compute capability 9.x and newer, ``4096 KiB x 2 + 16 KiB x 8`` before.
-  Megatron's training runs GEMMs on one stream (``CUDA_DEVICE_MAX_CONNECTIONS=1``), so one.
+  cuBLAS handles are per thread (``DeviceThreadHandlePool``) and autograd runs backward on
+  its own device thread, so a training step that runs torch GEMMs in forward and backward on
+  one stream (``CUDA_DEVICE_MAX_CONNECTIONS=1``) holds two.
 - **Transformer Engine's cuBLAS workspace** (transformer_engine/pytorch/module/base.py,
   ``get_workspace`` / ``get_cublas_workspace_size_bytes``): a ``uint8`` tensor of 32 MiB on
   compute capability >= 9, 4 MiB before, created at the first TE GEMM.
@@ -43,6 +45,9 @@ GPU_COMPUTE_MAJOR = {
 ASSUMED_GPU = "h100"  # when the spec names none (stated in the report's assumptions)
 TE_WORKSPACE_HOPPER = 32 * MIB
 TE_WORKSPACE_OLDER = 4 * MIB
+# threads that run torch GEMMs in a training step: the main (forward) thread and autograd's
+# backward thread for the device (torch/csrc/autograd/engine.cpp)
+TORCH_GEMM_THREADS = 2
 _PAIR = re.compile(r":([0-9]+):([0-9]+)")
 
 
@@ -75,7 +80,8 @@ def workspace_terms(spec: TrainingSpec) -> dict[str, int]:
     if spec.device != "cuda":
         return {}
     major = compute_major(spec.gpu)
-    out = {"torch_cublas_workspace": torch_cublas_workspace_bytes(major, spec.cublas_workspace_config)}
+    one = torch_cublas_workspace_bytes(major, spec.cublas_workspace_config)
+    out = {"torch_cublas_workspaces": TORCH_GEMM_THREADS * one}
     if spec.model.transformer_impl == "transformer_engine":
         out["te_cublas_workspace"] = te_workspace_bytes(major)
     return out

@@ -1,0 +1,236 @@
+"""Megatron's GPU defaults in the static estimator: one test per key, direction and amount.
+
+Each test changes one Megatron argument on a small config and checks the estimate moves by
+the amount the named megatron-core / torch / Transformer Engine code allocates. The
+cross-entropy upcast is measured on CPU with megatron-core's real vocab-parallel cross entropy
+in bf16 and the exact storage ledger.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from memscope.analysis.static.activations import (
+    chunk_activations,
+    cross_entropy_saved,
+    dims,
+    layer_saved,
+    loss_moments,
+)
+from memscope.analysis.static.estimator import estimate_rank
+from memscope.analysis.static.params import RankPosition
+from memscope.analysis.static.sources import spec_from_megatron_args
+from memscope.analysis.static.workspaces import (
+    MIB,
+    te_workspace_bytes,
+    torch_cublas_workspace_bytes,
+    workspace_terms,
+)
+from memscope.demo.launcher import free_port, spawn
+
+# s=256 b=2 h=64 a=8 (g=2) f=256 V=1024, bf16, no dropout, 4 microbatches
+BASE: dict[str, Any] = dict(
+    num_layers=2,
+    hidden_size=64,
+    num_attention_heads=8,
+    padded_vocab_size=1024,
+    seq_length=256,
+    micro_batch_size=2,
+    global_batch_size=8,
+    bf16=True,
+    hidden_dropout=0.0,
+    attention_dropout=0.0,
+)
+S, B, H, V = 256, 2, 64, 1024
+
+
+def spec(**overrides: Any):
+    return spec_from_megatron_args({**BASE, **overrides})
+
+
+def last_rank(s: Any):
+    return estimate_rank(s, RankPosition(tp_rank=0, pp_rank=s.parallel.pp - 1))
+
+
+def test_transformer_engine_is_the_default_and_picks_flash_attention():
+    default = spec()
+    assert default.model.transformer_impl == "transformer_engine" and default.flash_attention
+    unfused = spec(attention_backend="unfused")
+    assert not unfused.flash_attention
+    local = spec(transformer_impl="local")
+    assert not local.flash_attention
+    assert "attention_scores" in layer_saved(local, dims(local))
+
+
+def test_flash_attention_keeps_key_and_value_at_query_group_heads():
+    gqa = spec(group_query_attention=True, num_query_groups=2)
+    d = 64 // 8
+    items = layer_saved(gqa, dims(gqa))
+    assert items["attention_qkv"] == S * B * (8 + 2 * 2) * d * 2  # q at 8 heads, k/v at 2
+    unfused = spec(group_query_attention=True, num_query_groups=2, attention_backend="unfused")
+    assert layer_saved(unfused, dims(unfused))["attention_qkv"] == 3 * S * B * 8 * d * 2
+
+
+def test_fused_bias_swiglu_keeps_three_ffn_tensors_unfused_five():
+    fused, unfused = spec(swiglu=True), spec(swiglu=True, bias_swiglu_fusion=False)
+    f = fused.model.ffn
+    assert layer_saved(fused, dims(fused))["mlp"] == 3 * S * B * f * 2
+    assert layer_saved(unfused, dims(unfused))["mlp"] == 5 * S * B * f * 2
+    assert spec(swiglu=True, no_bias_swiglu_fusion=True).model.bias_activation_fusion is False
+
+
+def test_bf16_logits_stay_beside_their_fp32_copy_in_the_cross_entropy():
+    bf16, fp32 = spec(), spec(bf16=False)
+    for s, upcast in ((bf16, S * B * V * 2), (fp32, 0)):
+        x = dims(s)
+        moments = loss_moments(s, x, cross_entropy_saved(s, x))
+        assert moments["cross_entropy"] == upcast
+        assert cross_entropy_saved(s, x) == S * B * V * 4  # the fp32 softmax, kept
+
+
+def test_cross_entropy_fusion_native_adds_a_compiled_fp32_buffer_te_keeps_bf16():
+    native = spec(cross_entropy_loss_fusion=True)
+    te = spec(cross_entropy_loss_fusion=True, cross_entropy_fusion_impl="te")
+    assert native.cross_entropy == "native" and te.cross_entropy == "te"
+    x = dims(native)
+    assert loss_moments(native, x, cross_entropy_saved(native, x))["cross_entropy"] == (
+        S * B * V * (2 + 4)
+    )
+    assert cross_entropy_saved(te, dims(te)) == S * B * V * 2
+    assert loss_moments(te, dims(te), S * B * V * 2)["cross_entropy"] == 0
+
+
+def test_gradient_accumulation_fusion_drops_the_output_layer_weight_gradient_temporary():
+    fused, unfused = spec(), spec(gradient_accumulation_fusion=False)
+    x = dims(fused)
+    a = loss_moments(fused, x, cross_entropy_saved(fused, x))["output_layer_backward"]
+    b = loss_moments(unfused, x, cross_entropy_saved(unfused, x))["output_layer_backward"]
+    assert b - a == V * H * 2
+
+
+def test_deferred_embedding_wgrad_keeps_grad_outputs_up_to_the_limit():
+    pp = dict(pipeline_model_parallel_size=2, num_layers=4, world_size=2)
+    plain = spec(**pp)
+    deferred = spec(**pp, defer_embedding_wgrad_compute=True)
+    limited = spec(**pp, defer_embedding_wgrad_compute=True, wgrad_deferral_limit=2)
+    per_microbatch = S * B * H * 2 + S * B * V * 2  # input and output gradient
+    base = chunk_activations(plain, 2, first=False, last=True)[1]
+    assert chunk_activations(deferred, 2, False, True)[1] - base == 3 * per_microbatch  # M - 1
+    assert chunk_activations(limited, 2, False, True)[1] - base == 2 * per_microbatch
+    with pytest.raises(ValueError, match="gradient_accumulation_fusion"):
+        spec(**pp, defer_embedding_wgrad_compute=True, gradient_accumulation_fusion=False)
+    with pytest.raises(ValueError, match="pp > 1"):
+        spec(defer_embedding_wgrad_compute=True)
+
+
+def test_distributed_optimizer_shards_over_dp_times_cp_and_per_instance():
+    dist = dict(use_distributed_optimizer=True, world_size=4, global_batch_size=16)
+    dp4 = last_rank(spec(**dist)).persistent.optimizer_bytes
+    cp2 = last_rank(spec(**dist, context_parallel_size=2)).persistent.optimizer_bytes
+    two = last_rank(spec(**dist, num_distributed_optimizer_instances=2)).persistent.optimizer_bytes
+    assert cp2 == pytest.approx(dp4, rel=1e-3)  # dp 2 x cp 2 shards as dp 4
+    assert two == pytest.approx(2 * dp4, rel=1e-3)  # each instance shards over dp / 2
+    with pytest.raises(ValueError, match="num_distributed_optimizer_instances"):
+        spec(**dist, num_distributed_optimizer_instances=3)
+
+
+def test_fp16_gradients_get_fp32_copies_that_outlive_the_step():
+    fp16 = last_rank(spec(bf16=False, fp16=True))
+    count = fp16.persistent.param_count
+    assert fp16.post_step_bytes == 4 * count
+    assert fp16.steady_bytes - fp16.persistent.total_bytes - fp16.workspace_bytes == 4 * count
+    assert last_rank(spec()).post_step_bytes == 0  # bf16: the fp32 buffer itself, no copy
+
+
+def test_fixed_workspaces_by_gpu_config_and_transformer_impl():
+    assert torch_cublas_workspace_bytes(9, None) == 32 * MIB
+    assert torch_cublas_workspace_bytes(8, None) == 8 * MIB + 128 * 1024
+    assert torch_cublas_workspace_bytes(8, ":4096:8") == 32 * MIB
+    assert torch_cublas_workspace_bytes(9, ":4096:2:16:8") == 8 * MIB + 128 * 1024
+    assert te_workspace_bytes(9) == 32 * MIB and te_workspace_bytes(8) == 4 * MIB
+    h100 = workspace_terms(spec())
+    assert h100 == {"torch_cublas_workspaces": 64 * MIB, "te_cublas_workspace": 32 * MIB}
+    a100_local = workspace_terms(dataclasses.replace(spec(transformer_impl="local"), gpu="a100"))
+    assert a100_local == {"torch_cublas_workspaces": 2 * (8 * MIB + 128 * 1024)}
+    assert workspace_terms(dataclasses.replace(spec(), device="cpu")) == {}
+    est = last_rank(spec())
+    assert est.components()["other"] == 96 * MIB
+    assert est.peak_memory_bytes - est.transient_bytes - est.persistent.total_bytes == 96 * MIB
+    with pytest.raises(ValueError, match="gpu 'v100x' is unknown"):
+        dataclasses.replace(spec(), gpu="v100x").validate()
+
+
+def test_fused_softmax_and_fp32_softmax_on_the_unfused_path():
+    unfused = dict(transformer_impl="local")
+    fused = spec(**unfused)  # 16-bit, s=256, masked_softmax_fusion on: the fused kernel
+    detail = chunk_activations(fused, 2, first=False, last=False)[3]
+    assert "causal_mask" not in detail
+    torch_softmax = spec(**unfused, masked_softmax_fusion=False, attention_softmax_in_fp32=True)
+    scores = B * 8 * S * S
+    items = layer_saved(torch_softmax, dims(torch_softmax))
+    assert items["attention_scores"] == scores * 2 + scores * 4  # fp32 output + its bf16 cast
+    assert "causal_mask" in chunk_activations(torch_softmax, 2, False, False)[3]
+
+
+def test_use_flash_attn_with_the_local_spec_is_warned_and_modelled_unfused():
+    with pytest.warns(UserWarning, match="no flash path"):
+        local = spec(transformer_impl="local", use_flash_attn=True)
+    assert not local.flash_attention
+
+
+def test_a_negated_flag_that_contradicts_its_positive_is_refused():
+    with pytest.raises(ValueError, match="no_gradient_accumulation_fusion contradicts"):
+        spec(no_gradient_accumulation_fusion=True, gradient_accumulation_fusion=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Measured: megatron-core's vocab-parallel cross entropy in bf16 on CPU
+
+
+def _cross_entropy_peak(rank: int, world: int, port: int, dtype_name: str) -> int:
+    """Peak bytes, above the output layer's input and weight, while an output-layer matmul
+    and megatron-core's real vocab-parallel cross entropy run forward and backward on
+    ``[s, b, V]`` logits of ``dtype_name`` (exact storage ledger; the logits are dropped after
+    the loss, as GPTModel's forward drops them)."""
+    import torch
+    from megatron.core import tensor_parallel
+
+    from memscope.capture.backends.storage import StorageLedgerBackend
+    from memscope.demo.tiny_gpt import TinyGPTConfig, destroy_process, init_process
+
+    init_process(rank, world, port, TinyGPTConfig())
+    try:
+        dtype = getattr(torch, dtype_name)
+        hidden = torch.randn(S, B, H, dtype=dtype, requires_grad=True)
+        weight = torch.randn(V, H, dtype=dtype, requires_grad=True)
+        target = torch.randint(0, V, (S, B))
+        ledger = StorageLedgerBackend("cpu")
+        ledger.start()
+        try:
+            base = ledger.sample().allocated
+            logits = torch.matmul(hidden, weight.t())
+            loss = tensor_parallel.vocab_parallel_cross_entropy(logits, target)
+            del logits
+            loss.sum().backward()
+            peak = ledger.sample().peak_allocated
+        finally:
+            ledger.stop()
+        return peak - base
+    finally:
+        destroy_process()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("bf16", [True, False], ids=["bf16", "fp32"])
+def test_cross_entropy_upcast_is_what_megatron_core_allocates_on_cpu(bf16):
+    (measured,) = spawn(1, _cross_entropy_peak, free_port(), "bfloat16" if bf16 else "float32")
+    s = spec(bf16=bf16, gradient_accumulation_fusion=False)
+    x = dims(s)
+    saved = cross_entropy_saved(s, x)
+    modelled = saved + max(loss_moments(s, x, saved).values())
+    # the per-token tensors (target mask, masked target, max, sums, loss and its gradient) are
+    # [s, b]-sized: at most a few dozen bytes per token beside V x (4 + 2) bytes per token
+    assert 0 <= measured - modelled <= 64 * S * B, (measured, modelled)
