@@ -13,14 +13,15 @@ import pytest
 import yaml
 
 from memscope.analysis.static import coverage as cov
-from memscope.analysis.static.coverage import config_coverage, config_keys, is_set
-from memscope.analysis.static.sources import spec_from_megatron_args
+from memscope.analysis.static.coverage import config_coverage, is_set
+from memscope.analysis.static.sources import load_config, load_config_file, spec_from_megatron_args
 from memscope.analysis.static.validation import READ_KEYS
 from memscope.cli import main
 from memscope.reporters.static_markdown import render_static_markdown
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_YAML = os.path.join(REPO, "configs", "flagscale", "train", "tiny_gpt.yaml")
+JSON_CONFIG = os.path.join(REPO, "configs", "static", "tiny_gpt.json")
 TINY_JSON = os.path.join(REPO, "configs", "static", "tiny_gpt.json")
 
 
@@ -248,17 +249,33 @@ def test_is_set():
         assert not is_set(key, value), (key, value)  # fmt: skip
 
 
-def test_config_keys_merges_yaml_sections_as_the_reader_does(tmp_path):
-    path = tmp_path / "t.yaml"
-    path.write_text(
-        "system:\n  tensor-model-parallel-size: 2\n  precision:\n    bf16: true\n"
-        "model:\n  num_layers: 2\n  optimizer:\n    lr: 0.1\ndata:\n  tokenizer:\n"
-        "    vocab_size: 100\nexperiment:\n  ignored: 1\n"
-    )
-    assert config_keys(str(path)) == {
-        "tensor_model_parallel_size": 2, "bf16": True, "num_layers": 2, "lr": 0.1,
-        "vocab_size": 100,
-    }  # fmt: skip
+def test_load_config_gives_the_yaml_sections_merged_before_defaults(tmp_path):
+    path = _yaml(tmp_path, model={"my_custom_knob": 3}, system={"tensor-model-parallel-size": 1})
+    with open(path) as f:
+        config = yaml.safe_load(f)
+    spec, keys = load_config(path)
+    expected = {
+        key.replace("-", "_"): value
+        for section in ("system", "model", "data")
+        for key, value in _flat(config.get(section) or {}).items()
+    }
+    assert keys == expected and keys["my_custom_knob"] == 3
+    assert "tensor_model_parallel_size" in keys and "tensor-model-parallel-size" not in keys
+    assert "group_query_attention" not in keys  # a default megatron_defaults fills in
+    assert spec == load_config_file(path)
+
+
+def test_load_config_gives_json_keys_under_megatron_names(tmp_path):
+    spec, keys = load_config(JSON_CONFIG)
+    assert keys["num_attention_heads"] == spec.model.num_attention_heads  # alias num_heads
+    assert "num_heads" not in keys and keys["dtype"] == "bf16"  # dtype as given
+
+
+def _flat(d: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in d.items():
+        out.update(_flat(value) if isinstance(value, dict) else {key: value})
+    return out
 
 
 def test_report_without_coverage_keeps_the_fixed_footer(tmp_path, cli):

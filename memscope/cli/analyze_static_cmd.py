@@ -104,10 +104,10 @@ def _world_size(args: argparse.Namespace) -> tuple[int | None, str]:
 
 def run(args: argparse.Namespace) -> int:
     """Estimate every rank position, write the reports, print the detailed rank's peak."""
-    from memscope.analysis.static.coverage import config_coverage, config_keys, warning_lines
+    from memscope.analysis.static.coverage import config_coverage, warning_lines
     from memscope.analysis.static.estimator import estimate_all_ranks, position_of_rank
     from memscope.analysis.static.report import build_static_report
-    from memscope.analysis.static.sources import load_config_file
+    from memscope.analysis.static.sources import load_config
     from memscope.analysis.static.validation import ConfigWarning, peak_warnings
     from memscope.reporters.static_markdown import render_static_markdown
     from memscope.units import format_bytes, printable
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConfigWarning)
         try:
-            spec = load_config_file(args.config, args.vocab_size, world)
+            spec, keys = load_config(args.config, args.vocab_size, world)
             spec = replace(
                 spec,
                 device=args.device,
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
             else:
                 position = position_of_rank(spec, args.rank)
                 selected = next(e for e in estimates if e.position == position)
-            coverage = config_coverage(config_keys(args.config), spec, world_source)
+            coverage = config_coverage(keys, spec, world_source)
         except ValueError as exc:
             raise CliError(f"{args.config}: {exc}") from None
     notes = [str(w.message) for w in caught if issubclass(w.category, ConfigWarning)]

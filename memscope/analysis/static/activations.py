@@ -75,6 +75,11 @@ class Dims:
         return self.s * self.b * self.f * self.e
 
     @property
+    def logits(self) -> int:
+        """The ``[s, b, V/t]`` logits at the activation dtype."""
+        return self.s * self.b * self.vocab * self.e
+
+    @property
     def stats(self) -> int:
         """Statistics of one norm over ``[s/sp, b]`` tokens."""
         return self.norm_stats * self.s // self.sp * self.b * FP32
@@ -277,7 +282,7 @@ class ActivationEstimate:
     backward_working_bytes: int  # on top of the saved tensors, at the peak moment
     peak_moment: str  # which backward moment is the high-water mark
     buffer_bytes: int  # megatron's global "mpu" buffer (attention scores / SP all-gather)
-    logits_bytes: int  # last stage: fp32 softmax kept by the cross entropy (one microbatch)
+    logits_bytes: int  # last stage: what the cross entropy keeps (one microbatch)
     detail: dict[str, int] = field(default_factory=dict)
     # per virtual chunk: its microbatches in flight at the peak, one microbatch's saved bytes
     in_flight_per_chunk: tuple[int, ...] = ()
@@ -445,8 +450,7 @@ def cross_entropy_saved(spec: TrainingSpec, x: Dims) -> int:
     (``calculate_logits_max``), work in place on that copy and keep it as the softmax, which
     backward turns into the gradient in place. Transformer Engine's ``parallel_cross_entropy``
     (``te``) writes the gradient into the logits themselves and keeps them at their dtype."""
-    logits = x.s * x.b * x.vocab
-    return logits * (x.e if spec.cross_entropy == "te" else FP32)
+    return x.logits if spec.cross_entropy == "te" else x.logits // x.e * FP32
 
 
 def loss_moments(spec: TrainingSpec, x: Dims, ce_saved: int) -> dict[str, int]:
@@ -461,14 +465,13 @@ def loss_moments(spec: TrainingSpec, x: Dims, ce_saved: int) -> dict[str, int]:
     dtype), the input gradient ``[s, b, h]`` and, without ``gradient_accumulation_fusion``,
     the ``[V/t, h]`` weight-gradient temporary are alive (megatron/core/tensor_parallel/
     layers.py, ``LinearWithGradAccumulationAndAsyncCommunication``)."""
-    logits = x.s * x.b * x.vocab
-    upcast = 0 if spec.cross_entropy == "te" or x.e == FP32 else logits * x.e
+    upcast = 0 if spec.cross_entropy == "te" or x.e == FP32 else x.logits
     if spec.cross_entropy == "native":
-        upcast += logits * FP32
+        upcast += x.logits // x.e * FP32
     wgrad = 0 if spec.gradient_accumulation_fusion else x.vocab * x.h * x.e
     return {
         "cross_entropy": upcast,
-        "output_layer_backward": logits * x.e - ce_saved + wgrad + x.s * x.b * x.h * x.e,
+        "output_layer_backward": x.logits - ce_saved + wgrad + x.s * x.b * x.h * x.e,
     }
 
 
@@ -477,7 +480,7 @@ def deferred_wgrad_bytes(x: Dims) -> int:
     the pipeline flush (megatron/core/tensor_parallel/layers.py: the output layer's input
     in ``embedding_activation_buffer``, its output gradient in ``grad_output_buffer``;
     drained by ``finish_embedding_wgrad_compute`` in schedules.py)."""
-    return x.hidden + x.s * x.b * x.vocab * x.e
+    return x.hidden + x.logits
 
 
 def buffer_bytes(spec: TrainingSpec, last: bool = False) -> int:
@@ -529,7 +532,7 @@ def activation_estimate(
     saved, work, moment, detail = chunks[peak_chunk]
     if len(chunks) > 1:
         moment = f"chunk {peak_chunk} {moment}"
-    logits = x.s * x.b * x.vocab * FP32 if pp_rank == p.pp - 1 else 0
+    logits = cross_entropy_saved(spec, x) if pp_rank == p.pp - 1 else 0
     return ActivationEstimate(
         per_layer=layer_saved(spec, x),
         chunk_saved_bytes=saved,

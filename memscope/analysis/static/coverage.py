@@ -1,15 +1,14 @@
 """What the static estimate of a config rests on: its assumptions, which config keys it read,
 and which memory-relevant Megatron features the config turns on that it does not model.
 
-:func:`config_keys` reads the merged key mapping of a config file the way the estimator's
-readers do (:mod:`.sources`); :func:`config_coverage` compares it with what the estimator
+:func:`.sources.load_config` gives the merged key mapping of a config file as the
+estimator's readers build it; :func:`config_coverage` compares it with what the estimator
 reads (:data:`.validation.READ_KEYS`) and with :data:`NOT_MODELLED`, and states the
 assumptions the spec carries. Pure functions, no torch.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -345,7 +344,7 @@ def approximated_features(spec: TrainingSpec) -> tuple[str, ...]:
 def config_coverage(
     merged: Mapping[str, Any], spec: TrainingSpec, world_source: str | None = None
 ) -> ConfigCoverage:
-    """Coverage of the config keys ``merged`` (as :func:`config_keys` reads them) by the
+    """Coverage of the config keys ``merged`` (as :func:`.sources.load_config` gives them) by the
     estimate of ``spec``; ``world_source`` says where the world size came from (``None`` or
     empty: the config)."""
     read = READ_KEYS | EXTRA_READ_KEYS
@@ -364,28 +363,3 @@ def config_coverage(
         approximated=approximated_features(spec),
         not_modelled_features=tuple(features),
     )
-
-
-def config_keys(path: str) -> dict[str, Any]:
-    """The merged key mapping of a config file as the estimator's readers build it: a
-    FlagScale YAML's ``system``/``model``/``data`` sections flattened (``-`` as ``_``), a JSON
-    config flattened with its aliases mapped to Megatron names. Raises ``ValueError``."""
-    from memscope.analysis.static import sources
-
-    text = sources.read_config_text(path)
-    if os.path.splitext(path)[1].lower() == ".json":
-        data = sources._parse_json(path, text)
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: the config must be a mapping at the top level")
-        raw = sources._flatten(data, "", leaves=frozenset(sources._LEAF_KEYS))
-        return {sources.JSON_ALIASES.get(k, k): v for k, v in raw.items()}
-    data = sources._parse_yaml(path, text)
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: the config must be a mapping at the top level")
-    merged: dict[str, Any] = {}
-    for section in ("system", "model", "data"):
-        part = data.get(section) or {}
-        if isinstance(part, dict):
-            for key, value in sources._flatten(part, section).items():
-                merged[key.replace("-", "_")] = value
-    return merged

@@ -62,17 +62,20 @@ class RankEstimate:
         )
 
     @property
+    def _step_transient_bytes(self) -> int:
+        """Non-persistent bytes at the optimizer step (buffer, temporaries, grad copies)."""
+        return self.activations.buffer_bytes + self.optimizer_step_bytes + self.post_step_bytes
+
+    @property
     def peak_stage(self) -> str:
         """``forward_backward`` or ``optimizer_step``: where the high-water mark is."""
-        step = self.activations.buffer_bytes + self.optimizer_step_bytes + self.post_step_bytes
+        step = self._step_transient_bytes
         return "optimizer_step" if step > self.activations.total_bytes else "forward_backward"
 
     @property
     def transient_bytes(self) -> int:
         """Non-persistent bytes at the peak (activations, working sets, buffers)."""
-        if self.peak_stage == "optimizer_step":
-            return self.activations.buffer_bytes + self.optimizer_step_bytes + self.post_step_bytes
-        return self.activations.total_bytes
+        return max(self._step_transient_bytes, self.activations.total_bytes)
 
     @property
     def peak_memory_bytes(self) -> int:

@@ -34,6 +34,7 @@ from memscope.analysis.static.flagscale_checks import (
 from memscope.analysis.static.validation import (
     MAX_LAYERS,
     MAX_NESTING,
+    NEGATED_FLAGS,
     READ_KEYS,
     ConfigWarning,
     YamlRefusal,
@@ -366,16 +367,6 @@ def spec_from_megatron_args(
     ).validate()
 
 
-# Megatron's store_false flags (megatron/training/arguments.py): the YAML/JSON key a user
-# writes (``no_masked_softmax_fusion: true``) -> the argument it clears
-NEGATED_FLAGS = {
-    "no_masked_softmax_fusion": "masked_softmax_fusion",
-    "no_bias_gelu_fusion": "bias_gelu_fusion",
-    "no_bias_swiglu_fusion": "bias_swiglu_fusion",
-    "no_gradient_accumulation_fusion": "gradient_accumulation_fusion",
-}
-
-
 def _negated_flags(args: Any) -> Any:
     """``args`` with every ``no_<flag>: true`` turned into ``<flag>: false`` (a dict source;
     a parsed namespace already holds the destinations)."""
@@ -418,6 +409,13 @@ def spec_from_flagscale_yaml(
 
     The merged keys get Megatron's argument defaults (:func:`.megatron_defaults`); a YAML for
     a model other than ``GPTModel`` is refused, heterogeneous meshes are resolved."""
+    return _from_flagscale_yaml(config, vocab_size, world_size)[0]
+
+
+def _from_flagscale_yaml(
+    config: dict[str, Any], vocab_size: int | None, world_size: int | None
+) -> tuple[TrainingSpec, dict[str, Any]]:
+    """:func:`spec_from_flagscale_yaml` and the merged keys as the YAML gives them."""
     merged: dict[str, Any] = {}
     for section in ("system", "model", "data"):
         part = config.get(section) or {}
@@ -430,10 +428,11 @@ def spec_from_flagscale_yaml(
     if not merged:
         raise ValueError("no system/model/data sections: not a FlagScale training YAML")
     _warn_all(unknown_key_warnings(merged, READ_KEYS | set(VISION_KEYS), yaml=True))
+    given = dict(merged)  # before the defaults below fill it in
     refuse_non_gpt(merged)
     megatron_defaults(merged)
     apply_hetero(merged)
-    return spec_from_megatron_args(merged, vocab_size, world_size)
+    return spec_from_megatron_args(merged, vocab_size, world_size), given
 
 
 # The original MemScope JSON config's names (and common synonyms) -> Megatron arg names.
@@ -462,12 +461,20 @@ def spec_from_json_config(
     config: dict[str, Any], vocab_size: int | None = None, world_size: int | None = None
 ) -> TrainingSpec:
     """From the original MemScope JSON config: sections flattened, aliases and ``dtype``."""
+    return _from_json_config(config, vocab_size, world_size)[0]
+
+
+def _from_json_config(
+    config: dict[str, Any], vocab_size: int | None, world_size: int | None
+) -> tuple[TrainingSpec, dict[str, Any]]:
+    """:func:`spec_from_json_config` and the flattened keys under Megatron's names."""
     for section in JSON_SECTIONS:
         if section in config and not isinstance(config[section], dict):
             raise ValueError(f"{section}: expected a mapping, got {show(config[section])}")
     raw = _flatten(config, "", leaves=frozenset(_LEAF_KEYS))
     _warn_all(unknown_key_warnings(raw, JSON_KNOWN, yaml=False))
     flat = {JSON_ALIASES.get(k, k): v for k, v in raw.items()}
+    given = dict(flat)  # before dtype and the model_type defaults are resolved
     dtype = flat.pop("dtype", None)
     if dtype is not None:
         name = as_str(dtype, "dtype").lower()
@@ -491,7 +498,7 @@ def spec_from_json_config(
         flat.setdefault("untie_embeddings_and_output_weights", True)
         flat.setdefault("hidden_dropout", 0.0)  # LLaMA recipes train without dropout
         flat.setdefault("attention_dropout", 0.0)
-    return spec_from_megatron_args(flat, vocab_size, world_size)
+    return spec_from_megatron_args(flat, vocab_size, world_size), given
 
 
 def load_config_file(
@@ -501,17 +508,27 @@ def load_config_file(
 
     Whatever the file holds, the only exception is a one-line ``ValueError`` (naming the
     field where there is one); suspicious values give :class:`.ConfigWarning` warnings."""
+    return load_config(path, vocab_size, world_size)[0]
+
+
+def load_config(
+    path: str, vocab_size: int | None = None, world_size: int | None = None
+) -> tuple[TrainingSpec, dict[str, Any]]:
+    """:func:`load_config_file`, plus the config's own keys under Megatron's names (a YAML's
+    ``system``/``model``/``data`` sections merged, a JSON config flattened with its aliases),
+    before any default is filled in: what :mod:`.coverage` compares with what was read."""
     text = read_config_text(path)
     try:
+        loader: Any
         if os.path.splitext(path)[1].lower() == ".json":
             data = _parse_json(path, text)
-            loader = spec_from_json_config
+            loader = _from_json_config
         else:
             refusal = entrypoint_refusal(path)
             if refusal:
                 raise ValueError(refusal)
             data = _parse_yaml(path, text)
-            loader = spec_from_flagscale_yaml
+            loader = _from_flagscale_yaml
         if not isinstance(data, dict):
             raise ValueError(f"{path}: the config must be a mapping at the top level")
         return loader(data, vocab_size, world_size)

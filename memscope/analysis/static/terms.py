@@ -31,6 +31,17 @@ class PersistentTerms:
         return self.weight_bytes + self.grad_bytes + self.optimizer_bytes
 
 
+def optimizer_shards(spec: TrainingSpec) -> tuple[int, int]:
+    """(dense, expert) shard counts of the distributed optimizer.
+
+    megatron/core/distributed/distributed_data_parallel.py: dense parameters shard over the
+    data-parallel group with context parallelism (dp x cp), routed experts over the
+    expert-data-parallel group; with num_distributed_optimizer_instances each instance
+    shards over its own part of those groups (megatron/core/parallel_state.py)."""
+    p, instances = spec.parallel, spec.precision.distributed_optimizer_instances
+    return p.dp * p.cp // instances, max(1, p.expert_dp // instances)
+
+
 def persistent_terms(spec: TrainingSpec, params: list[ParamTensor]) -> PersistentTerms:
     """Weights, gradients and optimizer state for one rank's parameter tensors."""
     prec = spec.precision
@@ -43,15 +54,9 @@ def persistent_terms(spec: TrainingSpec, params: list[ParamTensor]) -> Persisten
         per_param = (FP32 if prec.sgd_momentum else 0) + (FP32 if prec.mixed_precision else 0)
     optimizer = count * per_param
     if prec.distributed_optimizer:
-        # megatron/core/distributed/distributed_data_parallel.py: dense parameters shard over
-        # the data-parallel group with context parallelism (dp x cp), routed experts over the
-        # expert-data-parallel group; with num_distributed_optimizer_instances each instance
-        # shards over its own part of those groups (megatron/core/parallel_state.py)
-        p, instances = spec.parallel, prec.distributed_optimizer_instances
+        dense_shards, expert_shards = optimizer_shards(spec)
         expert = sum(t.numel for t in params if t.expert) * per_param
         dense = optimizer - expert
-        dense_shards = p.dp * p.cp // instances
-        expert_shards = max(1, p.expert_dp // instances)
         optimizer = -(-dense // dense_shards) + -(-expert // expert_shards)
     if prec.torch_optimizer and prec.optimizer == "adam":
         optimizer += FP32 * len(params)  # one float32 ``step`` tensor per parameter tensor
@@ -72,6 +77,5 @@ def fp32_grad_copies(spec: TrainingSpec, params: list[ParamTensor]) -> int:
         return 0
     count = sum(t.numel for t in params)
     if prec.distributed_optimizer:
-        p = spec.parallel
-        count = -(-count // max(1, p.dp * p.cp // prec.distributed_optimizer_instances))
+        count = -(-count // optimizer_shards(spec)[0])
     return count * FP32

@@ -44,8 +44,16 @@ SANE_MAX = {
 }
 SANE_PEAK_BYTES = 1 << 50  # 1 PiB on one rank: far beyond any accelerator
 
+# Megatron's store_false flags (megatron/training/arguments.py): the YAML/JSON key a user
+# writes (``no_masked_softmax_fusion: true``) -> the argument it clears
+NEGATED_FLAGS = {
+    "no_masked_softmax_fusion": "masked_softmax_fusion",
+    "no_bias_gelu_fusion": "bias_gelu_fusion",
+    "no_bias_swiglu_fusion": "bias_swiglu_fusion",
+    "no_gradient_accumulation_fusion": "gradient_accumulation_fusion",
+}
 # Megatron argument names (and the JSON config's own) that the estimator reads.
-READ_KEYS = frozenset(
+READ_KEYS = frozenset(NEGATED_FLAGS) | frozenset(
     [
         "account_for_embedding_in_pipeline_split",
         "account_for_loss_in_pipeline_split",
@@ -99,10 +107,6 @@ READ_KEYS = frozenset(
         "mtp_num_layers",
         "multi_latent_attention",
         "multiple_of",
-        "no_bias_gelu_fusion",
-        "no_bias_swiglu_fusion",
-        "no_gradient_accumulation_fusion",
-        "no_masked_softmax_fusion",
         "no_position_embedding",
         "normalization",
         "num_attention_heads",
