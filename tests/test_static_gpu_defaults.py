@@ -159,6 +159,17 @@ def test_fixed_workspaces_by_gpu_config_and_transformer_impl():
     est = last_rank(spec())
     assert est.components()["other"] == 96 * MIB
     assert est.peak_memory_bytes - est.transient_bytes - est.persistent.total_bytes == 96 * MIB
+    # TEGroupedMLP (grouped GEMM with TE) adds four multi-stream TE workspaces; the legacy
+    # GroupedMLP and SequentialMLP do not
+    moe = dict(num_experts=4, moe_grouped_gemm=True)
+    grouped = workspace_terms(spec(**moe))
+    assert grouped["te_grouped_gemm_workspaces"] == 4 * 32 * MIB
+    a100 = workspace_terms(dataclasses.replace(spec(**moe), gpu="a100"))
+    assert a100["te_grouped_gemm_workspaces"] == 4 * 4 * MIB
+    assert "te_grouped_gemm_workspaces" not in workspace_terms(
+        spec(**moe, moe_use_legacy_grouped_gemm=True)
+    )
+    assert "te_grouped_gemm_workspaces" not in workspace_terms(spec(num_experts=4))
     with pytest.raises(ValueError, match="gpu 'v100x' is unknown"):
         dataclasses.replace(spec(), gpu="v100x").validate()
 
@@ -172,6 +183,12 @@ def test_fused_softmax_and_fp32_softmax_on_the_unfused_path():
     scores = B * 8 * S * S
     items = layer_saved(torch_softmax, dims(torch_softmax))
     assert items["attention_scores"] == scores * 2 + scores * 4  # fp32 output + its bf16 cast
+    # with attention dropout the context bmm keeps the dropout output, not the bf16 cast
+    dropped = spec(**unfused, masked_softmax_fusion=False, attention_softmax_in_fp32=True,
+                   attention_dropout=0.1)  # fmt: skip
+    items = layer_saved(dropped, dims(dropped))
+    assert items["attention_scores"] == scores * 4
+    assert items["attention_dropout"] == scores * 2 + scores  # output, bool mask (CUDA)
     assert "causal_mask" in chunk_activations(torch_softmax, 2, False, False)[3]
 
 
@@ -234,3 +251,72 @@ def test_cross_entropy_upcast_is_what_megatron_core_allocates_on_cpu(bf16):
     # the per-token tensors (target mask, masked target, max, sums, loss and its gradient) are
     # [s, b]-sized: at most a few dozen bytes per token beside V x (4 + 2) bytes per token
     assert 0 <= measured - modelled <= 64 * S * B, (measured, modelled)
+
+
+# ---------------------------------------------------------------------------------------
+# Measured: megatron-core's local DotProductAttention (unfused softmax) in bf16 on CPU
+
+AS, AB, AA, AD = 128, 2, 4, 16  # s, b, heads, head dim
+
+
+def _attention_held(rank: int, world: int, port: int, fp32_softmax: bool, dropout: float) -> int:
+    """Bytes megatron-core's local ``DotProductAttention`` keeps after its bf16 forward (the
+    output excluded), with the exact storage ledger."""
+    import torch
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.enums import AttnMaskType
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from memscope.capture.backends.storage import StorageLedgerBackend
+    from memscope.demo.tiny_gpt import TinyGPTConfig, destroy_process, init_process
+
+    init_process(rank, world, port, TinyGPTConfig())
+    try:
+        cfg = TransformerConfig(
+            num_layers=1,
+            hidden_size=AA * AD,
+            num_attention_heads=AA,
+            attention_dropout=dropout,
+            attention_softmax_in_fp32=fp32_softmax,
+            masked_softmax_fusion=False,
+            bf16=True,
+            params_dtype=torch.bfloat16,
+        )
+        attn = DotProductAttention(cfg, 1, AttnMaskType.causal, attention_type="self")
+        q, k, v = (torch.randn(AS, AB, AA, AD, dtype=torch.bfloat16) for _ in range(3))
+        for t in (q, k, v):
+            t.requires_grad_()
+        ledger = StorageLedgerBackend("cpu")
+        ledger.start()
+        try:
+            base = ledger.sample().allocated
+            out = attn(q, k, v, None, attn_mask_type=AttnMaskType.causal)
+            return ledger.sample().allocated - base - out.untyped_storage().nbytes()
+        finally:
+            ledger.stop()
+    finally:
+        destroy_process()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("dropout", [0.0, 0.1], ids=["no_dropout", "dropout"])
+@pytest.mark.parametrize("fp32_softmax", [True, False], ids=["fp32_softmax", "bf16_softmax"])
+def test_unfused_softmax_saved_tensors_are_what_megatron_core_keeps_on_cpu(fp32_softmax, dropout):
+    (held,) = spawn(1, _attention_held, free_port(), fp32_softmax, dropout)
+    s = spec(
+        transformer_impl="local",
+        masked_softmax_fusion=False,
+        attention_softmax_in_fp32=fp32_softmax,
+        attention_dropout=dropout,
+        seq_length=AS,
+        micro_batch_size=AB,
+        hidden_size=AA * AD,
+        num_attention_heads=AA,
+    )
+    s = dataclasses.replace(s, device="cpu")  # CPU dropout masks have the activation dtype
+    items = layer_saved(s, dims(s))
+    scores = items["attention_scores"] + items.get("attention_dropout", 0)
+    # also held: the [b a, s, s] bf16 scores buffer of megatron's global memory buffer (the
+    # estimate's buffer term) and the [s, s] bool causal mask the softmax builds
+    buffer, causal_mask = AB * AA * AS * AS * 2, AS * AS
+    assert held == scores + buffer + causal_mask

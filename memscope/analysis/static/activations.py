@@ -180,9 +180,12 @@ def layer_saved(spec: TrainingSpec, x: Dims) -> dict[str, int]:
     else:
         items["attention_scores"] = x.scores  # softmax output
         if spec.model.attention_softmax_in_fp32 and x.e < FP32 and not fused_softmax(spec, x):
-            # the softmax runs on an fp32 copy and keeps its fp32 output beside the cast one
-            # (megatron/core/fusions/fused_softmax.py forward_torch_softmax)
-            items["attention_scores"] += x.scores // x.e * FP32
+            # megatron/core/fusions/fused_softmax.py forward_torch_softmax: the softmax runs
+            # on an fp32 copy and keeps its fp32 output; the cast back to 16 bits is kept only
+            # when the context bmm takes it directly (no attention dropout: with dropout the
+            # bmm keeps the dropout output instead). Measured on CPU in bf16.
+            fp32_probs = x.scores // x.e * FP32
+            items["attention_scores"] = fp32_probs + (x.scores if m.attention_dropout == 0 else 0)
         if m.attention_dropout > 0:
             items["attention_dropout"] = x.scores + x.scores_mask  # output (bmm input), mask
     if m.hidden_dropout > 0:

@@ -55,6 +55,7 @@ class ModelSpec:
     moe_layer_pattern: tuple[int, ...] | None = None  # per layer, 1 MoE / 0 dense; None: all MoE
     moe_router_topk: int = 2
     moe_grouped_gemm: bool = False  # local spec: GroupedMLP (two tensors for all local experts)
+    moe_use_legacy_grouped_gemm: bool = False  # TE spec: GroupedMLP instead of TEGroupedMLP
     moe_router_enable_expert_bias: bool = False  # adds router buffers, not parameters
     # Multi-latent attention (Megatron's argument defaults).
     multi_latent_attention: bool = False

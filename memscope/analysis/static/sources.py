@@ -141,6 +141,7 @@ def _expert_fields(args: Any, num_layers: int) -> dict[str, Any]:
         moe_layer_pattern=_moe_pattern(args, num_layers),
         moe_router_topk=_int(args, "moe_router_topk", 2, "model.moe_router_topk"),
         moe_grouped_gemm=_flag(args, "moe_grouped_gemm"),
+        moe_use_legacy_grouped_gemm=_flag(args, "moe_use_legacy_grouped_gemm"),
         moe_router_enable_expert_bias=_flag(args, "moe_router_enable_expert_bias"),
         multi_latent_attention=_flag(args, "multi_latent_attention"),
         q_lora_rank=_int(args, "q_lora_rank"),

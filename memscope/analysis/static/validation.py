@@ -104,6 +104,7 @@ READ_KEYS = frozenset(NEGATED_FLAGS) | frozenset(
         "moe_router_enable_expert_bias",
         "moe_router_topk",
         "moe_shared_expert_intermediate_size",
+        "moe_use_legacy_grouped_gemm",
         "mtp_num_layers",
         "multi_latent_attention",
         "multiple_of",

@@ -13,6 +13,13 @@ Two workspaces appear in ``torch.cuda.memory_allocated()`` after the first step 
 - **Transformer Engine's cuBLAS workspace** (transformer_engine/pytorch/module/base.py,
   ``get_workspace`` / ``get_cublas_workspace_size_bytes``): a ``uint8`` tensor of 32 MiB on
   compute capability >= 9, 4 MiB before, created at the first TE GEMM.
+- **Transformer Engine's multi-stream cuBLAS workspaces** (same file,
+  ``get_multi_stream_cublas_workspace``): one workspace of that size per cuBLAS stream
+  (``num_compute_streams`` = 4, transformer_engine/common/util/multi_stream.h), created at the
+  first grouped GEMM. Megatron runs one when its MoE experts are ``TEGroupedMLP``
+  (``moe_grouped_gemm`` with the TE spec and not ``moe_use_legacy_grouped_gemm``,
+  megatron/core/extensions/transformer_engine_spec_provider.py ``grouped_mlp_modules``);
+  transformer_engine/pytorch/module/grouped_linear.py passes them to every grouped GEMM.
 
 These are the only constants of the estimator that are not derived from tensor shapes; each
 is the number the named source file uses.
@@ -48,6 +55,7 @@ TE_WORKSPACE_OLDER = 4 * MIB
 # threads that run torch GEMMs in a training step: the main (forward) thread and autograd's
 # backward thread for the device (torch/csrc/autograd/engine.cpp)
 TORCH_GEMM_THREADS = 2
+TE_CUBLAS_STREAMS = 4  # transformer_engine/common/util/multi_stream.h num_compute_streams
 _PAIR = re.compile(r":([0-9]+):([0-9]+)")
 
 
@@ -84,4 +92,7 @@ def workspace_terms(spec: TrainingSpec) -> dict[str, int]:
     out = {"torch_cublas_workspaces": TORCH_GEMM_THREADS * one}
     if spec.model.transformer_impl == "transformer_engine":
         out["te_cublas_workspace"] = te_workspace_bytes(major)
+        m = spec.model
+        if m.num_experts and m.moe_grouped_gemm and not m.moe_use_legacy_grouped_gemm:
+            out["te_grouped_gemm_workspaces"] = TE_CUBLAS_STREAMS * te_workspace_bytes(major)
     return out
