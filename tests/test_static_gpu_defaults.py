@@ -15,6 +15,7 @@ import pytest
 
 from memscope.analysis.static.activations import (
     chunk_activations,
+    cp_attention_backward,
     cross_entropy_saved,
     dims,
     layer_saved,
@@ -320,3 +321,45 @@ def test_unfused_softmax_saved_tensors_are_what_megatron_core_keeps_on_cpu(fp32_
     # estimate's buffer term) and the [s, s] bool causal mask the softmax builds
     buffer, causal_mask = AB * AA * AS * AS * 2, AS * AS
     assert held == scores + buffer + causal_mask
+
+
+def test_context_parallel_backward_buffers_by_cp_comm_type():
+    gqa = dict(group_query_attention=True, num_query_groups=2)
+    x = dims(spec(**gqa))
+    heads, kv = x.heads, x.kv_heads
+    assert cp_attention_backward(spec(**gqa), x) == heads + 2 * kv  # dq, dk, dv
+    for kind, expected in (
+        ("p2p", 2 * heads + 10 * kv),  # dq + circulating K/V and dK/dV pairs + one step's grads
+        ("a2a+p2p", 2 * heads + 10 * kv),
+        ("a2a", 2 * (heads + 2 * kv)),
+        ("all_gather", heads + 4 * 2 * kv),  # full-length K, V, dK, dV
+    ):
+        s = spec(**gqa, context_parallel_size=2, cp_comm_type=kind)
+        assert s.parallel.cp_comm_type == kind
+        assert cp_attention_backward(s, dims(s)) == expected * dims(s).s // x.s
+    with pytest.warns(UserWarning, match="cp_comm_type differs per layer"):
+        mixed = spec(**gqa, context_parallel_size=2, cp_comm_type=["a2a", "p2p"])
+    assert mixed.parallel.cp_comm_type == "p2p"
+    with pytest.raises(ValueError, match="cp_comm_type: 'ring' is not one of"):
+        spec(context_parallel_size=2, cp_comm_type="ring")
+
+
+def test_unfused_rope_keeps_cos_and_sin_per_layer_fused_rope_none():
+    rope = dict(position_embedding_type="rope")
+    x = dims(spec(**rope))
+    assert layer_saved(spec(**rope, apply_rope_fusion=False), x)["rope_cos_sin"] == 4 * S * x.d * 2
+    assert "rope_cos_sin" not in layer_saved(spec(**rope), x)  # Megatron's default: fused
+    assert spec(**rope, no_rope_fusion=True).model.rope_fusion is False
+
+
+def test_mtp_keeps_the_last_depth_logits_alive_at_the_main_cross_entropy():
+    plain, mtp = spec(), spec(mtp_num_layers=1)
+    x = dims(plain)
+    saved = cross_entropy_saved(plain, x)
+    assert (
+        loss_moments(mtp, x, saved)["cross_entropy"]
+        == loss_moments(plain, x, saved)["cross_entropy"] + x.logits
+    )
+    detail = chunk_activations(mtp, 2, first=False, last=True)[3]
+    assert detail["mtp_cross_entropy"] == cross_entropy_saved(mtp, x) + S * B * 17 + 4
+    assert "mtp_layers" not in chunk_activations(mtp, 2, first=False, last=False)[3]

@@ -120,6 +120,7 @@ def megatron_like_args(cfg: TinyGPTConfig, memscope_argv: list[str]) -> argparse
     args.bias_swiglu_fusion = args.bias_gelu_fusion = FUSIONS_OFF["bias_activation_fusion"]
     args.masked_softmax_fusion = FUSIONS_OFF["masked_softmax_fusion"]
     args.gradient_accumulation_fusion = FUSIONS_OFF["gradient_accumulation_fusion"]
+    args.apply_rope_fusion = FUSIONS_OFF["apply_rope_fusion"]
     return args
 
 

@@ -169,6 +169,14 @@ def layer_saved(spec: TrainingSpec, x: Dims) -> dict[str, int]:
         # the linear branch (+offset) and their product
         "mlp": per_ffn * x.ffn,
     }
+    if m.position_embedding_type == "rope" and not m.rope_fusion and not m.multi_latent_attention:
+        # megatron/core/models/common/embeddings/rope_utils.py _apply_rotary_pos_emb_bshd:
+        # each call (query, key) casts cos and sin of the [s, 1, 1, d] frequencies to the
+        # activation dtype and the products keep them; the fused kernel keeps only the
+        # shared frequencies
+        items["rope_cos_sin"] = 2 * 2 * x.s * x.d * x.e
+    if m.qk_layernorm and not m.multi_latent_attention:
+        items["qk_layernorm"] = qk_layernorm_saved(spec, x)
     if m.multi_latent_attention:  # approximate, not measured: see approximate_moe_mla()
         items.update(_mla_items(spec, x))
     if m.num_experts is not None:
@@ -191,6 +199,62 @@ def layer_saved(spec: TrainingSpec, x: Dims) -> dict[str, int]:
     if m.hidden_dropout > 0:
         items["residual_dropout_masks"] = 2 * x.hidden_mask
     return items
+
+
+def qk_layernorm_saved(spec: TrainingSpec, x: Dims) -> int:
+    """What ``qk_layernorm``'s two per-head norms keep (megatron/core/transformer/attention.py:
+    ``q_layernorm`` / ``k_layernorm`` over ``[s, b, heads, d]`` after the qkv split, before
+    RoPE; the sequence is already gathered under SP).
+
+    Transformer Engine's ``TENorm`` keeps a contiguous copy of its input and fp32 statistics
+    per row (transformer_engine/pytorch/ops/basic/layer_norm.py, rmsnorm.py). The local spec's
+    torch ``LayerNorm`` keeps its input as passed: the query (a copy under GQA, a view of the
+    fused qkv output otherwise) and the key, always a strided view that keeps the whole fused
+    ``[s, b, (a + 2g) d]`` output alive; torch's composite ``RMSNorm`` keeps an fp32 copy and
+    its fp32 normalised output instead. The local formulas are measured on CPU (bf16)."""
+    rows = x.s * x.b * (x.a + x.g)
+    stats = x.norm_stats * FP32 * rows
+    if spec.model.transformer_impl == "transformer_engine":
+        return x.heads + x.kv_heads + stats
+    if spec.model.normalization == "RMSNorm":
+        return (x.heads + x.kv_heads) // x.e * 2 * FP32 + stats
+    fused_qkv = x.heads + 2 * x.kv_heads
+    return fused_qkv + (x.heads if x.a != x.g else 0) + stats
+
+
+# Per token, what each MTP depth's loss keeps besides its fp32 softmax: the int64 masked target
+# and bool target mask of the vocab-parallel cross entropy, the fp32 loss mask and the fp32
+# scaled loss ``MTPLossAutoScaler`` keeps (megatron/core/transformer/multi_token_prediction.py).
+MTP_LOSS_BYTES_PER_TOKEN = INT64 + 1 + FP32 + FP32
+
+
+def mtp_saved(spec: TrainingSpec, x: Dims, layer_total: int) -> dict[str, int]:
+    """What multi-token prediction keeps per microbatch on the last stage (its last chunk).
+
+    megatron/core/transformer/multi_token_prediction.py: each of the ``mtp_num_layers``
+    depths embeds the tokens shifted by one (the embedding keeps the ids), normalises that
+    embedding and the previous hidden states (``enorm``/``hnorm`` keep their inputs and
+    statistics), concatenates them to ``[s, b, 2h]`` (kept by ``eh_proj``), runs one transformer
+    layer built from the decoder's last-layer spec (kept like a decoder layer, its input
+    included) and a final norm. The block concatenates the main and every depth's output along
+    the sequence, and the output layer keeps that concatenation (one more ``[s, b, h]`` per
+    depth). Each depth's loss keeps its fp32 softmax (or the logits under TE's fused cross
+    entropy) and a few per-token tensors. Under sequence parallelism the scatter after
+    ``eh_proj`` is a view of the gathered sequence, so the layer's input is kept whole.
+    Measured on CPU (megatron-core 0.16.1, local spec, bf16): exact for held bytes.
+    Full recompute checkpoints each depth's projection and layer: only their input is kept."""
+    depth = spec.model.mtp_num_layers or 0
+    positions = spec.model.position_embedding_type == "learned_absolute"
+    ids = x.s * x.b * INT64 * (2 if positions else 1)
+    layer = layer_total if spec.recompute != "full" else x.hidden
+    hidden = 6 * x.hidden + 3 * x.stats + ids
+    if x.sp > 1:
+        hidden += x.s * x.b * x.h * x.e - x.hidden
+    return {
+        "mtp_layers": depth * (layer + hidden),
+        "mtp_cross_entropy": depth
+        * (cross_entropy_saved(spec, x) + x.s * x.b * MTP_LOSS_BYTES_PER_TOKEN + FP32),
+    }
 
 
 def _mla_items(spec: TrainingSpec, x: Dims) -> dict[str, int]:
@@ -244,7 +308,7 @@ def attention_backward_work(
     )
     released += saved["layer_output"] if output_stored else 0
     if spec.flash_attention:
-        return x.hidden + 3 * x.heads - released  # dq, dk, dv
+        return x.hidden + cp_attention_backward(spec, x) - released
     if "attention_dropout" in saved:
         return x.hidden + 2 * x.heads + x.scores - released
     if fused_softmax(spec, x):  # probability gradient, softmax backward in place on it
@@ -253,6 +317,28 @@ def attention_backward_work(
     if spec.recompute == "selective":
         work += 2 * x.heads  # the recomputed query/key copies
     return work - released
+
+
+def cp_attention_backward(spec: TrainingSpec, x: Dims) -> int:
+    """Gradient buffers of flash/fused attention's backward (Transformer Engine).
+
+    Without context parallelism: dq at the query heads, dk and dv at the query-group heads.
+    With it, transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py
+    (read, not measured here): ``p2p`` (and ``a2a+p2p``) double-buffers the packed K/V chunk
+    and its gradient while it circulates (four ``[2, s/cp, b, g, d]`` buffers) next to the
+    accumulated dq and one step's dq/dk/dv; ``all_gather`` re-gathers K and V over the whole
+    sequence and keeps full-length dK/dV before the reduce-scatter; ``a2a`` keeps the
+    all-to-all copies of the gradients beside them."""
+    own = x.heads + 2 * x.kv_heads
+    cp = spec.parallel.cp
+    if cp == 1:
+        return own
+    kind = spec.parallel.cp_comm_type
+    if kind == "all_gather":
+        return x.heads + 4 * cp * x.kv_heads
+    if kind == "a2a":
+        return 2 * own
+    return x.heads + 8 * x.kv_heads + own
 
 
 def mlp_backward_work(
@@ -395,6 +481,8 @@ def chunk_activations(
         extras["final_norm"] = x.hidden + x.stats
         extras["cross_entropy_softmax"] = cross_entropy_saved(spec, x)
         extras["cross_entropy_small"] = x.s * x.b * CE_BYTES_PER_TOKEN
+        if spec.model.mtp_num_layers:
+            extras.update(mtp_saved(spec, x, layer_total))
     stored = []
     for i, g in enumerate(groups):
         ends_group = i + 1 == n_layers or groups[i + 1] != g
@@ -419,8 +507,15 @@ def chunk_activations(
             drain = min(m, limit) * deferred - saved
             if drain > best:
                 best, moment = drain, "embedding_wgrad_drain"
-    released_extras = sum(
-        extras.get(k, 0) for k in ("final_norm", "cross_entropy_softmax", "cross_entropy_small")
+    released_extras = sum(  # back-propagated before the decoder layers
+        extras.get(k, 0)
+        for k in (
+            "final_norm",
+            "cross_entropy_softmax",
+            "cross_entropy_small",
+            "mtp_layers",
+            "mtp_cross_entropy",
+        )
     )
     below = saved - released_extras  # what is alive when the layers' backward starts
     for i in reversed(range(n_layers)):
@@ -471,6 +566,8 @@ def loss_moments(spec: TrainingSpec, x: Dims, ce_saved: int) -> dict[str, int]:
     upcast = 0 if spec.cross_entropy == "te" or x.e == FP32 else x.logits
     if spec.cross_entropy == "native":
         upcast += x.logits // x.e * FP32
+    if spec.model.mtp_num_layers:  # the last MTP depth's logits are still referenced
+        upcast += x.logits
     wgrad = 0 if spec.gradient_accumulation_fusion else x.vocab * x.h * x.e
     return {
         "cross_entropy": upcast,

@@ -72,6 +72,7 @@ class ModelSpec:
     bias_activation_fusion: bool = True  # bias_swiglu_fusion / bias_gelu_fusion
     masked_softmax_fusion: bool = True  # unfused attention: fused scale-mask-softmax kernel
     attention_softmax_in_fp32: bool = False  # unfused softmax computed (and kept) in fp32
+    rope_fusion: bool = True  # apply_rope_fusion: fused RoPE keeps no per-layer cos/sin
 
     @property
     def query_groups(self) -> int:
@@ -116,6 +117,8 @@ class ParallelSpec:
     # embedding (loss) counts as one layer of the first (last) stage's split
     account_for_embedding: bool = False
     account_for_loss: bool = False
+    # Transformer Engine's context-parallel attention exchange (megatron's --cp-comm-type)
+    cp_comm_type: str = "p2p"
     # microbatch_group_size_per_vp_stage (interleaved schedule); None: pp (Megatron's default)
     microbatch_group_size: int | None = None
     # nothing gave the world size or dp: dp is the least the grid allows (1 without experts)

@@ -318,13 +318,16 @@ def modelled_features(spec: TrainingSpec) -> tuple[str, ...]:
     if p.sequence_parallel:
         out.append("sequence parallel")
     if p.cp > 1:
-        out.append(f"context parallel (cp={p.cp})")
+        out.append(f"context parallel (cp={p.cp}, {p.cp_comm_type})")
+    if m.qk_layernorm:
+        out.append("qk_layernorm")
     if m.num_experts:
         out.append(f"MoE ({m.num_experts} experts, top-{m.moe_router_topk}, ep={p.ep})")
     if m.multi_latent_attention:
         out.append("MLA")
     if m.mtp_num_layers:
-        out.append(f"MTP ({m.mtp_num_layers} layer{'s' if m.mtp_num_layers > 1 else ''})")
+        depths = f"{m.mtp_num_layers} layer{'s' if m.mtp_num_layers > 1 else ''}"
+        out.append(f"MTP ({depths}: activations, logits and losses on the last stage)")
     return tuple(out)
 
 
@@ -336,8 +339,11 @@ def approximated_features(spec: TrainingSpec) -> tuple[str, ...]:
         out.append("MoE routing is balanced (each expert gets tokens x top-k / experts)")
     if m.multi_latent_attention:
         out.append("MLA activations (first order)")
-    if m.mtp_num_layers:
-        out.append("MTP activations (first order)")
+    if spec.parallel.cp > 1:
+        out.append(
+            f"context-parallel attention buffers ({spec.parallel.cp_comm_type}; from Transformer "
+            "Engine's code, not measured)"
+        )
     return tuple(out)
 
 

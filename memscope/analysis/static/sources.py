@@ -113,6 +113,28 @@ def _vocab(args: Any, tp: int, vocab_size: int | None) -> int:
     return padded_vocab_size(raw, divisible, tp) if _flag(args, "pad_vocab", True) else raw
 
 
+CP_COMM_TYPES = ("p2p", "a2a", "all_gather", "a2a+p2p")
+
+
+def _cp_comm_type(args: Any) -> str:
+    """Megatron's ``cp_comm_type``: one value (default ``p2p``) or one per layer
+    (megatron/training/arguments.py); a per-layer list mixing kinds is estimated with one of
+    them (the first in :data:`CP_COMM_TYPES` order) for every layer, and a warning says so."""
+    raw = _get(args, "cp_comm_type", "p2p")
+    values = [as_str(v, "cp_comm_type") for v in (raw if isinstance(raw, (list, tuple)) else [raw])]
+    for v in values:
+        if v not in CP_COMM_TYPES:
+            raise ValueError(f"cp_comm_type: {v!r} is not one of {', '.join(CP_COMM_TYPES)}")
+    kinds = sorted(set(values), key=CP_COMM_TYPES.index)
+    if len(kinds) > 1:
+        warnings.warn(
+            f"cp_comm_type differs per layer ({', '.join(kinds)}): every layer is estimated "
+            f"with {kinds[0]}",
+            stacklevel=2,
+        )
+    return kinds[0] if kinds else "p2p"
+
+
 def _moe_pattern(args: Any, num_layers: int) -> tuple[int, ...] | None:
     """Megatron's ``moe_layer_freq``: N (one MoE layer every N, from layer 0), ``"N"``, or a
     list / list expression with one 0 (dense) or 1 (MoE) per layer."""
@@ -278,6 +300,7 @@ def spec_from_megatron_args(
         and not _flag(args, "disable_bias_linear")
         and _flag(args, "add_bias_linear", True),
         masked_softmax_fusion=_flag(args, "masked_softmax_fusion", True),
+        rope_fusion=_flag(args, "apply_rope_fusion", True),
         attention_softmax_in_fp32=_flag(args, "attention_softmax_in_fp32")
         or _flag(args, "apply_query_key_layer_scaling"),
         attention_dropout=_float(args, "attention_dropout", 0.1, 0.0, 1.0),
@@ -320,6 +343,7 @@ def spec_from_megatron_args(
         account_for_embedding=_flag(args, "account_for_embedding_in_pipeline_split"),
         account_for_loss=_flag(args, "account_for_loss_in_pipeline_split"),
         microbatch_group_size=_int(args, "microbatch_group_size_per_vp_stage"),
+        cp_comm_type=_cp_comm_type(args) if cp > 1 else "p2p",
         dp_assumed=dp_assumed,
     )
     if _get(args, "pipeline_model_parallel_layout") is not None:

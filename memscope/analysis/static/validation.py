@@ -51,6 +51,7 @@ NEGATED_FLAGS = {
     "no_bias_gelu_fusion": "bias_gelu_fusion",
     "no_bias_swiglu_fusion": "bias_swiglu_fusion",
     "no_gradient_accumulation_fusion": "gradient_accumulation_fusion",
+    "no_rope_fusion": "apply_rope_fusion",
 }
 # Megatron argument names (and the JSON config's own) that the estimator reads.
 READ_KEYS = frozenset(NEGATED_FLAGS) | frozenset(
@@ -60,6 +61,7 @@ READ_KEYS = frozenset(NEGATED_FLAGS) | frozenset(
         "accumulate_allreduce_grads_in_fp32",
         "add_bias_linear",
         "add_qkv_bias",
+        "apply_rope_fusion",
         "apply_query_key_layer_scaling",
         "attention_backend",
         "attention_dropout",
@@ -68,6 +70,7 @@ READ_KEYS = frozenset(NEGATED_FLAGS) | frozenset(
         "bias_gelu_fusion",
         "bias_swiglu_fusion",
         "context_parallel_size",
+        "cp_comm_type",
         "cross_entropy_fusion_impl",
         "cross_entropy_loss_fusion",
         "data_parallel_size",
