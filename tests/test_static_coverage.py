@@ -129,7 +129,8 @@ def test_default_values_are_not_reported(tmp_path, cli):
     }
     res = cli(_yaml(tmp_path, system=defaults))
     assert _keys(res) == [] and not any("not modelled" in x for x in res.warnings())
-    assert set(defaults) - {"fp8"} <= set(res.coverage["unused_keys"])
+    read = {"fp8", "moe_token_dispatcher_type"}  # the estimator reads these two
+    assert set(defaults) - read <= set(res.coverage["unused_keys"])
 
 
 def test_no_world_size_states_the_dp_assumed(tmp_path, cli):
@@ -211,19 +212,18 @@ def test_a_key_the_estimator_reads_is_never_unused_or_not_modelled(monkeypatch):
     result = config_coverage(merged, _spec(), None)
     assert result.unused_keys == ("not_a_megatron_key",)
     assert "swiglu" not in [n.key for n in result.not_modelled]
-    # ... except the documented ones the estimator reads only to check the value
-    result = config_coverage({"moe_expert_capacity_factor": 1.5}, _spec(num_experts=4), None)
-    assert [n.key for n in result.not_modelled] == ["moe_expert_capacity_factor"]
+    # ... except the documented one the estimator reads only to refuse the config
+    result = config_coverage({"pipeline_model_parallel_layout": "Et|tL"}, _spec(), None)
+    assert [n.key for n in result.not_modelled] == ["pipeline_model_parallel_layout"]
 
 
 def test_moe_keys_only_matter_with_experts():
-    merged = {"moe_token_dispatcher_type": "alltoall"}
+    merged = {"moe_shared_expert_overlap": True}
     assert config_coverage(merged, _spec(), None).not_modelled == ()
     moe = _spec(num_experts=4, moe_router_topk=2)
     result = config_coverage(merged, moe, None)
-    assert [(n.key, n.value) for n in result.not_modelled] == [
-        ("moe_token_dispatcher_type", "alltoall")
-    ]
+    found = [(n.key, n.value) for n in result.not_modelled]
+    assert found == [("moe_shared_expert_overlap", "true")]
     assert any("MoE (4 experts, top-2" in m for m in result.modelled)
     assert any("balanced" in a for a in result.approximated)
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from memscope.analysis.static.activations import (
+    buffer_bytes,
     chunk_activations,
     cp_attention_backward,
     cross_entropy_saved,
@@ -22,6 +23,7 @@ from memscope.analysis.static.activations import (
     loss_moments,
 )
 from memscope.analysis.static.estimator import estimate_rank
+from memscope.analysis.static.moe import moe_global_buffer, moe_layer_saved, routed_rows
 from memscope.analysis.static.params import RankPosition
 from memscope.analysis.static.sources import spec_from_megatron_args
 from memscope.analysis.static.workspaces import (
@@ -363,3 +365,69 @@ def test_mtp_keeps_the_last_depth_logits_alive_at_the_main_cross_entropy():
     detail = chunk_activations(mtp, 2, first=False, last=True)[3]
     assert detail["mtp_cross_entropy"] == cross_entropy_saved(mtp, x) + S * B * 17 + 4
     assert "mtp_layers" not in chunk_activations(mtp, 2, first=False, last=False)[3]
+
+
+# ---------------------------------------------------------------------------------------
+# Mixture of experts (memscope/analysis/static/moe.py; measured in test_static_moe_activations)
+
+MOE: dict[str, Any] = dict(
+    num_experts=8, moe_ffn_hidden_size=128, moe_router_topk=2, disable_bias_linear=True
+)
+
+
+def test_routed_rows_under_sequence_and_expert_tensor_parallelism():
+    tokens = S * B
+    assert routed_rows(spec(**MOE), tokens) == tokens * 2
+    # tp 2 with SP: each rank routes its s/tp tokens; etp 2 all-gathers them over expert TP
+    sp = spec(**MOE, tensor_model_parallel_size=2, sequence_parallel=True, world_size=2)
+    x = dims(sp)
+    assert x.s // x.sp * x.b == tokens // 2
+    assert routed_rows(sp, tokens // 2) == tokens // 2 * 2 * 2
+    etp1 = spec(**MOE, tensor_model_parallel_size=2, sequence_parallel=True,
+                expert_tensor_parallel_size=1, world_size=2)  # fmt: skip
+    assert routed_rows(etp1, tokens // 2) == tokens // 2 * 2
+
+
+def test_capacity_factor_drops_and_padding_fills_to_capacity():
+    tokens = S * B
+    capacity = -(-tokens * 2 * 3 // (8 * 4))  # ceil(T k / E * 0.75)
+    dropping = spec(**MOE, moe_expert_capacity_factor=0.75)
+    assert routed_rows(dropping, tokens) == capacity * 8 < tokens * 2
+    padded = spec(**MOE, moe_expert_capacity_factor=1.5, moe_pad_expert_input_to_capacity=True)
+    assert routed_rows(padded, tokens) == -(-tokens * 2 * 3 // 16) * 8 > tokens * 2
+    assert routed_rows(spec(**MOE, moe_expert_capacity_factor=-1), tokens) == tokens * 2
+
+
+def test_moe_dispatcher_router_and_expert_terms_by_key():
+    def items(**kw: Any) -> dict[str, int]:
+        s = spec(**MOE, **kw)
+        return moe_layer_saved(s, S, B, 1, 2)
+
+    tokens, e = S * B, 2
+    base = items()
+    assert base["moe_router"] == 12 * tokens * 2  # int64 top-k indices, fp32 top-k softmax
+    aux = items(moe_router_load_balancing_type="aux_loss", moe_aux_loss_coeff=0.01)
+    assert aux["moe_router"] - base["moe_router"] == 4 * tokens * 8 + 8 * 8 + 4
+    assert items(moe_aux_loss_coeff=0.0) == base  # aux_loss with a zero coefficient: off
+    fp32 = items(moe_router_dtype="fp32")
+    rows = tokens * 2
+    assert fp32["moe_experts"] - base["moe_experts"] == (4 - e) * rows  # probs in fp32
+    a2a = items(moe_token_dispatcher_type="alltoall")
+    assert a2a["moe_dispatcher"] == 8 * tokens * 2 + 2 * (e + 1) * tokens * 8 + 8 * 8
+    # fused weighted SwiGLU keeps fc1's 2f output and the product: 3 f-wide rows; unfused 6
+    gated = dict(swiglu=True)
+    unfused = items(**gated, bias_swiglu_fusion=False)["moe_experts"]
+    assert unfused - items(**gated)["moe_experts"] == 3 * rows * 128 * e
+    with pytest.raises(ValueError, match="moe_token_dispatcher_type: 'ring' is not one of"):
+        spec(**MOE, moe_token_dispatcher_type="ring")
+
+
+def test_allgather_dispatcher_over_ep_fills_the_global_buffer():
+    ep2 = spec(**MOE, expert_model_parallel_size=2, world_size=2)
+    assert moe_global_buffer(ep2, S, B, 1, 2) == S * B * 2 * H * 2
+    assert buffer_bytes(ep2) >= S * B * 2 * H * 2
+    assert moe_global_buffer(spec(**MOE), S, B, 1, 2) == 0  # G = 1: no gather
+    a2a = spec(
+        **MOE, expert_model_parallel_size=2, world_size=2, moe_token_dispatcher_type="alltoall"
+    )
+    assert moe_global_buffer(a2a, S, B, 1, 2) == 0

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from memscope.analysis.static.config import TrainingSpec
+from memscope.analysis.static.moe import moe_global_buffer, moe_layer_saved, routed_rows
 
 FP32 = 4
 INT64 = 8
@@ -179,8 +180,8 @@ def layer_saved(spec: TrainingSpec, x: Dims) -> dict[str, int]:
         items["qk_layernorm"] = qk_layernorm_saved(spec, x)
     if m.multi_latent_attention:  # approximate, not measured: see approximate_moe_mla()
         items.update(_mla_items(spec, x))
-    if m.num_experts is not None:
-        items["mlp"] = _moe_mlp_bytes(spec, x, per_ffn)
+    if m.num_experts is not None:  # router, dispatcher, experts, shared experts (moe.py)
+        items["mlp"] = sum(moe_layer_saved(spec, x.s, x.b, x.sp, x.e).values())
     if spec.flash_attention:
         items["attention_softmax_lse"] = x.b * x.a * x.s * FP32
     elif spec.recompute == "selective":
@@ -274,21 +275,6 @@ def _mla_items(spec: TrainingSpec, x: Dims) -> dict[str, int]:
     }
 
 
-def _moe_mlp_bytes(spec: TrainingSpec, x: Dims, per_ffn: int) -> int:
-    """A MoE MLP under balanced routing (approximate, first order; not measured).
-
-    Each rank's experts receive ``s b topk`` tokens on average; each keeps its permuted input
-    and the expert MLP's tensors at ``moe_ffn / etp``; the router keeps fp32 logits and
-    probabilities over the experts; a shared expert is a dense MLP of its own width.
-    """
-    m, p = spec.model, spec.parallel
-    routed = x.s * x.b * m.moe_router_topk
-    expert = routed * (x.h + per_ffn * m.moe_ffn // p.expert_tp) * x.e
-    router = 2 * x.s * x.b * (m.num_experts or 0) * FP32
-    shared = per_ffn * x.s * x.b * (m.moe_shared_expert_intermediate_size or 0) // p.tp * x.e
-    return expert + router + shared
-
-
 def attention_backward_work(
     spec: TrainingSpec, x: Dims, saved: dict[str, int], output_stored: bool
 ) -> int:
@@ -355,6 +341,14 @@ def mlp_backward_work(
     incoming = x.hidden * (2 if "residual_dropout_masks" in saved else 1)  # (+ masked copy)
     if x.sp > 1:  # sequence parallel: fc2's output gradient all-gathered to the full sequence
         incoming += x.s * x.b * x.h * x.e
+    m = spec.model
+    if m.num_experts is not None:
+        # the gradient of the permuted tokens and the expert activation's gradient(s) over
+        # the routed rows (megatron/core/transformer/moe/experts.py)
+        rows = routed_rows(spec, x.s // x.sp * x.b)
+        width = m.moe_ffn // spec.parallel.expert_tp
+        grads = 2 if m.gated_linear_unit else 1
+        return incoming + rows * x.h * x.e + grads * rows * width * x.e - released
     # with gradient_accumulation_fusion the weight gradient accumulates into main_grad
     fc2_weight_grad = 0 if spec.gradient_accumulation_fusion else x.h * x.f * x.e
     activation_grads = 2 if spec.model.gated_linear_unit else 1
@@ -597,6 +591,7 @@ def buffer_bytes(spec: TrainingSpec, last: bool = False) -> int:
         uses.append(x.scores)  # the baddbmm output buffer of DotProductAttention
     if x.sp > 1 and (local or last):
         uses.append(x.s * x.b * x.h * x.e)  # the sequence-parallel all-gather
+    uses.append(moe_global_buffer(spec, x.s, x.b, x.sp, x.e))  # allgather dispatcher
     return max(uses)
 
 

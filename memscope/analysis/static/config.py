@@ -57,6 +57,12 @@ class ModelSpec:
     moe_grouped_gemm: bool = False  # local spec: GroupedMLP (two tensors for all local experts)
     moe_use_legacy_grouped_gemm: bool = False  # TE spec: GroupedMLP instead of TEGroupedMLP
     moe_router_enable_expert_bias: bool = False  # adds router buffers, not parameters
+    moe_token_dispatcher: str = "allgather"  # moe_token_dispatcher_type
+    moe_router_dtype: str | None = None  # "fp32" / "fp64"; None: the activation dtype
+    moe_router_score_function: str = "softmax"
+    moe_aux_loss: bool = False  # an aux-loss load balancing type with a positive coefficient
+    moe_expert_capacity_factor: float | None = None  # None or negative: dropless
+    moe_pad_expert_input_to_capacity: bool = False
     # Multi-latent attention (Megatron's argument defaults).
     multi_latent_attention: bool = False
     q_lora_rank: int | None = None  # None: linear_q_proj without low-rank query compression

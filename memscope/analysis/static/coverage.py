@@ -69,12 +69,6 @@ NOT_MODELLED: dict[str, str] = {
     "distribute_saved_activations": "full-recompute checkpoints split over the tensor-parallel "
     "ranks: the estimate keeps each checkpoint whole on every rank (too high)",
     "pipeline_model_parallel_layout": "a custom pipeline layout (refused by the estimator)",
-    "moe_token_dispatcher_type": "the alltoall/flex dispatcher's send/receive and permutation "
-    "buffers are not counted (routed tokens are counted as balanced)",
-    "moe_expert_capacity_factor": "token dropping/padding at the expert capacity is not "
-    "applied: each expert gets the balanced share of tokens",
-    "moe_pad_expert_input_to_capacity": "expert inputs padded to capacity are larger than the "
-    "balanced share the estimate counts",
     "moe_shared_expert_overlap": "the shared expert overlapped with the token dispatch keeps "
     "extra tensors alive, not counted",
     "recompute_granularity_per_stage_micro_batch": "FlagScale per-stage/micro-batch recompute: "
@@ -91,10 +85,9 @@ _ADAPTERS = (
     "the frozen base weights are counted with gradients and optimizer state"
 )
 NOT_MODELLED_PREFIXES: dict[str, str] = {"lora": _ADAPTERS, "peft": _ADAPTERS}
-# Keys in READ_KEYS that are still reported: the estimator reads them only to check the value
-# (moe_expert_capacity_factor: refused when 0, otherwise balanced routing is estimated) or to
-# refuse the config (pipeline_model_parallel_layout: never reaches a report).
-READ_NOT_MODELLED = frozenset({"moe_expert_capacity_factor", "pipeline_model_parallel_layout"})
+# Keys in READ_KEYS that are still reported: the estimator reads them only to refuse the
+# config (pipeline_model_parallel_layout: never reaches a report).
+READ_NOT_MODELLED = frozenset({"pipeline_model_parallel_layout"})
 
 # Values that mean "off" (Megatron's defaults), compared in lower case.
 _OFF = frozenset(
@@ -116,9 +109,6 @@ _RELEVANT: dict[str, Callable[[Mapping[str, Any], TrainingSpec], bool]] = {
     ),
     "recompute_modules": lambda merged, spec: spec.recompute == "selective",
     "distribute_saved_activations": lambda merged, spec: spec.recompute == "full",
-    "moe_token_dispatcher_type": _moe,
-    "moe_expert_capacity_factor": _moe,
-    "moe_pad_expert_input_to_capacity": _moe,
     "moe_shared_expert_overlap": _moe,
     "overlap_moe_expert_parallel_comm": _moe,
 }
@@ -337,6 +327,8 @@ def approximated_features(spec: TrainingSpec) -> tuple[str, ...]:
     out = []
     if m.num_experts:
         out.append("MoE routing is balanced (each expert gets tokens x top-k / experts)")
+        if m.moe_token_dispatcher == "flex":
+            out.append("the flex (DeepEP) dispatcher as alltoall: its buffers are not counted")
     if m.multi_latent_attention:
         out.append("MLA activations (first order)")
     if spec.parallel.cp > 1:

@@ -114,6 +114,47 @@ def _vocab(args: Any, tp: int, vocab_size: int | None) -> int:
 
 
 CP_COMM_TYPES = ("p2p", "a2a", "all_gather", "a2a+p2p")
+DISPATCHERS = ("allgather", "alltoall", "flex")
+AUX_LOSS_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss")
+
+
+def _choice(args: Any, name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = _name(args, name, default)
+    if value not in choices:
+        raise ValueError(f"{name}: {value!r} is not one of {', '.join(choices)}")
+    return value
+
+
+def _router_dtype(args: Any) -> str | None:
+    """``moe_router_dtype``: fp32 / fp64, or None (the activation dtype)."""
+    value = _get(args, "moe_router_dtype")
+    if value is None or str(value).lower() in ("none", "null", ""):
+        return None
+    value = as_str(value, "moe_router_dtype")
+    if value not in ("fp32", "fp64"):
+        raise ValueError(f"moe_router_dtype: {value!r} is not one of fp32, fp64")
+    return value
+
+
+def _aux_loss_enabled(args: Any) -> bool:
+    """Megatron's ``Router.is_aux_loss_enabled`` (megatron/core/transformer/moe/router.py): a
+    load-balancing type among aux_loss / seq_aux_loss / global_aux_loss whose
+    ``moe_aux_loss_coeff`` (one per type when a list) is positive."""
+    types_ = _get(args, "moe_router_load_balancing_type", "aux_loss")
+    coeffs = _get(args, "moe_aux_loss_coeff", 0.0)
+    types_ = list(types_) if isinstance(types_, (list, tuple)) else [types_]
+    coeffs = list(coeffs) if isinstance(coeffs, (list, tuple)) else [coeffs] * len(types_)
+    return any(
+        str(t) in AUX_LOSS_TYPES and as_float(c, "moe_aux_loss_coeff", 0.0) > 0
+        for t, c in zip(types_, coeffs, strict=False)
+    )
+
+
+def _capacity_factor(args: Any) -> float | None:
+    value = _get(args, "moe_expert_capacity_factor")
+    if value is None:
+        return None
+    return as_float(value, "moe_expert_capacity_factor")
 
 
 def _cp_comm_type(args: Any) -> str:
@@ -165,6 +206,14 @@ def _expert_fields(args: Any, num_layers: int) -> dict[str, Any]:
         moe_grouped_gemm=_flag(args, "moe_grouped_gemm"),
         moe_use_legacy_grouped_gemm=_flag(args, "moe_use_legacy_grouped_gemm"),
         moe_router_enable_expert_bias=_flag(args, "moe_router_enable_expert_bias"),
+        moe_token_dispatcher=_choice(args, "moe_token_dispatcher_type", "allgather", DISPATCHERS),
+        moe_router_dtype=_router_dtype(args),
+        moe_router_score_function=_choice(
+            args, "moe_router_score_function", "softmax", ("softmax", "sigmoid")
+        ),
+        moe_aux_loss=_aux_loss_enabled(args),
+        moe_expert_capacity_factor=_capacity_factor(args),
+        moe_pad_expert_input_to_capacity=_flag(args, "moe_pad_expert_input_to_capacity"),
         multi_latent_attention=_flag(args, "multi_latent_attention"),
         q_lora_rank=_int(args, "q_lora_rank"),
         kv_lora_rank=_int(args, "kv_lora_rank", 32),

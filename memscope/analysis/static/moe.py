@@ -1,0 +1,137 @@
+"""Activation memory of a mixture-of-experts MLP (megatron/core/transformer/moe/).
+
+Per microbatch, what one ``MoELayer`` keeps for backward on one rank, itemised, under
+balanced routing. Each term follows what megatron-core 0.15 (FlagScale 0.8.0's bundled
+Megatron-LM) and 0.16 save, and the held bytes were measured exactly on CPU for the
+allgather and alltoall dispatchers, bf16 and fp32, ep 1 and 2, capacity padding, an fp32
+router and the aux loss (``tests/test_static_moe_activations.py``).
+
+Notation: ``T`` tokens entering the layer on this rank (``s/sp * b``: MoE under TP needs
+sequence parallelism), ``k`` top-k, ``E`` experts, ``E_l = E / ep`` local experts, ``etp``
+expert tensor parallel, ``G = etp * ep`` (the dispatcher's token group), ``r`` bytes of the
+router dtype (``moe_router_dtype``, else the activation dtype), ``n`` rows reaching this
+rank's experts.
+
+- **Routed rows.** Every dispatcher brings ``n = T k etp`` rows to a rank under balanced
+  routing (token_dispatcher.py: allgather gathers over ``G``; alltoall permutes ``T k`` rows,
+  exchanges them over EP and all-gathers over expert TP). With
+  ``moe_pad_expert_input_to_capacity`` every local expert gets its capacity
+  ``C = ceil(T k / E * capacity_factor)`` from each of the ``G`` sources: ``n = C E etp``
+  (moe_utils.py ``get_capacity``). A capacity factor below one drops tokens beyond it.
+- **Router** (router.py, moe_utils.py ``topk_routing_with_score_function``): the gating
+  linear keeps the layer's input (already counted) and not the ``[T, E]`` logits; softmax
+  top-k keeps the int64 top-k indices and the fp32 top-k softmax (``12 T k``); sigmoid
+  scoring keeps the fp32 ``[T, E]`` scores as well; an aux loss (a load-balancing type with a
+  positive ``moe_aux_loss_coeff``) keeps the fp32 ``[T, E]`` scores, the int64 tokens per
+  expert and the loss scalar.
+- **Dispatcher** (token_dispatcher.py, moe_utils.py ``permute``): allgather keeps the int64
+  sort indices of its ``n`` rows, the transposed probabilities and routing mask that
+  ``masked_select`` saves over the gathered ``T G`` tokens, and holds the local routing map;
+  alltoall keeps the sort indices of its ``T k`` local rows, the transposed probabilities and
+  mask over ``T`` tokens, and holds ``probs``, ``routing_map`` and (``E_l > 1``) the per-expert
+  token counts as attributes; padded to capacity it keeps two int64 index vectors of
+  ``C E`` instead of the transposed copies. The allgather dispatcher with ``G > 1``
+  gathers the hidden states into megatron's global memory buffer (``T G h`` at the activation
+  dtype, one buffer per process, counted with the global buffer).
+- **Experts** (experts.py): the permuted tokens (``n h``), the probabilities applied inside
+  the experts (``r n``) and ``A n f_e / etp`` activation-dtype elements of the expert MLP:
+  ``A = 6`` gated unfused (fc1's ``2f`` output, silu, the linear branch plus its offset, their
+  product), 3 gated with the fused weighted bias-SwiGLU (fusions/fused_bias_swiglu.py) and
+  for the legacy ``GroupedMLP`` whose ``torch.compile``d activation keeps fc1's output only,
+  3 not gated (fc1 output, activation, the probability-weighted product). The legacy
+  ``GroupedMLP`` also keeps the int64 tokens per local expert.
+- **Shared experts** (shared_experts.py): a dense TP-sharded MLP of its own width over the
+  whole sequence.
+
+The ``flex`` dispatcher (DeepEP) is estimated as alltoall: its communication buffers are not
+counted (stated in the report's approximations).
+"""
+
+from __future__ import annotations
+
+import math
+
+from memscope.analysis.static.config import TrainingSpec
+
+FP32 = 4
+INT64 = 8
+ROUTER_DTYPE_BYTES = {"fp32": 4, "fp64": 8}
+
+
+def router_bytes(spec: TrainingSpec, element: int) -> int:
+    """Bytes of one router-dtype element (``moe_router_dtype``, else the activations')."""
+    dtype = spec.model.moe_router_dtype
+    return ROUTER_DTYPE_BYTES[dtype] if dtype else element
+
+
+def routed_rows(spec: TrainingSpec, tokens: int) -> int:
+    """Rows reaching one rank's local experts per microbatch (balanced routing)."""
+    m, p = spec.model, spec.parallel
+    assert m.num_experts is not None
+    etp, k, experts = p.expert_tp, m.moe_router_topk, m.num_experts
+    balanced = tokens * k * etp
+    factor = m.moe_expert_capacity_factor
+    if factor is None or factor < 0:  # dropless (a negative factor turns capacity off)
+        return balanced
+    capacity = math.ceil(tokens * k / experts * factor)
+    if m.moe_pad_expert_input_to_capacity:
+        return capacity * experts * etp
+    return min(balanced, capacity * experts * etp)
+
+
+def moe_layer_saved(
+    spec: TrainingSpec, s: int, b: int, sp: int, e: int, rows: int | None = None
+) -> dict[str, int]:
+    """What one MoE MLP keeps for backward per microbatch, itemised (sequence ``s`` per
+    rank before the sequence-parallel split ``sp``, micro batch ``b``, activation bytes
+    ``e``; ``rows`` reaching the local experts when known, else :func:`routed_rows`)."""
+    m, p = spec.model, spec.parallel
+    assert m.num_experts is not None
+    h, k, experts = m.hidden_size, m.moe_router_topk, m.num_experts
+    local, etp = experts // p.ep, p.expert_tp
+    tokens = s // sp * b
+    gathered = tokens * etp * p.ep
+    r = router_bytes(spec, e)
+    n = routed_rows(spec, tokens) if rows is None else rows
+
+    router = (INT64 + FP32) * tokens * k
+    if m.moe_router_score_function == "sigmoid":
+        router += FP32 * tokens * experts
+    if m.moe_aux_loss:
+        router += FP32 * tokens * experts + INT64 * experts + FP32
+
+    padded = m.moe_pad_expert_input_to_capacity and m.moe_expert_capacity_factor is not None
+    if m.moe_token_dispatcher == "allgather":
+        dispatcher = INT64 * n + (r + 1) * gathered * local + gathered * local
+    elif padded:
+        capacity = math.ceil(tokens * k / experts * (m.moe_expert_capacity_factor or 1.0))
+        dispatcher = 2 * INT64 * capacity * experts + (r + 1) * tokens * experts
+        dispatcher += INT64 * experts * etp if local > 1 else 0
+    else:  # alltoall (and flex, estimated alike)
+        dispatcher = INT64 * tokens * k + 2 * (r + 1) * tokens * experts
+        dispatcher += INT64 * experts * etp if local > 1 else 0
+
+    legacy_grouped = m.moe_grouped_gemm and (
+        m.transformer_impl == "local" or m.moe_use_legacy_grouped_gemm
+    )
+    # 3 f-wide rows: not gated, the fused weighted SwiGLU or the compiled legacy activation
+    per_row = 3 if not m.gated_linear_unit or m.bias_activation_fusion or legacy_grouped else 6
+    experts_bytes = n * h * e + r * n + per_row * n * (m.moe_ffn // etp) * e
+    if legacy_grouped:
+        experts_bytes += INT64 * local
+    out = {"moe_router": router, "moe_dispatcher": dispatcher, "moe_experts": experts_bytes}
+    shared = m.moe_shared_expert_intermediate_size
+    if shared:
+        dense = 2 if not m.gated_linear_unit else (3 if m.bias_activation_fusion else 5)
+        out["moe_shared_experts"] = dense * s * b * (shared // p.tp) * e
+    return out
+
+
+def moe_global_buffer(spec: TrainingSpec, s: int, b: int, sp: int, e: int) -> int:
+    """The allgather dispatcher's gathered hidden states in megatron's global memory buffer
+    (``G > 1``), else 0."""
+    m, p = spec.model, spec.parallel
+    group = p.expert_tp * p.ep
+    if m.num_experts is None or m.moe_token_dispatcher != "allgather" or group == 1:
+        return 0
+    return s // sp * b * group * m.hidden_size * e

@@ -1,0 +1,140 @@
+"""The MoE layer's activation terms (``memscope/analysis/static/moe.py``) against what a real
+megatron-core 0.16.1 ``MoELayer`` keeps after its forward on CPU, measured with the exact
+storage ledger: the allgather and alltoall dispatchers, bf16 and fp32, an fp32 router, the
+aux loss, a non-gated MLP, capacity padding, and expert parallelism over two processes
+(gloo). The rows that reached the experts are read from the run (under EP they depend on the
+routing); every other byte comes from the estimator. CUDA-only calls are redirected in
+``tests/harness/moe_cpu.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from memscope.analysis.static.moe import moe_global_buffer, moe_layer_saved, routed_rows
+from memscope.analysis.static.sources import spec_from_megatron_args
+from memscope.demo.launcher import free_port, spawn
+
+pytestmark = [pytest.mark.integration, pytest.mark.multiprocess]
+
+S, B = 64, 2  # tokens on a rank: 128
+BASE: dict[str, Any] = dict(h=64, f_e=40, E=8, k=2, ep=1, dtype="bfloat16")
+CASES: dict[str, dict[str, Any]] = {}
+for _disp in ("allgather", "alltoall"):
+    CASES[f"{_disp}"] = {**BASE, "dispatcher": _disp}
+    CASES[f"{_disp}_fp32"] = {**BASE, "dispatcher": _disp, "dtype": "float32"}
+    CASES[f"{_disp}_router_fp32"] = {**BASE, "dispatcher": _disp, "router_dtype": "fp32"}
+    CASES[f"{_disp}_gelu"] = {**BASE, "dispatcher": _disp, "gated": False}
+    CASES[f"{_disp}_aux_loss"] = {**BASE, "dispatcher": _disp, "aux_loss": True}
+    CASES[f"{_disp}_capacity_padded"] = {**BASE, "dispatcher": _disp, "cf": 1.5, "pad": True}
+    CASES[f"{_disp}_ep2"] = {**BASE, "dispatcher": _disp, "ep": 2}
+
+
+def _measure(rank: int, world: int, port: int, names: list[str]) -> dict[str, tuple[int, int]]:
+    """Per case: (rows reaching this rank's experts, bytes held after forward)."""
+    import torch
+    import torch.distributed as dist
+    from harness.moe_cpu import build_moe_layer, install_moe_cpu_stand_ins
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    from memscope.capture.backends.storage import StorageLedgerBackend
+    from memscope.demo.tiny_gpt import destroy_process, quiet_megatron_cpu_warnings
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    quiet_megatron_cpu_warnings()
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(minutes=5),
+    )
+    try:
+        install_moe_cpu_stand_ins()
+        parallel_state.initialize_model_parallel(expert_model_parallel_size=world)
+        torch.manual_seed(1234 + rank)
+        model_parallel_cuda_manual_seed(1234)
+        out: dict[str, tuple[int, int]] = {}
+        for name in names:
+            cfg = CASES[name]
+            layer = build_moe_layer(cfg)
+            x = torch.randn(S, B, cfg["h"], dtype=getattr(torch, cfg["dtype"]), requires_grad=True)
+            rows: list[int] = []
+            layer.experts.register_forward_pre_hook(
+                lambda m, a, rows=rows: rows.append(a[0].shape[0])
+            )
+            ledger = StorageLedgerBackend("cpu")
+            ledger.start()
+            try:
+                base = ledger.sample().allocated
+                y, _ = layer(x)
+                held = ledger.sample().allocated - base - y.untyped_storage().nbytes()
+            finally:
+                ledger.stop()
+            out[name] = (rows[0], held)
+        return out
+    finally:
+        destroy_process()
+
+
+@pytest.fixture(scope="module")
+def measured() -> dict[str, list[tuple[int, int]]]:
+    """Per case, one (rows, held) per rank."""
+    result: dict[str, list[tuple[int, int]]] = {}
+    for world in (1, 2):
+        names = [n for n, c in CASES.items() if c["ep"] == world]
+        for per_rank in spawn(world, _measure, free_port(), names):
+            for name, value in per_rank.items():
+                result.setdefault(name, []).append(value)
+    return result
+
+
+def _spec(cfg: dict[str, Any]) -> Any:
+    args: dict[str, Any] = dict(
+        num_layers=1,
+        hidden_size=cfg["h"],
+        num_attention_heads=4,
+        num_experts=cfg["E"],
+        moe_ffn_hidden_size=cfg["f_e"],
+        moe_router_topk=cfg["k"],
+        expert_model_parallel_size=cfg["ep"],
+        world_size=cfg["ep"],
+        moe_token_dispatcher_type=cfg["dispatcher"],
+        swiglu=cfg.get("gated", True),
+        no_bias_swiglu_fusion=True,
+        disable_bias_linear=True,
+        padded_vocab_size=128,
+        seq_length=S,
+        micro_batch_size=B,
+        global_batch_size=B * cfg["ep"],
+        bf16=cfg["dtype"] == "bfloat16",
+        transformer_impl="local",
+    )
+    if cfg.get("router_dtype"):
+        args["moe_router_dtype"] = cfg["router_dtype"]
+    if cfg.get("aux_loss"):
+        args.update(moe_router_load_balancing_type="aux_loss", moe_aux_loss_coeff=1e-2)
+    else:
+        args["moe_router_load_balancing_type"] = "none"
+    if cfg.get("cf"):
+        args.update(moe_expert_capacity_factor=cfg["cf"], moe_pad_expert_input_to_capacity=True)
+    return spec_from_megatron_args(args)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_moe_layer_keeps_what_the_estimate_itemises(measured, name):
+    cfg = CASES[name]
+    s = _spec(cfg)
+    e = 2 if cfg["dtype"] == "bfloat16" else 4
+    for rows, held in measured[name]:
+        modelled = sum(moe_layer_saved(s, S, B, 1, e, rows=rows).values())
+        modelled += moe_global_buffer(s, S, B, 1, e)  # allgather over EP: gathered hidden
+        assert held == modelled, (name, rows, held, modelled)
+        if cfg["ep"] == 1:  # every routed row stays on the one rank: the balanced count
+            assert rows == routed_rows(s, S * B)
