@@ -431,3 +431,12 @@ def test_allgather_dispatcher_over_ep_fills_the_global_buffer():
         **MOE, expert_model_parallel_size=2, world_size=2, moe_token_dispatcher_type="alltoall"
     )
     assert moe_global_buffer(a2a, S, B, 1, 2) == 0
+
+
+def test_num_virtual_stages_per_pipeline_rank_sets_the_interleaving():
+    args = dict(pipeline_model_parallel_size=2, world_size=2, num_layers=4, global_batch_size=4)
+    assert spec(**args, num_virtual_stages_per_pipeline_rank=2).parallel.vpp == 2
+    with pytest.raises(ValueError, match="are exclusive"):
+        spec(
+            **args, num_virtual_stages_per_pipeline_rank=2, num_layers_per_virtual_pipeline_stage=1
+        )

@@ -369,6 +369,14 @@ def spec_from_megatron_args(
     )
     vpp = _int(args, "virtual_pipeline_model_parallel_size", None, "parallel.vpp")
     per_vstage = _int(args, "num_layers_per_virtual_pipeline_stage")
+    stages = _int(args, "num_virtual_stages_per_pipeline_rank")
+    if per_vstage and stages:  # megatron/training/arguments.py accepts one of the two
+        raise ValueError(
+            "num_layers_per_virtual_pipeline_stage and num_virtual_stages_per_pipeline_rank "
+            "are exclusive (Megatron accepts one of them)"
+        )
+    if vpp is None and stages:
+        vpp = stages
     if vpp is None and per_vstage:
         if per_vstage < 1 or model.num_layers // pp < per_vstage:
             raise ValueError(

@@ -123,6 +123,7 @@ READ_KEYS = frozenset(NEGATED_FLAGS) | frozenset(
         "num_experts",
         "num_layers",
         "num_layers_per_virtual_pipeline_stage",
+        "num_virtual_stages_per_pipeline_rank",
         "num_microbatches",
         "num_query_groups",
         "optimizer",
