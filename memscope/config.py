@@ -160,6 +160,13 @@ class RuntimeConfig:
     hook_param_grads: bool = setting(True, "Parameter grad hooks")
     sync_on_step_boundaries: bool = setting(False, "torch.cuda.synchronize at step callbacks")
     sync_on_module_hooks: bool = setting(False, "torch.cuda.synchronize in module hooks (slow)")
+    reset_peak_stats: bool = setting(
+        False,
+        "cuda backend: reset torch.cuda's process-wide peak counters at every step start, "
+        "for exact per-step peaks; Megatron's own 'max allocated' log then shows per-step "
+        "values (off: the counters are left to the host, and only steps that raise the run's "
+        "high-water mark have an exact peak)",
+    )
     # RUF009 waived on list fields: setting() returns a field with a default_factory.
     ranks: list[int] | None = setting(None, "Ranks to trace", shown_default="all", metavar="RANK")  # noqa: RUF009
     step_start: int = setting(0, "First step whose module/grad events are recorded")
@@ -261,6 +268,11 @@ class RuntimeConfig:
             )
         if backend != "cuda" and (self.sync_on_module_hooks or self.sync_on_step_boundaries):
             notes.append(f"memscope: CUDA sync options have no effect with the {backend} backend")
+        if backend != "cuda" and self.reset_peak_stats:
+            notes.append(
+                f"memscope: {flag['reset_peak_stats']} has no effect with the {backend} backend "
+                "(it resets no counter of the host)"
+            )
         if not self.hook_modules and self.hook_output_grads:
             notes.append(
                 "memscope: output-grad hooks are attached from module forwards; "

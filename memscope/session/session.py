@@ -43,7 +43,7 @@ from memscope.analysis.base import Analyzer, build_sections
 from memscope.analysis.runtime_sections import runtime_analyzers
 from memscope.analysis.static_comparison import StaticEstimate
 from memscope.analysis.steps import StepAnalyzer
-from memscope.capture.backends import create_backend, resolve_backend_name
+from memscope.capture.backends import BackendOptions, create_backend, resolve_backend_name
 from memscope.capture.backends.base import MemoryBackend
 from memscope.capture.category_policy import CategoryPolicy
 from memscope.capture.hooks import HookSet
@@ -264,7 +264,9 @@ class TracingSession:
         self.static = resolve_static_estimate(
             self.static_estimate_provider, self.no_estimate_reason
         )
-        backend = self.backend = create_backend(self.backend_name)
+        backend = self.backend = create_backend(
+            self.backend_name, BackendOptions(reset_peak_stats=cfg.reset_peak_stats)
+        )
         consumers: list[EventConsumer] = []
         self.store = BoundedTraceStore(cfg.detail_steps, cfg.max_trace_events)
         self.analyzers = runtime_analyzers(cfg.top_k, self.static)

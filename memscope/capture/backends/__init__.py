@@ -5,6 +5,7 @@ from __future__ import annotations
 from memscope.capture.backends import cuda, storage
 from memscope.capture.backends.base import (
     BackendCapabilities,
+    BackendOptions,
     Categorizer,
     MemoryBackend,
     MemorySample,
@@ -24,6 +25,7 @@ storage.register()
 __all__ = [
     "BACKEND_CHOICES",
     "BackendCapabilities",
+    "BackendOptions",
     "BackendSpec",
     "Categorizer",
     "MemoryBackend",

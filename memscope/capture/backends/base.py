@@ -32,6 +32,15 @@ class MemorySample:
 
 
 @dataclass(frozen=True, slots=True)
+class BackendOptions:
+    """Settings a backend is built with (from the runtime configuration)."""
+
+    #: Reset the device's process-wide peak counters at every step start (exact per-step
+    #: peaks from the counter, at the cost of the host's own "max allocated" figures).
+    reset_peak_stats: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class BackendCapabilities:
     """What a backend can tell and do; the tracer adapts to these, never to a type."""
 

@@ -1,20 +1,30 @@
 """CUDA caching-allocator backend: one raw allocator-stats call per sample.
 
-The allocator's own high-water mark is reset at every step start, so the reported peak is
-the real peak of the step, not the largest value that happened to be sampled at a hook.
-(Known limitation: that counter is process-wide, so Megatron's own "max allocated" log
-then shows per-step values too.)
+The allocator's high-water mark is process-wide: Megatron's ``report_memory`` and its
+TensorBoard memory log read the same counter. By default it is never reset; a step's peak
+comes from :class:`.PeakWindow` (exact for every step that raises the run's high-water mark,
+else the largest value read in the step, and the step says so). With
+``BackendOptions.reset_peak_stats`` (``--memscope-reset-peak-stats``) the counter is reset
+at every step start and every step's peak is exact, at the cost of the host's own "max
+allocated" figures, which then show per-step values too.
 Step-level samples add allocation retries, OOM count, active bytes and device-level used
 memory from ``cudaMemGetInfo`` (which also shows NCCL buffers and the CUDA context).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 
-from memscope.capture.backends.base import BackendCapabilities, MemoryBackend, MemorySample
+from memscope.capture.backends.base import (
+    BackendCapabilities,
+    BackendOptions,
+    MemoryBackend,
+    MemorySample,
+)
+from memscope.capture.backends.peak_window import PeakWindow
 from memscope.capture.backends.registry import BackendSpec, register_backend
 
 CAPABILITIES = BackendCapabilities(
@@ -25,6 +35,8 @@ CAPABILITIES = BackendCapabilities(
     can_synchronize=True,
     distinct_reserved=True,
 )
+# Without resetting the counter a step's peak is exact only when the step raised it.
+CAPABILITIES_NO_RESET = dataclasses.replace(CAPABILITIES, true_peak=False)
 
 
 def register() -> None:
@@ -32,7 +44,7 @@ def register() -> None:
     register_backend(
         BackendSpec(
             name="cuda",
-            factory=CudaAllocatorBackend,
+            factory=lambda options: CudaAllocatorBackend(options=options),
             is_available=torch.cuda.is_available,
             auto_priority=20,
             unavailable_reason="--memscope-backend cuda needs a CUDA device; none is available",
@@ -47,14 +59,17 @@ class CudaAllocatorBackend(MemoryBackend):
 
     @property
     def capabilities(self) -> BackendCapabilities:
-        return CAPABILITIES
+        return CAPABILITIES if self.reset_peak_stats else CAPABILITIES_NO_RESET
 
-    def __init__(self, device: int | None = None) -> None:
+    def __init__(self, device: int | None = None, options: BackendOptions | None = None) -> None:
         if not torch.cuda.is_available():
             raise ValueError("--memscope-backend cuda needs a CUDA device; none is available")
         self.device = torch.cuda.current_device() if device is None else device
         raw = getattr(torch._C, "_cuda_memoryStats", None)
         self._raw_stats = raw if callable(raw) else None
+        self.reset_peak_stats = (options or BackendOptions()).reset_peak_stats
+        self._allocated_window = PeakWindow()
+        self._reserved_window = PeakWindow()
 
     def _stats(self) -> dict[str, Any]:
         if self._raw_stats is not None:
@@ -83,17 +98,24 @@ class CudaAllocatorBackend(MemoryBackend):
                 "device_used_bytes": int(total - free),
                 "device_total_bytes": int(total),
             }
-        return MemorySample(
-            int(alloc.get("current", 0)),
-            int(reserved.get("current", 0)),
-            int(alloc.get("peak", 0)),
-            int(reserved.get("peak", 0)),
-            None,
-            extras,
-        )
+        current, current_reserved = int(alloc.get("current", 0)), int(reserved.get("current", 0))
+        peak, peak_reserved = int(alloc.get("peak", 0)), int(reserved.get("peak", 0))
+        if not self.reset_peak_stats:
+            peak = self._allocated_window.update(peak, current)
+            peak_reserved = self._reserved_window.update(peak_reserved, current_reserved)
+            if extras is not None:
+                extras["peak_exact"] = int(self._allocated_window.exact)
+        return MemorySample(current, current_reserved, peak, peak_reserved, None, extras)
 
     def reset_peak(self) -> None:
-        torch.cuda.reset_peak_memory_stats(self.device)
+        if self.reset_peak_stats:
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return
+        stats = self._stats()
+        alloc = stats.get("allocated_bytes", {}).get("all", {})
+        reserved = stats.get("reserved_bytes", {}).get("all", {})
+        self._allocated_window.start(int(alloc.get("peak", 0)), int(alloc.get("current", 0)))
+        self._reserved_window.start(int(reserved.get("peak", 0)), int(reserved.get("current", 0)))
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from memscope.capture.backends.base import MemoryBackend
+from memscope.capture.backends.base import BackendOptions, MemoryBackend
 from memscope.config import BACKEND_CHOICES
 
 AUTO = "auto"
@@ -20,7 +20,7 @@ class BackendSpec:
     """How to build one backend and whether it can run here."""
 
     name: str
-    factory: Callable[[], MemoryBackend]
+    factory: Callable[[BackendOptions], MemoryBackend]
     is_available: Callable[[], bool]
     auto_priority: int
     unavailable_reason: str = ""
@@ -52,9 +52,9 @@ def resolve_backend_name(name: str) -> str:
     return name
 
 
-def create_backend(name: str) -> MemoryBackend:
-    """Build the backend named ``name`` (``auto`` resolved first)."""
+def create_backend(name: str, options: BackendOptions | None = None) -> MemoryBackend:
+    """Build the backend named ``name`` (``auto`` resolved first) with ``options``."""
     spec = _REGISTRY[resolve_backend_name(name)]
     if not spec.is_available():
         raise ValueError(spec.unavailable_reason or f"the {spec.name} backend cannot run here")
-    return spec.factory()
+    return spec.factory(options or BackendOptions())

@@ -39,7 +39,9 @@ def register() -> None:
     register_backend(
         BackendSpec(
             name="storage",
-            factory=lambda: StorageLedgerBackend("cuda" if torch.cuda.is_available() else "cpu"),
+            factory=lambda options: StorageLedgerBackend(
+                "cuda" if torch.cuda.is_available() else "cpu"
+            ),
             is_available=lambda: True,
             auto_priority=10,
         )
