@@ -88,6 +88,30 @@ def test_peak_is_the_true_high_water_mark(traced_run):
     assert sum(report["peak"]["categories"].values()) == peak
 
 
+def test_peak_composition_sums_to_the_peak_and_names_who_created_it(traced_run):
+    result, report, _ = traced_run
+    peak = report["peak"]
+    composition = peak["composition"]
+    items = composition["items"]
+    assert composition["total_bytes"] == sum(i["bytes"] for i in items) == peak["memory_bytes"]
+    assert composition["unattributed_bytes"] == 0
+    by_category: dict[str, int] = {}
+    for item in items:
+        by_category[item["category"]] = by_category.get(item["category"], 0) + item["bytes"]
+    assert by_category == {k: v for k, v in peak["categories"].items() if v}
+    assert by_category["parameters"] == result.param_bytes  # the model's real tensors
+    named = [i["bytes"] for i in items if i["module"] != "(rest)"]
+    assert named == sorted(named, reverse=True)  # largest first
+    # activations are attributed to the module (and microbatch) that created them; what is
+    # created outside every module (batch tensors, the loss) keeps its phase and microbatch
+    activations = [i for i in items if i["category"] == "activations"]
+    in_modules = sum(i["bytes"] for i in activations if i["module"])
+    assert in_modules >= 0.9 * by_category["activations"]
+    assert all(i["microbatch"] is not None for i in activations if i["phase"] == "forward")
+    forward = [i for i in activations if i["module"] and i["phase"] == "forward"]
+    assert forward and {i["virtual_chunk"] for i in forward} == {0}
+
+
 def test_step_phase_deltas_are_real(traced_run):
     result, report, _ = traced_run
     phases = [e for e in report["runtime_trace"] if e["event_type"] == "step_phase"]

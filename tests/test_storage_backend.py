@@ -130,3 +130,36 @@ def test_stop_removes_the_dispatch_mode():
     t = torch.empty(1000)
     assert ledger.sample().allocated == before
     del t
+
+
+def test_peak_composition_is_the_live_set_at_the_peak_by_creation_context():
+    from memscope.events.schema import PeakContext
+
+    ledger = _ledger()
+    try:
+        ledger.set_alloc_category(CAT_ACTIVATIONS)
+        ledger.context = PeakContext(0, "forward", "layer.a", 0, 1)
+        a = torch.empty(1000, dtype=torch.uint8)
+        ledger.context = PeakContext(0, "forward", "layer.b", 1, 1)
+        b = torch.empty(3000, dtype=torch.uint8)
+        del b  # the peak was a + b
+        ledger.context = PeakContext(0, "backward", "layer.c", 1, 1)
+        c = torch.empty(500, dtype=torch.uint8)
+        ledger.mark(a, CAT_GRADIENTS)  # a later re-categorisation does not rewrite the peak
+        items = ledger.peak_composition()
+        assert items is not None
+        got = {
+            (i.category, i.phase, i.module, i.microbatch, i.virtual_chunk): i.nbytes for i in items
+        }
+        assert got == {
+            ("activations", "forward", "layer.b", 1, 1): 3000,
+            ("activations", "forward", "layer.a", 0, 1): 1000,
+        }
+        assert [i.nbytes for i in items] == [3000, 1000]
+        assert sum(got.values()) == ledger.sample().peak_allocated
+        ledger.reset_peak()  # a new window starts from what is live now: a (gradient) and c
+        now = {(i.category, i.module): i.nbytes for i in ledger.peak_composition() or ()}
+        assert now == {("gradients", "layer.a"): 1000, ("activations", "layer.c"): 500}
+        del a, c
+    finally:
+        ledger.stop()

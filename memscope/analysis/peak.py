@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from memscope.events.schema import CATEGORIES, MemoryEvent, PeakContext
+from memscope.events.schema import CATEGORIES, CompositionItem, MemoryEvent, PeakContext
 
 
 class PeakAnalyzer:
@@ -24,6 +24,7 @@ class PeakAnalyzer:
         self._exact_bytes = -1
         self._exact_context: PeakContext | None = None
         self._exact_categories: tuple[int, ...] | None = None
+        self._exact_composition: tuple[CompositionItem, ...] | None = None
 
     def consume(self, e: MemoryEvent) -> None:
         if self.peak_event is None or e.max_mem_allocated > self.peak_event.max_mem_allocated:
@@ -37,6 +38,7 @@ class PeakAnalyzer:
             self._exact_bytes = e.max_mem_allocated
             self._exact_context = e.peak_context
             self._exact_categories = e.peak_categories
+            self._exact_composition = e.peak_composition
 
     def sections(self, prior: Mapping[str, Any]) -> dict[str, Any]:
         return {"peak": self.peak()}
@@ -68,7 +70,21 @@ class PeakAnalyzer:
         ctx = self._exact_context
         if ctx is not None:
             out.update(step=ctx.step, phase=ctx.phase, module=ctx.module, microbatch=ctx.microbatch)
+            out["virtual_chunk"] = ctx.virtual_chunk
             out["attribution"] = "exact"
         if self._exact_categories is not None:
             out["categories"] = dict(zip(CATEGORIES, self._exact_categories, strict=True))
+        if self._exact_composition is not None:
+            out["composition"] = composition_section(self._exact_composition, self._exact_bytes)
         return out
+
+
+def composition_section(items: tuple[CompositionItem, ...], peak_bytes: int) -> dict[str, Any]:
+    """The ``peak.composition`` record: what was live at the peak, largest first, with the
+    part nobody could be given (``unattributed_bytes``: the peak minus the items)."""
+    total = sum(i.nbytes for i in items)
+    return {
+        "items": [i.to_dict() for i in items],
+        "total_bytes": total,
+        "unattributed_bytes": peak_bytes - total,
+    }

@@ -88,6 +88,7 @@ class MemoryTracer:
         self._sync_steps = config.sync_on_step_boundaries and caps.can_synchronize
         self._peak_context = caps.peak_context
         self._shapes = config.record_tensor_shapes
+        self._composed_peak = -1
         self._host_rss = True
 
     # -- families & failures ---------------------------------------------------------------
@@ -109,10 +110,18 @@ class MemoryTracer:
         self._last = sample
         return sample
 
-    def _set_context(self, module: str, microbatch: int | None, phase: str | None = None) -> None:
+    def _set_context(
+        self,
+        module: str,
+        microbatch: int | None,
+        phase: str | None = None,
+        chunk: int | None = None,
+    ) -> None:
         # Only a backend that records where its peak was set reads the context.
         if self._peak_context:
-            self.backend.context = PeakContext(self.step, phase or self.phase, module, microbatch)
+            self.backend.context = PeakContext(
+                self.step, phase or self.phase, module, microbatch, chunk
+            )
 
     def _emit(
         self,
@@ -162,7 +171,8 @@ class MemoryTracer:
             inputs += [tensor_info(t, k) for k, t in kwargs.items() if isinstance(t, torch.Tensor)]
         self.policy.module_entered()
         self._stack.append(_OpenModule(label, self._sample(), inputs, mb, recompute))
-        self._set_context(label.name, mb, s.PHASE_RECOMPUTE if recompute else s.PHASE_FORWARD)
+        phase = s.PHASE_RECOMPUTE if recompute else s.PHASE_FORWARD
+        self._set_context(label.name, mb, phase, label.chunk)
 
     def module_exit(self, label: ModuleLabel, output: Any) -> list[torch.Tensor]:
         # Pop to the matching frame (a forward that raised leaves its children open).
@@ -191,7 +201,12 @@ class MemoryTracer:
             outputs=[tensor_info(t) for t in outs] if self._shapes else [],
         )
         parent = self._stack[-1] if self._stack else None
-        self._set_context(parent.label.name if parent else "", frame.microbatch, phase)
+        self._set_context(
+            parent.label.name if parent else "",
+            frame.microbatch,
+            phase,
+            parent.label.chunk if parent else None,
+        )
         if not self._families["output_grad_hooks"] or not torch.is_grad_enabled():
             return []
         # Only non-leaf outputs: Megatron layers return parameters as outputs (skip_bias_add
@@ -200,7 +215,7 @@ class MemoryTracer:
 
     def output_grad(self, label: ModuleLabel, microbatch: int | None, grad: torch.Tensor) -> None:
         self._backward_microbatch = microbatch
-        self._set_context(label.name, microbatch, s.PHASE_BACKWARD)
+        self._set_context(label.name, microbatch, s.PHASE_BACKWARD, label.chunk)
         before = self._last
         after = self._sample()
         self._emit(
@@ -257,6 +272,11 @@ class MemoryTracer:
         if self._peak_context:
             extra["peak_context"] = self.backend.peak_context()
             extra["peak_categories"] = self.backend.peak_categories()
+            if after.peak_allocated > self._composed_peak:
+                # only a new high of the run carries its composition (the report's peak is
+                # the highest; this keeps trace.jsonl small over long runs)
+                self._composed_peak = after.peak_allocated
+                extra["peak_composition"] = self.backend.peak_composition()
         self._emit(
             s.STEP_PHASE,
             phase,

@@ -7,6 +7,7 @@ traceback; surviving workers are stopped.
 
 from __future__ import annotations
 
+import os
 import queue as queue_mod
 import socket
 import time
@@ -50,6 +51,9 @@ def spawn(world_size: int, fn: Callable[..., Any], *args: Any, timeout: float = 
     Returns the per-rank results (index = rank).  If a worker raises or dies, the others get a
     short grace period and are then terminated, and :class:`WorkerError` is raised with every
     collected traceback.  ``fn``, ``args`` and the results must be picklable.
+
+    The workers are one job, as a launcher's ranks are: unless ``MEMSCOPE_RUN_ID`` is set
+    already, they share one made for this call (so their reports carry the same run id).
     """
     import torch.multiprocessing as tmp
 
@@ -59,8 +63,15 @@ def spawn(world_size: int, fn: Callable[..., Any], *args: Any, timeout: float = 
         ctx.Process(target=_spawn_entry, args=(r, world_size, fn, args, results))
         for r in range(world_size)
     ]
-    for proc in procs:
-        proc.start()
+    own_id = "MEMSCOPE_RUN_ID" not in os.environ
+    if own_id:  # the children copy the environment when they start
+        os.environ["MEMSCOPE_RUN_ID"] = f"spawn-{os.getpid()}-{time.time_ns()}"
+    try:
+        for proc in procs:
+            proc.start()
+    finally:
+        if own_id:
+            del os.environ["MEMSCOPE_RUN_ID"]
     outputs: dict[int, Any] = {}
     errors: dict[int, str] = {}
     dead_since: dict[int, float] = {}

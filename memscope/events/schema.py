@@ -93,6 +93,8 @@ class MemoryEvent:
     #: live at that moment.
     peak_context: PeakContext | None = None
     peak_categories: tuple[int, ...] | None = None
+    #: ... and what was live there by category x creation context (largest first, bounded).
+    peak_composition: tuple[CompositionItem, ...] | None = None
 
     @property
     def delta_allocated(self) -> int:
@@ -140,6 +142,8 @@ class MemoryEvent:
             out["peak_context"] = self.peak_context.to_dict()
         if self.peak_categories is not None:
             out["peak_categories"] = dict(zip(CATEGORIES, self.peak_categories, strict=True))
+        if self.peak_composition is not None:
+            out["peak_composition"] = [item.to_dict() for item in self.peak_composition]
         return out
 
     @classmethod
@@ -176,6 +180,9 @@ class MemoryEvent:
             notes=str(d.get("notes", "")),
             peak_context=PeakContext.from_dict(ctx) if ctx is not None else None,
             peak_categories=_category_tuple(peak_cats) if peak_cats is not None else None,
+            peak_composition=tuple(CompositionItem.from_dict(i) for i in d["peak_composition"])
+            if d.get("peak_composition") is not None
+            else None,
         )
 
 
@@ -187,6 +194,7 @@ class PeakContext:
     phase: str
     module: str
     microbatch: int | None
+    virtual_chunk: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -194,11 +202,52 @@ class PeakContext:
             "phase": self.phase,
             "module": self.module,
             "microbatch": self.microbatch,
+            "virtual_chunk": self.virtual_chunk,
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PeakContext:
-        return cls(int(d["step"]), str(d["phase"]), str(d["module"]), _opt_int(d["microbatch"]))
+        return cls(
+            int(d["step"]),
+            str(d["phase"]),
+            str(d["module"]),
+            _opt_int(d["microbatch"]),
+            _opt_int(d.get("virtual_chunk")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CompositionItem:
+    """Bytes live at a peak with one category, created in one context (phase, module,
+    microbatch, VPP chunk; empty module and ``None`` where there was none)."""
+
+    category: str
+    phase: str
+    module: str
+    microbatch: int | None
+    virtual_chunk: int | None
+    nbytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "category": self.category,
+            "phase": self.phase,
+            "module": self.module,
+            "microbatch": self.microbatch,
+            "virtual_chunk": self.virtual_chunk,
+            "bytes": self.nbytes,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CompositionItem:
+        return cls(
+            str(d["category"]),
+            str(d["phase"]),
+            str(d["module"]),
+            _opt_int(d.get("microbatch")),
+            _opt_int(d.get("virtual_chunk")),
+            int(d["bytes"]),
+        )
 
 
 def _opt_int(value: Any) -> int | None:

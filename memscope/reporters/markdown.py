@@ -48,6 +48,45 @@ def _where(d: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def _composition_lines(composition: dict[str, Any] | None, max_rows: int) -> list[str]:
+    """The "Live at the peak" table: category x where it was created, largest first."""
+    t, code = md_text, md_code
+    if not composition:
+        return [
+            "### Live at the peak",
+            "",
+            "Not recorded by this backend: the `storage` backend (`--memscope-backend "
+            "storage`) records what was live at the peak by category, module, microbatch "
+            "and chunk.",
+            "",
+        ]
+    rows = [
+        [
+            t(item["category"]),
+            code(item["module"]) if item["module"] else "—",
+            t(item["phase"]) if item["phase"] else "—",
+            t(item["microbatch"]) if item["microbatch"] is not None else "—",
+            t(item["virtual_chunk"]) if item["virtual_chunk"] is not None else "—",
+            format_bytes(item["bytes"]),
+        ]
+        for item in composition["items"][:max_rows]
+    ]
+    shown = sum(item["bytes"] for item in composition["items"][:max_rows])
+    more = composition["total_bytes"] - shown
+    lines = ["### Live at the peak", ""]
+    headers = ["category", "created in module", "phase", "microbatch", "chunk", "bytes"]
+    lines += _table(headers, rows)
+    if more:
+        lines[-1:-1] = [f"| (further items) | | | | | {format_bytes(more)} |"]
+    lines.append(
+        f"Sum {format_bytes(composition['total_bytes'])}; unattributed "
+        f"{format_bytes(composition['unattributed_bytes'])}. Parameters, gradients and "
+        "optimizer state carry the phase they were created in (empty: before tracing)."
+    )
+    lines.append("")
+    return lines
+
+
 def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
     """Peak and where, comparisons, per-phase maxima, top events, modules, steps (each table at
     most ``max_rows`` rows)."""
@@ -76,6 +115,7 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
         parts = ", ".join(f"{t(k)} {format_bytes(v)}" for k, v in peak["categories"].items())
         lines.append(f"- live at the peak: {parts}")
     lines.append("")
+    lines += _composition_lines(peak.get("composition"), max_rows)
 
     comp = report.get("comparisons", {})
     lines += ["## Static estimate vs runtime", ""]

@@ -10,7 +10,7 @@ import abc
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from memscope.events.schema import PeakContext
+from memscope.events.schema import CompositionItem, PeakContext
 
 
 @dataclass(slots=True)
@@ -122,6 +122,10 @@ class MemoryBackend(abc.ABC):
 
     def peak_categories(self) -> tuple[int, ...] | None:
         """Per-category bytes at the current window's peak, if the backend classifies."""
+        return None
+
+    def peak_composition(self) -> tuple[CompositionItem, ...] | None:
+        """What was live at the current window's peak by category and creation context."""
         return None
 
     def describe(self) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from memscope.capture.backends.base import (
 )
 from memscope.capture.backends.registry import BackendSpec, register_backend
 from memscope.capture.dispatch_stack import remove_dispatch_mode
-from memscope.events.schema import CAT_OTHER, CATEGORIES, PeakContext
+from memscope.events.schema import CAT_OTHER, CATEGORIES, CompositionItem, PeakContext
 
 
 def register() -> None:
@@ -73,21 +73,32 @@ _SKIP, _NEW_OUTPUTS, _RESIZE = 0, 1, 2
 
 
 class _Entry(weakref.ref):
-    """A ledger entry: a weak reference to a live storage, its size and category."""
+    """A ledger entry: a weak reference to a live storage, its size, category and the
+    context (an index into the ledger's context table) it was created in."""
 
-    __slots__ = ("category", "key", "nbytes")
+    __slots__ = ("category", "context", "key", "nbytes")
     key: int
     nbytes: int
     category: int
+    context: int
 
-    def __new__(cls, storage: Any, callback: Any, key: int, nbytes: int, category: int) -> _Entry:
+    def __new__(
+        cls, storage: Any, callback: Any, key: int, nbytes: int, category: int, context: int
+    ) -> _Entry:
         self = super().__new__(cls, storage, callback)
-        self.key, self.nbytes, self.category = key, nbytes, category
+        self.key, self.nbytes, self.category, self.context = key, nbytes, category, context
         return self
 
-    def __init__(self, storage: Any, callback: Any, key: int, nbytes: int, category: int) -> None:
+    def __init__(
+        self, storage: Any, callback: Any, key: int, nbytes: int, category: int, context: int
+    ) -> None:
         # weakref.ref.__init__ accepts only (object, callback).
         super().__init__(storage, callback)  # type: ignore[call-arg]
+
+
+# Composition items kept per peak: the largest, and one remainder per category beyond them.
+COMPOSITION_ITEMS = 64
+_NO_CONTEXT = ("", "", None, None)  # phase, module, microbatch, chunk
 
 
 def _classify(func: Any) -> int:
@@ -146,7 +157,16 @@ class StorageLedgerBackend(MemoryBackend):
         self.active = False
         #: Category given to storages first seen from now on (set per phase by the policy).
         self.alloc_category = CAT_OTHER
-        self.context: PeakContext | None = None
+        self._context: PeakContext | None = None
+        # creation contexts (phase, module, microbatch, chunk), interned; live bytes per
+        # (category, context); its copy at the window's peak, taken lazily: when the first
+        # decrease after a new peak happens (or when asked), not at every new peak
+        self._contexts: dict[tuple[Any, ...], int] = {_NO_CONTEXT: 0}
+        self._context_list: list[tuple[Any, ...]] = [_NO_CONTEXT]
+        self._context_id = 0
+        self._composition: dict[tuple[int, int], int] = {}
+        self._peak_composition: dict[tuple[int, int], int] = {}
+        self._composition_stale = False
         self.error: str | None = None
         self._lock = threading.RLock()
         self._live: dict[int, _Entry] = {}  # id(storage) -> entry
@@ -163,6 +183,25 @@ class StorageLedgerBackend(MemoryBackend):
     @property
     def capabilities(self) -> BackendCapabilities:
         return self._capabilities
+
+    @property
+    def context(self) -> PeakContext | None:
+        """Where training is now (set by the tracer); storages created from now on carry it."""
+        return self._context
+
+    @context.setter
+    def context(self, ctx: PeakContext | None) -> None:
+        self._context = ctx
+        key = (
+            _NO_CONTEXT
+            if ctx is None
+            else (ctx.phase, ctx.module, ctx.microbatch, ctx.virtual_chunk)
+        )
+        found = self._contexts.get(key)
+        if found is None:
+            found = self._contexts[key] = len(self._context_list)
+            self._context_list.append(key)
+        self._context_id = found
 
     def categorizer(self) -> Categorizer:
         return self
@@ -211,9 +250,7 @@ class StorageLedgerBackend(MemoryBackend):
             if entry is None:
                 self._add(storage, category)
             elif entry.category != category:
-                self._totals[entry.category] -= entry.nbytes
-                self._totals[category] += entry.nbytes
-                entry.category = category
+                self._recategorise(entry, category)
 
     def adopt_existing(self, category: int = CAT_OTHER) -> int:
         """Adopt every live tensor Python can reach (allocations made before ``start``)."""
@@ -241,9 +278,7 @@ class StorageLedgerBackend(MemoryBackend):
             for key in keys:
                 entry = self._live.get(key)
                 if entry is not None and entry.category == only_from:
-                    self._totals[only_from] -= entry.nbytes
-                    self._totals[category] += entry.nbytes
-                    entry.category = category
+                    self._recategorise(entry, category)
                     moved += entry.nbytes
         return moved
 
@@ -270,27 +305,55 @@ class StorageLedgerBackend(MemoryBackend):
             elif resized:
                 diff = storage.nbytes() - entry.nbytes
                 if diff:
+                    if diff < 0:
+                        self._keep_peak_composition()
                     entry.nbytes += diff
                     self._totals[entry.category] += diff
+                    self._count(entry.category, entry.context, diff)
                     self._current += diff
                     self._note_peak()
 
     def _add(self, storage: torch.UntypedStorage, category: int) -> None:
         nbytes = storage.nbytes()
         key = id(storage)
-        self._live[key] = _Entry(storage, self._release, key, nbytes, category)
+        context = self._context_id
+        self._live[key] = _Entry(storage, self._release, key, nbytes, category, context)
         self.storages_seen += 1
         if self._window_keys is not None:
             self._window_keys.append(key)
         self._totals[category] += nbytes
+        self._count(category, context, nbytes)
         self._current += nbytes
         self._note_peak()
+
+    def _count(self, category: int, context: int, nbytes: int) -> None:
+        key = (category, context)
+        left = self._composition.get(key, 0) + nbytes
+        if left:
+            self._composition[key] = left
+        else:
+            self._composition.pop(key, None)
+
+    def _recategorise(self, entry: _Entry, category: int) -> None:
+        self._keep_peak_composition()
+        self._totals[entry.category] -= entry.nbytes
+        self._totals[category] += entry.nbytes
+        self._count(entry.category, entry.context, -entry.nbytes)
+        self._count(category, entry.context, entry.nbytes)
+        entry.category = category
+
+    def _keep_peak_composition(self) -> None:
+        """Before the live set changes other than by growing: copy it if it is the peak's."""
+        if self._composition_stale:
+            self._peak_composition = dict(self._composition)
+            self._composition_stale = False
 
     def _note_peak(self) -> None:
         if self._current > self._peak:
             self._peak = self._current
-            self._peak_context = self.context
+            self._peak_context = self._context
             self._peak_categories = tuple(self._totals)
+            self._composition_stale = True
 
     def _release(self, entry: _Entry) -> None:
         # Runs inside the garbage collector / refcount drop of a storage: it must never raise.
@@ -299,8 +362,10 @@ class StorageLedgerBackend(MemoryBackend):
         try:
             with self._lock:
                 if self._live.get(entry.key) is entry:
+                    self._keep_peak_composition()
                     del self._live[entry.key]
                     self._totals[entry.category] -= entry.nbytes
+                    self._count(entry.category, entry.context, -entry.nbytes)
                     self._current -= entry.nbytes
         except Exception as exc:
             self.fail(exc)
@@ -315,11 +380,32 @@ class StorageLedgerBackend(MemoryBackend):
     def reset_peak(self) -> None:
         with self._lock:
             self._peak = self._current
-            self._peak_context = self.context
+            self._peak_context = self._context
             self._peak_categories = tuple(self._totals)
+            self._composition_stale = True
 
     def peak_context(self) -> PeakContext | None:
         return self._peak_context
+
+    def peak_composition(self) -> tuple[CompositionItem, ...] | None:
+        """What was live at the window's peak by category x creation context, largest
+        first: the :data:`COMPOSITION_ITEMS` largest, then one remainder per category
+        (module ``"(rest)"``). The bytes sum to the peak."""
+        with self._lock:
+            self._keep_peak_composition()
+            live = sorted(self._peak_composition.items(), key=lambda kv: -kv[1])
+        items = []
+        for (category, context), nbytes in live[:COMPOSITION_ITEMS]:
+            phase, module, microbatch, chunk = self._context_list[context]
+            items.append(
+                CompositionItem(CATEGORIES[category], phase, module, microbatch, chunk, nbytes)
+            )
+        rest: dict[int, int] = {}
+        for (category, _), nbytes in live[COMPOSITION_ITEMS:]:
+            rest[category] = rest.get(category, 0) + nbytes
+        for category, nbytes in sorted(rest.items(), key=lambda kv: -kv[1]):
+            items.append(CompositionItem(CATEGORIES[category], "", "(rest)", None, None, nbytes))
+        return tuple(items)
 
     def peak_categories(self) -> tuple[int, ...] | None:
         return self._peak_categories
