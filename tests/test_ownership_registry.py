@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from memscope.capture.ownership import OwnerCategory, OwnershipRegistry
+from memscope.capture.ownership import OwnershipRegistry
 from memscope.demo.launcher import free_port, spawn
+from memscope.events.ownership import OwnerCategory
 
 
 def _nbytes(tensors) -> int:

@@ -29,37 +29,12 @@ owner.
 
 from __future__ import annotations
 
-import bisect
-import enum
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-
-class OwnerCategory(str, enum.Enum):
-    """What an owned range is."""
-
-    PARAMETERS = "parameters"
-    MAIN_PARAMS = "main_params"
-    GRADIENTS = "gradients"
-    OPTIMIZER_STATE = "optimizer_state"
-    BUFFERS = "buffers"  # module buffers, Megatron's global memory buffer
-
-
-@dataclass(frozen=True, slots=True)
-class OwnedRange:
-    """Bytes ``[start, end)`` of device memory and who holds them."""
-
-    start: int
-    end: int
-    owner: str
-    category: OwnerCategory
-
-    @property
-    def nbytes(self) -> int:
-        return self.end - self.start
+from memscope.events.ownership import OwnedRange, OwnerCategory, OwnershipIndex
 
 
 def _span(tensor: torch.Tensor) -> tuple[int, int] | None:
@@ -98,9 +73,7 @@ class OwnershipRegistry:
     def __init__(self, chunks: Iterable[torch.nn.Module] = (), optimizer: Any = None) -> None:
         self._chunks = list(chunks)
         self._optimizer = optimizer
-        self._leaves: list[OwnedRange] = []  # disjoint, sorted by start
-        self._starts: list[int] = []
-        self._containers: list[OwnedRange] = []  # ranges that hold leaves (DDP buffers)
+        self.index = OwnershipIndex()
         self._tensors: list[tuple[torch.Tensor, int]] = []  # registered tensor, its data_ptr
         self.generation = 0
         self.rebuild()
@@ -108,8 +81,7 @@ class OwnershipRegistry:
     # -- building --------------------------------------------------------------------------
     def rebuild(self) -> None:
         """Walk the model and optimizer again and replace every range."""
-        leaves: dict[tuple[int, int], OwnedRange] = {}
-        containers: list[OwnedRange] = []
+        ranges: list[OwnedRange] = []
         tensors: list[tuple[torch.Tensor, int]] = []
 
         def add(tensor: Any, owner: str, category: OwnerCategory, container: bool = False) -> None:
@@ -119,11 +91,7 @@ class OwnershipRegistry:
             if span is None:
                 return
             tensors.append((tensor, tensor.data_ptr()))
-            entry = OwnedRange(span[0], span[1], owner, category)
-            if container:
-                containers.append(entry)
-            else:
-                leaves.setdefault(span, entry)  # the first owner of a shared tensor keeps it
+            ranges.append(OwnedRange(span[0], span[1], owner, category, container))
 
         names: dict[int, str] = {}
         for index, chunk in enumerate(self._chunks):
@@ -167,9 +135,7 @@ class OwnershipRegistry:
                         add(value, f"{owner}:{key}", OwnerCategory.OPTIMIZER_STATE)
         for key, tensor in _global_memory_buffers():
             add(tensor, f"global_memory_buffer[{key}]", OwnerCategory.BUFFERS)
-        self._leaves = sorted(leaves.values(), key=lambda r: r.start)
-        self._starts = [r.start for r in self._leaves]
-        self._containers = containers
+        self.index = OwnershipIndex(ranges)  # the first owner of a shared tensor keeps it
         self._tensors = tensors
         self.generation += 1
 
@@ -180,63 +146,25 @@ class OwnershipRegistry:
             len(opt.state) for opt in _torch_optimizers(self._optimizer)
             if isinstance(opt, torch.optim.Optimizer)
         )  # fmt: skip
-        known = sum(1 for r in self._leaves if r.category is OwnerCategory.OPTIMIZER_STATE)
+        known = any(r.category is OwnerCategory.OPTIMIZER_STATE for r in self.index.ranges)
         if moved or (states and not known):
             self.rebuild()
             return True
         return False
 
-    # -- queries ---------------------------------------------------------------------------
+    # -- queries (see :class:`.OwnershipIndex`) ---------------------------------------------
     @property
     def ranges(self) -> tuple[OwnedRange, ...]:
-        """Every range: the leaves, then the containers."""
-        return (*self._leaves, *self._containers)
+        return self.index.ranges
 
     def owner_at(self, address: int) -> OwnedRange | None:
-        """The narrowest range holding ``address``, if any."""
-        i = bisect.bisect_right(self._starts, address) - 1
-        if i >= 0 and self._leaves[i].start <= address < self._leaves[i].end:
-            return self._leaves[i]
-        holding = [c for c in self._containers if c.start <= address < c.end]
-        return min(holding, key=lambda c: c.nbytes) if holding else None
+        return self.index.owner_at(address)
 
     def attribute(self, start: int, size: int) -> list[tuple[OwnedRange | None, int]]:
-        """Split ``[start, start + size)`` into (owning range or None, bytes), leaves first,
-        then what containers hold beyond their leaves, then the unowned rest."""
-        end = start + size
-        out: list[tuple[OwnedRange | None, int]] = []
-        i = max(bisect.bisect_right(self._starts, start) - 1, 0)
-        covered: list[tuple[int, int]] = []
-        while i < len(self._leaves) and self._leaves[i].start < end:
-            leaf = self._leaves[i]
-            lo, hi = max(leaf.start, start), min(leaf.end, end)
-            if hi > lo:
-                out.append((leaf, hi - lo))
-                covered.append((lo, hi))
-            i += 1
-        for container in sorted(self._containers, key=lambda c: c.nbytes):
-            lo, hi = max(container.start, start), min(container.end, end)
-            if hi <= lo:
-                continue
-            free = (hi - lo) - sum(max(0, min(b, hi) - max(a, lo)) for a, b in covered)
-            if free > 0:
-                out.append((container, free))
-            covered.append((lo, hi))
-        owned = sum(n for _, n in out)
-        if size - owned > 0:
-            out.append((None, size - owned))
-        return out
+        return self.index.attribute(start, size)
 
     def totals(self) -> dict[str, int]:
-        """Registered bytes per category (containers count only beyond their leaves)."""
-        out = {c.value: 0 for c in OwnerCategory}
-        for leaf in self._leaves:
-            out[leaf.category.value] += leaf.nbytes
-        for container in self._containers:
-            for owner, n in self.attribute(container.start, container.nbytes):
-                if owner is container:
-                    out[container.category.value] += n
-        return out
+        return self.index.totals()
 
 
 def _global_memory_buffers() -> list[tuple[str, torch.Tensor]]:

@@ -1,0 +1,207 @@
+"""What was live at the true peak, from a CUDA caching allocator snapshot with history.
+
+``torch.cuda.memory._record_memory_history`` keeps a bounded ring of allocator events per
+device (``device_traces``: ``alloc``, ``free_requested``, ``free_completed``, segment events,
+each with ``addr``, ``size`` and ``time_us``); ``torch.cuda.memory._snapshot()`` adds the
+state at the time of the snapshot (``segments`` with their ``blocks``). This module replays
+that history without torch:
+
+1. **Window start.** The blocks allocated at snapshot time (``active_allocated``) are undone
+   event by event, backwards: an ``alloc`` in the window was not live before it, a
+   ``free_requested`` was. What remains is what was live when the recorded window began
+   (parameters, optimizer state, anything allocated before recording started or before the
+   ring wrapped).
+2. **Peak.** The events are replayed forwards from that state; allocated bytes move as the
+   allocator's ``allocated_bytes`` counter does (``alloc`` +size, ``free_requested`` -size),
+   so the maximum is the window's ``max_memory_allocated``. The live set at that moment is
+   the peak's exact composition.
+3. **Attribution.** Each live block is split by an :class:`.OwnershipIndex` (parameters,
+   main parameters, gradients, optimizer state, buffers) and what no owner holds is given the
+   training context (phase, module, microbatch, VPP chunk) that was current when it was
+   allocated, from MemScope's :class:`ContextMarker` list (the same timestamps clock,
+   microseconds since the epoch). Blocks allocated before the window without an owner
+   stay ``other`` (``before the window``).
+
+``coverage`` is the share of the peak's bytes whose allocation the window saw (the rest were
+live already when it started: a late start or a wrapped ring); ``inconsistencies`` counts
+events the replay could not pair (a ``free_requested`` of a block it did not know as live).
+
+Known limitations: one device per replay; blocks of private pools (CUDA graphs) count like
+any other; expandable segments are treated as ordinary blocks.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from memscope.events.ownership import OwnershipIndex
+from memscope.events.schema import CompositionItem
+
+BEFORE_WINDOW = "(before the window)"
+ACTIVATION_PHASES = frozenset({"forward", "backward", "recompute"})
+
+
+@dataclass(frozen=True, slots=True)
+class LiveBlock:
+    """An allocated block: address, size, when it was allocated (None: before the window)."""
+
+    addr: int
+    size: int
+    time_us: int | None
+    index: int | None  # position of its ``alloc`` in the trace
+
+
+@dataclass(frozen=True, slots=True)
+class ContextMarker:
+    """From ``time_us`` on, training was in this context (until the next marker)."""
+
+    time_us: int
+    phase: str
+    module: str
+    microbatch: int | None = None
+    virtual_chunk: int | None = None
+
+
+@dataclass(frozen=True)
+class TimelinePeak:
+    """The window's peak and what was live there."""
+
+    allocated_bytes: int  # at the peak
+    time_us: int | None  # of the event that reached it (None: the window start)
+    index: int  # that event's position in the trace (-1: the window start)
+    live: tuple[LiveBlock, ...]
+    start_bytes: int  # allocated when the window began
+    events: int
+    inconsistencies: int
+    coverage: float  # share of the peak's bytes allocated inside the window
+    composition: tuple[CompositionItem, ...] = field(default=())
+
+
+def device_trace(snapshot: Mapping[str, Any], device: int) -> list[Mapping[str, Any]]:
+    """The recorded events of ``device`` (empty when none were recorded)."""
+    traces = snapshot.get("device_traces") or []
+    if not isinstance(traces, list):
+        raise ValueError("snapshot: device_traces is not a list")
+    return list(traces[device]) if device < len(traces) and traces[device] else []
+
+
+def allocated_blocks(snapshot: Mapping[str, Any], device: int) -> dict[int, int]:
+    """Blocks allocated (not yet freed by their owner) at snapshot time: address -> size."""
+    out: dict[int, int] = {}
+    for segment in snapshot.get("segments") or []:
+        if int(segment.get("device", 0)) != device:
+            continue
+        for block in segment.get("blocks") or []:
+            if block.get("state") == "active_allocated":
+                out[int(block["address"])] = int(block["size"])
+    return out
+
+
+def replay(snapshot: Mapping[str, Any], device: int = 0) -> TimelinePeak:
+    """Replay ``device``'s recorded history to its allocated peak (see the module doc)."""
+    trace = device_trace(snapshot, device)
+    live: dict[int, int] = allocated_blocks(snapshot, device)
+    inconsistencies = 0
+    for event in reversed(trace):  # undo the window: the live set when it began
+        action, addr = event.get("action"), int(event.get("addr", 0))
+        if action == "alloc":
+            if live.pop(addr, None) is None:
+                inconsistencies += 1
+        elif action == "free_requested":
+            if addr in live:
+                inconsistencies += 1
+            live[addr] = int(event["size"])
+    start = dict(live)
+    current = start_bytes = sum(start.values())
+    best, best_index = current, -1
+    for i, event in enumerate(trace):
+        action = event.get("action")
+        if action == "alloc":
+            current += int(event["size"])
+            if current > best:
+                best, best_index = current, i
+        elif action == "free_requested":
+            current -= int(event["size"])
+    # the live set at the peak: the start state plus the window up to the peak
+    blocks: dict[int, LiveBlock] = {a: LiveBlock(a, n, None, None) for a, n in start.items()}
+    for i, event in enumerate(trace[: best_index + 1]):
+        action, addr = event.get("action"), int(event.get("addr", 0))
+        if action == "alloc":
+            time_us = event.get("time_us")
+            blocks[addr] = LiveBlock(addr, int(event["size"]), _opt_int(time_us), i)
+        elif action == "free_requested":
+            blocks.pop(addr, None)
+    peak_blocks = tuple(sorted(blocks.values(), key=lambda b: b.addr))
+    seen = sum(b.size for b in peak_blocks if b.index is not None)
+    time_us = _opt_int(trace[best_index].get("time_us")) if best_index >= 0 else None
+    return TimelinePeak(
+        allocated_bytes=best,
+        time_us=time_us,
+        index=best_index,
+        live=peak_blocks,
+        start_bytes=start_bytes,
+        events=len(trace),
+        inconsistencies=inconsistencies,
+        coverage=seen / best if best else 1.0,
+    )
+
+
+def attribute_peak(
+    peak: TimelinePeak,
+    owners: OwnershipIndex | None = None,
+    markers: Sequence[ContextMarker] = (),
+) -> tuple[CompositionItem, ...]:
+    """The peak's live bytes by category x context, largest first (see the module doc)."""
+    ordered = sorted(markers, key=lambda m: m.time_us)
+    times = [m.time_us for m in ordered]
+    index = owners or OwnershipIndex()
+    totals: dict[tuple[str, str, str, int | None, int | None], int] = {}
+
+    def add(key: tuple[str, str, str, int | None, int | None], nbytes: int) -> None:
+        totals[key] = totals.get(key, 0) + nbytes
+
+    for block in peak.live:
+        for owner, nbytes in index.attribute(block.addr, block.size):
+            if owner is not None:
+                add((owner.category.value, "", owner.owner, None, None), nbytes)
+                continue
+            marker = _marker_at(ordered, times, block.time_us)
+            if marker is None:
+                where = BEFORE_WINDOW if block.index is None else ""
+                add(("other", "", where, None, None), nbytes)
+                continue
+            category = "activations" if marker.phase in ACTIVATION_PHASES else "other"
+            add(
+                (category, marker.phase, marker.module, marker.microbatch, marker.virtual_chunk),
+                nbytes,
+            )
+    items = [CompositionItem(*key, nbytes) for key, nbytes in totals.items()]
+    return tuple(sorted(items, key=lambda i: -i.nbytes))
+
+
+def _marker_at(
+    ordered: Sequence[ContextMarker], times: Sequence[int], time_us: int | None
+) -> ContextMarker | None:
+    if time_us is None or not ordered:
+        return None
+    i = bisect.bisect_right(times, time_us) - 1
+    return ordered[i] if i >= 0 else None
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def peak_composition(
+    snapshot: Mapping[str, Any],
+    device: int = 0,
+    owners: OwnershipIndex | None = None,
+    markers: Iterable[ContextMarker] = (),
+) -> TimelinePeak:
+    """:func:`replay` then :func:`attribute_peak`: the peak with its composition."""
+    peak = replay(snapshot, device)
+    return dataclasses.replace(peak, composition=attribute_peak(peak, owners, list(markers)))
