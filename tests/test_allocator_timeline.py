@@ -11,12 +11,12 @@ import pytest
 
 from memscope.analysis.allocator_timeline import (
     BEFORE_WINDOW,
-    ContextMarker,
     attribute_peak,
     peak_composition,
     replay,
 )
 from memscope.events.ownership import OwnedRange, OwnerCategory, OwnershipIndex
+from memscope.events.schema import ContextMarker
 
 SEG = 0x7F0000000000  # one 64 MiB segment
 

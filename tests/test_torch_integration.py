@@ -86,3 +86,45 @@ def test_optimizer_step_outside_a_step_is_a_user_error(tmp_path):
         ms.optimizer_step(),
     ):
         opt.step()
+
+
+def test_snapshot_side_files_hold_the_context_markers_and_the_owners_of_the_run(tmp_path):
+    """What a GPU run writes beside its allocator snapshot (the snapshot itself needs CUDA):
+    the timestamped context changes and the ownership ranges of the model and optimizer;
+    ``analyze-snapshot`` joins them with a snapshot of the same addresses and clock."""
+    import pickle
+
+    from memscope.cli import main
+    from memscope.io.snapshot_reader import read_markers, read_owners
+
+    model, opt = _build()
+    with MemScopeTorchRuntime(model, opt, outdir=str(tmp_path), backend="storage") as ms:
+        ms.session._start_snapshot_markers()  # what the snapshot controller does at its start
+        _train(ms, model, opt, 2)
+        path = str(tmp_path / "memory_snapshot_steps0-1.pickle")
+        ms.session.write_snapshot_side_files(path)
+    markers = read_markers(str(tmp_path / "memory_snapshot_steps0-1.markers.jsonl"))
+    assert [m.time_us for m in markers] == sorted(m.time_us for m in markers)
+    assert {("forward", "0"), ("forward", "2"), ("backward", "2")} <= {
+        (m.phase, m.module) for m in markers
+    }
+    owners = read_owners(str(tmp_path / "memory_snapshot_steps0-1.owners.json"))
+    params = list(model.parameters())
+    state = [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+    totals = owners.totals()
+    assert totals["parameters"] == _tensor_bytes(params)
+    assert totals["gradients"] == _tensor_bytes(p.grad for p in params)
+    assert totals["optimizer_state"] == _tensor_bytes(state)
+    # a snapshot of the same addresses and clock: the weight is live throughout, a block is
+    # allocated while the second Linear's forward ran
+    weight = model[0].weight
+    forward = next(m for m in markers if (m.phase, m.module) == ("forward", "2"))
+    block = {"address": weight.data_ptr(), "size": weight.numel() * 4, "state": "active_allocated"}
+    alloc = {"action": "alloc", "addr": 1 << 40, "size": 4096, "time_us": forward.time_us + 1}
+    snapshot = {"segments": [{"device": 0, "blocks": [block]}], "device_traces": [[alloc]]}
+    with open(path, "wb") as f:
+        pickle.dump(snapshot, f, protocol=4)
+    assert main(["analyze-snapshot", "--snapshot", path]) == 0
+    result = json.loads((tmp_path / "memory_snapshot_steps0-1.peak.json").read_text())
+    items = {(i["category"], i["module"]): i["bytes"] for i in result["composition"]["items"]}
+    assert items == {("activations", "2"): 4096, ("parameters", "0.weight"): weight.numel() * 4}

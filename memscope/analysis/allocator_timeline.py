@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memscope.events.ownership import OwnershipIndex
-from memscope.events.schema import CompositionItem
+from memscope.events.schema import CompositionItem, ContextMarker
 
 BEFORE_WINDOW = "(before the window)"
 ACTIVATION_PHASES = frozenset({"forward", "backward", "recompute"})
@@ -53,17 +53,6 @@ class LiveBlock:
     size: int
     time_us: int | None
     index: int | None  # position of its ``alloc`` in the trace
-
-
-@dataclass(frozen=True, slots=True)
-class ContextMarker:
-    """From ``time_us`` on, training was in this context (until the next marker)."""
-
-    time_us: int
-    phase: str
-    module: str
-    microbatch: int | None = None
-    virtual_chunk: int | None = None
 
 
 @dataclass(frozen=True)

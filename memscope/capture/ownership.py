@@ -56,8 +56,13 @@ def _unwrap(module: torch.nn.Module) -> torch.nn.Module:
 
 
 def _torch_optimizers(optimizer: Any) -> Iterator[Any]:
-    """Every optimizer object in ``optimizer`` (Megatron's chain and wrappers unwrapped)."""
+    """Every optimizer object in ``optimizer`` (a list of them, Megatron's chain and wrappers
+    unwrapped)."""
     if optimizer is None:
+        return
+    if isinstance(optimizer, (list, tuple)):
+        for one in optimizer:
+            yield from _torch_optimizers(one)
         return
     yield optimizer
     for inner in getattr(optimizer, "chained_optimizers", None) or ():
@@ -127,6 +132,12 @@ class OwnershipRegistry:
                         main_names[id(main)] = known or f"group{g}[{k}]"
                         add(main, f"main_params:{main_names[id(main)]}",
                             OwnerCategory.MAIN_PARAMS)  # fmt: skip
+            if isinstance(opt, torch.optim.Optimizer):  # params it steps that the model lacks:
+                for g, group in enumerate(opt.param_groups):  # fp32 main copies or shards
+                    for k, param in enumerate(group["params"]):
+                        if id(param) not in names and id(param) not in main_names:
+                            main_names[id(param)] = f"group{g}[{k}]"
+                            add(param, f"main_params:group{g}[{k}]", OwnerCategory.MAIN_PARAMS)
             state = getattr(opt, "state", None)
             if isinstance(opt, torch.optim.Optimizer) and state:
                 for param, entries in state.items():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -59,8 +60,17 @@ class SnapshotController:
     """
 
     def __init__(
-        self, outdir: str, start_step: int, steps: int, max_entries: int, stacks: str
+        self,
+        outdir: str,
+        start_step: int,
+        steps: int,
+        max_entries: int,
+        stacks: str,
+        on_start: Callable[[], None] | None = None,
+        on_dump: Callable[[str], None] | None = None,
     ) -> None:
+        self.on_start = on_start  # recording began (the tracer starts its context markers)
+        self.on_dump = on_dump  # a snapshot was written (side files go beside it)
         self.outdir = outdir
         self.start_step = start_step
         self.steps = steps
@@ -78,6 +88,8 @@ class SnapshotController:
             )
             self.recording = True
             self.started_at = step
+            if self.on_start is not None:
+                self.on_start()
 
     def on_step_end(self, step: int) -> None:
         if (
@@ -95,6 +107,8 @@ class SnapshotController:
         path = os.path.join(self.outdir, name)
         torch.cuda.memory._dump_snapshot(path)
         self.snapshots.append(path)
+        if self.on_dump is not None:
+            self.on_dump(path)
         return path
 
     def stop(self) -> None:

@@ -23,7 +23,13 @@ from memscope.capture.safety import FailureLog
 from memscope.capture.tensors import tensor_info, tensors_in
 from memscope.config import RuntimeConfig
 from memscope.events import schema as s
-from memscope.events.schema import EventConsumer, MemoryEvent, PeakContext, TensorInfo
+from memscope.events.schema import (
+    ContextMarker,
+    EventConsumer,
+    MemoryEvent,
+    PeakContext,
+    TensorInfo,
+)
 
 HOOK_FAMILIES = ("module_hooks", "output_grad_hooks", "param_grad_hooks")
 
@@ -89,7 +95,20 @@ class MemoryTracer:
         self._peak_context = caps.peak_context
         self._shapes = config.record_tensor_shapes
         self._composed_peak = -1
+        #: Context changes with their time, kept while an allocator history is recorded
+        #: (:meth:`start_markers`); bounded by ``max_markers``.
+        self.markers: list[ContextMarker] | None = None
+        self.max_markers = 0
         self._host_rss = True
+
+    # -- context markers -------------------------------------------------------------------
+    def start_markers(self, limit: int) -> None:
+        """Keep every context change from now on (at most ``limit``) with its time."""
+        self.markers, self.max_markers = [], limit
+
+    def take_markers(self) -> list[ContextMarker]:
+        """The markers kept so far; keeping goes on."""
+        return list(self.markers or ())
 
     # -- families & failures ---------------------------------------------------------------
     def family_enabled(self, family: str) -> bool:
@@ -117,10 +136,18 @@ class MemoryTracer:
         phase: str | None = None,
         chunk: int | None = None,
     ) -> None:
-        # Only a backend that records where its peak was set reads the context.
+        # Only a backend that records where its peak was set reads the context; while an
+        # allocator history is recorded, each change is also kept as a timestamped marker.
         if self._peak_context:
             self.backend.context = PeakContext(
                 self.step, phase or self.phase, module, microbatch, chunk
+            )
+        markers = self.markers
+        if markers is not None and len(markers) < self.max_markers:
+            markers.append(
+                ContextMarker(
+                    time.time_ns() // 1000, phase or self.phase, module, microbatch, chunk
+                )
             )
 
     def _emit(

@@ -22,13 +22,14 @@ from memscope.cli import (
     analyze_cmd,
     analyze_static_cmd,
     demo_cmd,
+    snapshot_cmd,
     summarize_cmd,
     visualize_cmd,
 )
 from memscope.cli.common import CliError, CommandParser
 from memscope.units import printable
 
-COMMANDS = (visualize_cmd, demo_cmd, summarize_cmd, analyze_cmd, analyze_static_cmd)
+COMMANDS = (visualize_cmd, demo_cmd, summarize_cmd, analyze_cmd, analyze_static_cmd, snapshot_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

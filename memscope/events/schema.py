@@ -217,6 +217,37 @@ class PeakContext:
 
 
 @dataclass(frozen=True, slots=True)
+class ContextMarker:
+    """From ``time_us`` (microseconds since the epoch, the allocator history's clock) on,
+    training was in this context, until the next marker."""
+
+    time_us: int
+    phase: str
+    module: str
+    microbatch: int | None = None
+    virtual_chunk: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "time_us": self.time_us,
+            "phase": self.phase,
+            "module": self.module,
+            "microbatch": self.microbatch,
+            "virtual_chunk": self.virtual_chunk,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ContextMarker:
+        return cls(
+            int(d["time_us"]),
+            str(d["phase"]),
+            str(d["module"]),
+            _opt_int(d.get("microbatch")),
+            _opt_int(d.get("virtual_chunk")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class CompositionItem:
     """Bytes live at a peak with one category, created in one context (phase, module,
     microbatch, VPP chunk; empty module and ``None`` where there was none)."""

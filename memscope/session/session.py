@@ -30,6 +30,7 @@ Known limitations:
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import warnings
@@ -357,8 +358,35 @@ class TracingSession:
                 sched.active,
                 cfg.snapshot_max_entries,
                 cfg.snapshot_stacks,
+                on_start=self._start_snapshot_markers,
+                on_dump=self.write_snapshot_side_files,
             )
             self._teardown.push("snapshot", self._stop_snapshot)
+
+    def _start_snapshot_markers(self) -> None:
+        if self.tracer is not None:
+            self.tracer.start_markers(self.config.snapshot_max_entries)
+
+    def write_snapshot_side_files(self, snapshot_path: str) -> None:
+        """Beside an allocator snapshot: the context markers recorded with it and who owns
+        which addresses (``memscope analyze-snapshot`` joins the three). A failure is
+        reported once; the snapshot itself stays."""
+        try:
+            from memscope.capture.ownership import OwnershipRegistry
+            from memscope.io.snapshot_reader import MARKERS_SUFFIX, OWNERS_SUFFIX
+
+            stem = os.path.splitext(snapshot_path)[0]
+            markers = self.tracer.take_markers() if self.tracer is not None else []
+            atomic_write_text(
+                stem + MARKERS_SUFFIX,
+                "".join(json.dumps(m.to_dict()) + "\n" for m in markers),
+            )
+            registry = OwnershipRegistry(self.chunks, self.optimizers)
+            atomic_write_json(
+                stem + OWNERS_SUFFIX, {"ranges": [r.to_dict() for r in registry.ranges]}
+            )
+        except Exception as exc:
+            self._failed("snapshot_side_files", exc)
 
     def _stop_snapshot(self) -> None:
         if self.snapshot is not None and self.snapshot.recording:
