@@ -262,7 +262,7 @@ class RuntimeConfig:
         """Warn (and return the messages) for settings that this run will ignore."""
         flag = {s.name: s.flag for s in runtime_settings()}
         notes: list[str] = []
-        if not cuda_available and self.enable_memory_snapshot:
+        if not cuda_available and self.enable_memory_snapshot and backend != "storage":
             notes.append(
                 f"memscope: memory snapshot needs CUDA; {flag['enable_memory_snapshot']} ignored"
             )

@@ -253,12 +253,15 @@ def test_profiler_runs_on_its_schedule_and_only_on_its_ranks(tmp_path, small_cfg
     assert not (other / "rank00000" / "profiler").exists()
 
 
-def test_snapshot_without_cuda_is_ignored_with_a_warning(tmp_path, small_cfg):
-    argv = ["--memscope", "--memscope-outdir", str(tmp_path), "--memscope-enable-memory-snapshot"]
-    with pytest.warns(UserWarning, match="snapshot needs CUDA"):
-        report = load_json(run_in_process(small_cfg, 1, argv).report_path)
-    assert any("snapshot needs CUDA" in w for w in report["warnings"])
-    assert not [a for a in report["artifacts"] if "snapshot" in a]
+def test_snapshot_without_cuda_records_the_storage_ledgers_history(tmp_path, small_cfg):
+    argv = ["--memscope", "--memscope-outdir", str(tmp_path), "--memscope-enable-memory-snapshot",
+            "--memscope-snapshot-steps", "1"]  # fmt: skip
+    report = load_json(run_in_process(small_cfg, 2, argv).report_path)
+    assert not any("snapshot" in w for w in report["warnings"])
+    rank = tmp_path / "rank00000"
+    for name in ("memory_snapshot_steps0-0.pickle", "memory_snapshot_steps0-0.owners.json",
+                 "memory_snapshot_steps0-0.markers.jsonl"):  # fmt: skip
+        assert (rank / name).exists(), name
 
 
 def test_cuda_backend_without_a_gpu_is_a_clear_error(tmp_path, small_cfg, caplog):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 from collections.abc import Callable
 from typing import Any
 
@@ -81,11 +82,20 @@ class SnapshotController:
         self.done = False
         self.snapshots: list[str] = []
 
+    def _begin(self) -> None:
+        torch.cuda.memory._record_memory_history(
+            enabled="all", stacks=self.stacks, max_entries=self.max_entries
+        )
+
+    def _write(self, path: str) -> None:
+        torch.cuda.memory._dump_snapshot(path)
+
+    def _end(self) -> None:
+        torch.cuda.memory._record_memory_history(enabled=None)
+
     def on_step_start(self, step: int) -> None:
         if not self.done and not self.recording and step >= self.start_step:
-            torch.cuda.memory._record_memory_history(
-                enabled="all", stacks=self.stacks, max_entries=self.max_entries
-            )
+            self._begin()
             self.recording = True
             self.started_at = step
             if self.on_start is not None:
@@ -105,7 +115,7 @@ class SnapshotController:
             return None
         os.makedirs(self.outdir, exist_ok=True)
         path = os.path.join(self.outdir, name)
-        torch.cuda.memory._dump_snapshot(path)
+        self._write(path)
         self.snapshots.append(path)
         if self.on_dump is not None:
             self.on_dump(path)
@@ -113,6 +123,29 @@ class SnapshotController:
 
     def stop(self) -> None:
         if self.recording:
-            torch.cuda.memory._record_memory_history(enabled=None)
+            self._end()
             self.recording = False
             self.done = True
+
+
+class LedgerSnapshotController(SnapshotController):
+    """The same schedule and files from the ``storage`` backend's allocation history (on a
+    CPU, or on a GPU with ``--memscope-backend storage``): a pickle in the allocator
+    snapshot's format, readable by pytorch.org/memory_viz and ``memscope analyze-snapshot``.
+    """
+
+    def __init__(self, backend: Any, outdir: str, *args: Any, **kwargs: Any) -> None:
+        super().__init__(outdir, *args, **kwargs)
+        self.backend = backend
+
+    def _begin(self) -> None:
+        self.backend.start_history(self.max_entries)
+
+    def _write(self, path: str) -> None:
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "wb") as f:
+            pickle.dump(self.backend.history_snapshot(), f, protocol=4)
+        os.replace(tmp, path)
+
+    def _end(self) -> None:
+        self.backend.stop_history()

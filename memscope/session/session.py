@@ -49,7 +49,11 @@ from memscope.capture.backends.base import MemoryBackend
 from memscope.capture.category_policy import CategoryPolicy
 from memscope.capture.hooks import HookSet
 from memscope.capture.parallel import ParallelInfo
-from memscope.capture.profiling import ProfilerController, SnapshotController
+from memscope.capture.profiling import (
+    LedgerSnapshotController,
+    ProfilerController,
+    SnapshotController,
+)
 from memscope.capture.safety import FailureLog, failure_row
 from memscope.capture.tracer import MemoryTracer
 from memscope.config import RuntimeConfig
@@ -346,20 +350,22 @@ class TracingSession:
             else:
                 self.profiler = profiler
                 self._teardown.push("profiler", profiler.stop)
+        assert self.backend is not None
+        ledger = self.backend.capabilities.allocation_history
         if (
             cfg.enable_memory_snapshot
             and self.rank in cfg.snapshot_ranks
-            and torch.cuda.is_available()
+            and (ledger or torch.cuda.is_available())
         ):
             sched = cfg.snapshot_schedule
-            self.snapshot = SnapshotController(
-                self.report_dir,
-                sched.wait,
-                sched.active,
-                cfg.snapshot_max_entries,
-                cfg.snapshot_stacks,
-                on_start=self._start_snapshot_markers,
-                on_dump=self.write_snapshot_side_files,
+            schedule = (sched.wait, sched.active, cfg.snapshot_max_entries, cfg.snapshot_stacks)
+            start, dump = self._start_snapshot_markers, self.write_snapshot_side_files
+            self.snapshot = (
+                LedgerSnapshotController(
+                    self.backend, self.report_dir, *schedule, on_start=start, on_dump=dump
+                )
+                if ledger
+                else SnapshotController(self.report_dir, *schedule, on_start=start, on_dump=dump)
             )
             self._teardown.push("snapshot", self._stop_snapshot)
 

@@ -57,6 +57,9 @@ class BackendCapabilities:
     can_synchronize: bool
     #: Reserved memory differs from allocated (a caching allocator).
     distinct_reserved: bool
+    #: It logs its own allocation history (``start_history`` / ``history_snapshot``) in the
+    #: CUDA allocator snapshot's format.
+    allocation_history: bool = False
 
 
 class Categorizer(Protocol):

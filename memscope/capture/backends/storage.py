@@ -14,8 +14,10 @@ aten op (``torch.from_numpy``). There is no caching allocator here, so ``reserve
 
 from __future__ import annotations
 
+import collections
 import gc
 import threading
+import time
 import warnings
 import weakref
 from typing import Any
@@ -76,17 +78,19 @@ class _Entry(weakref.ref):
     """A ledger entry: a weak reference to a live storage, its size, category and the
     context (an index into the ledger's context table) it was created in."""
 
-    __slots__ = ("category", "context", "key", "nbytes")
+    __slots__ = ("addr", "category", "context", "key", "nbytes")
     key: int
     nbytes: int
     category: int
     context: int
+    addr: int
 
     def __new__(
         cls, storage: Any, callback: Any, key: int, nbytes: int, category: int, context: int
     ) -> _Entry:
         self = super().__new__(cls, storage, callback)
         self.key, self.nbytes, self.category, self.context = key, nbytes, category, context
+        self.addr = 0
         return self
 
     def __init__(
@@ -153,6 +157,7 @@ class StorageLedgerBackend(MemoryBackend):
             peak_context=True,
             can_synchronize=False,
             distinct_reserved=False,
+            allocation_history=True,
         )
         self.active = False
         #: Category given to storages first seen from now on (set per phase by the policy).
@@ -167,6 +172,9 @@ class StorageLedgerBackend(MemoryBackend):
         self._composition: dict[tuple[int, int], int] = {}
         self._peak_composition: dict[tuple[int, int], int] = {}
         self._composition_stale = False
+        # allocation history in the CUDA snapshot's trace format (start_history), oldest
+        # entries dropped past the limit as the allocator's ring does
+        self._history: collections.deque[dict[str, Any]] | None = None
         self.error: str | None = None
         self._lock = threading.RLock()
         self._live: dict[int, _Entry] = {}  # id(storage) -> entry
@@ -307,18 +315,27 @@ class StorageLedgerBackend(MemoryBackend):
                 if diff:
                     if diff < 0:
                         self._keep_peak_composition()
+                    if self._history is not None:  # the allocator would free and allocate
+                        self._log("free_requested", entry)
+                        self._log("free_completed", entry)
+                        entry.addr = storage.data_ptr()
                     entry.nbytes += diff
                     self._totals[entry.category] += diff
                     self._count(entry.category, entry.context, diff)
                     self._current += diff
+                    if self._history is not None:
+                        self._log("alloc", entry)
                     self._note_peak()
 
     def _add(self, storage: torch.UntypedStorage, category: int) -> None:
         nbytes = storage.nbytes()
         key = id(storage)
         context = self._context_id
-        self._live[key] = _Entry(storage, self._release, key, nbytes, category, context)
+        entry = self._live[key] = _Entry(storage, self._release, key, nbytes, category, context)
         self.storages_seen += 1
+        if self._history is not None:
+            entry.addr = storage.data_ptr()
+            self._log("alloc", entry)
         if self._window_keys is not None:
             self._window_keys.append(key)
         self._totals[category] += nbytes
@@ -363,12 +380,95 @@ class StorageLedgerBackend(MemoryBackend):
             with self._lock:
                 if self._live.get(entry.key) is entry:
                     self._keep_peak_composition()
+                    if self._history is not None:
+                        self._log("free_requested", entry)
+                        self._log("free_completed", entry)
                     del self._live[entry.key]
                     self._totals[entry.category] -= entry.nbytes
                     self._count(entry.category, entry.context, -entry.nbytes)
                     self._current -= entry.nbytes
         except Exception as exc:
             self.fail(exc)
+
+    # -- allocation history ----------------------------------------------------------------
+    def start_history(self, max_entries: int) -> None:
+        """Log every allocation and free from now on (the last ``max_entries`` kept)."""
+        with self._lock:
+            self._history = collections.deque(maxlen=max(1, max_entries))
+            for entry in self._live.values():  # live now: known by address for the frees
+                storage = entry()
+                if storage is not None:
+                    entry.addr = storage.data_ptr()
+
+    def stop_history(self) -> None:
+        with self._lock:
+            self._history = None
+
+    def history_snapshot(self) -> dict[str, Any]:
+        """The history and the live storages as a CUDA allocator snapshot would hold them
+        (``segments`` with one block per live storage, ``device_traces[0]``), so that
+        pytorch.org/memory_viz and ``memscope analyze-snapshot`` read it. Each event carries
+        MemScope's ``category`` and a frame naming the phase, module, microbatch and chunk
+        that created the storage."""
+        with self._lock:
+            trace = [dict(e) for e in self._history or ()]
+            live = [(e.addr, e.nbytes, e.category, e.context) for e in self._live.values()]
+        segments = [
+            {
+                "device": 0,
+                "address": addr,
+                "total_size": size,
+                "allocated_size": size,
+                "active_size": size,
+                "requested_size": size,
+                "stream": 0,
+                "segment_type": "large",
+                "segment_pool_id": (0, 0),
+                "is_expandable": False,
+                "frames": [],
+                "blocks": [
+                    {
+                        "address": addr,
+                        "size": size,
+                        "requested_size": size,
+                        "state": "active_allocated",
+                        "category": CATEGORIES[category],
+                        "frames": self._frames(context),
+                    }
+                ],
+            }
+            for addr, size, category, context in live
+            if addr
+        ]
+        return {"segments": segments, "device_traces": [trace], "allocator_settings": {}}
+
+    def _frames(self, context: int) -> list[dict[str, Any]]:
+        phase, module, microbatch, chunk = self._context_list[context]
+        where = " ".join(
+            str(x)
+            for x in (
+                phase or "setup",
+                module or "(no module)",
+                None if microbatch is None else f"microbatch {microbatch}",
+                None if chunk is None else f"chunk {chunk}",
+            )
+            if x is not None
+        )
+        return [{"filename": "memscope", "line": 0, "name": where}]
+
+    def _log(self, action: str, entry: _Entry) -> None:
+        assert self._history is not None
+        self._history.append(
+            {
+                "action": action,
+                "addr": entry.addr,
+                "size": entry.nbytes,
+                "stream": 0,
+                "time_us": time.time_ns() // 1000,
+                "category": CATEGORIES[entry.category],
+                "frames": self._frames(entry.context),
+            }
+        )
 
     # -- readings --------------------------------------------------------------------------
     def sample(self, detailed: bool = False) -> MemorySample:
