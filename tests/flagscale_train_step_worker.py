@@ -22,7 +22,8 @@ pipeline schedule. The steps take the four return paths:
 Writes ``OUTDIR/rank<N>.json``: each step's return value as plain JSON, whether this rank is
 the last pipeline stage, and the sum of the trained parameters.
 
-STUBS (GPU only): the modules in ``STUBBED`` see ``torch`` through :class:`CpuTorch`, which
+STUBS (GPU only): the modules in ``STUBBED`` see ``torch`` through ``CpuTorch``
+(tests/harness/megatron_ddp_cpu.py), which
 maps ``device="cuda"`` / ``torch.cuda.current_device()`` to the CPU and makes the CUDA RNG
 state calls no-ops (there is no CUDA generator on a CPU build); ``memscope.demo``'s
 ``init_process`` applies its labelled CPU shims to the pipeline schedules. Collectives run on
@@ -35,7 +36,6 @@ import importlib
 import json
 import os
 import sys
-import types
 import warnings
 from functools import partial
 from typing import Any
@@ -55,36 +55,6 @@ class _BlockHooks:
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
         if name == HOOKS_MODULE:
             raise ImportError(f"{name} blocked: simulating MemScope not installed")
-
-
-class CpuTorch(types.ModuleType):
-    """STUB: ``torch`` with every CUDA device use redirected to the CPU (see module doc)."""
-
-    def __init__(self) -> None:
-        super().__init__("torch")
-        cuda = types.SimpleNamespace(
-            current_device=lambda: torch.device("cpu"),
-            synchronize=lambda *a, **k: None,
-            get_rng_state=lambda *a, **k: torch.empty(0, dtype=torch.uint8),
-            set_rng_state=lambda *a, **k: None,
-            empty_cache=lambda: None,
-        )
-        self.cuda = cuda
-        for name in ("zeros", "empty", "ones", "full", "tensor"):
-            setattr(self, name, self._on_cpu(getattr(torch, name)))
-
-    @staticmethod
-    def _on_cpu(factory: Any) -> Any:
-        def make(*args: Any, **kwargs: Any) -> Any:
-            device = kwargs.get("device")
-            if device is not None and str(device).startswith("cuda"):
-                kwargs["device"] = "cpu"
-            return factory(*args, **kwargs)
-
-        return make
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(torch, name)
 
 
 TARGET = os.environ.get("TARGET", "flagscale")
@@ -167,6 +137,7 @@ def main() -> None:
         sys.meta_path.insert(0, _BlockHooks())  # type: ignore[arg-type]
     training = importlib.import_module(TRAINING_MODULE[TARGET])
     from flagscale.train.global_vars import get_spiky_loss_detector, set_get_spiky_loss_detector
+    from harness.megatron_ddp_cpu import CpuTorch  # tests/ is this script's sys.path[0]
     from megatron.core import mpu
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.num_microbatches_calculator import init_num_microbatches_calculator
