@@ -117,3 +117,16 @@ def test_megatron_ddp_buffers_and_optimizer_state_are_owned_by_category(distribu
             assert result["state"] < 2 * result["params"]
         else:
             assert result["state"] >= 2 * result["params"]
+
+
+def test_the_registry_keeps_no_tensor_alive():
+    import weakref
+
+    model = torch.nn.Linear(4, 4)
+    model(torch.randn(2, 4)).sum().backward()
+    registry = OwnershipRegistry([model])
+    grad = weakref.ref(model.weight.grad)
+    model.weight.grad = None
+    assert grad() is None  # freed although the registry had registered it
+    assert registry.refresh() is True  # and the registry notices it is gone
+    assert registry.totals()["gradients"] == 4 * 4  # only the bias gradient is left

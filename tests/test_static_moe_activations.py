@@ -9,6 +9,7 @@ routing); every other byte comes from the estimator. CUDA-only calls are redirec
 
 from __future__ import annotations
 
+import gc
 import os
 from datetime import timedelta
 from typing import Any
@@ -74,6 +75,7 @@ def _measure(rank: int, world: int, port: int, names: list[str]) -> dict[str, tu
             try:
                 base = ledger.sample().allocated
                 y, _ = layer(x)
+                gc.collect()  # gloo's finished all-to-all work objects hold their buffers
                 held = ledger.sample().allocated - base - y.untyped_storage().nbytes()
             finally:
                 ledger.stop()

@@ -79,7 +79,6 @@ class OwnershipRegistry:
         self._chunks = list(chunks)
         self._optimizer = optimizer
         self.index = OwnershipIndex()
-        self._tensors: list[tuple[torch.Tensor, int]] = []  # registered tensor, its data_ptr
         self.generation = 0
         self.rebuild()
 
@@ -87,7 +86,6 @@ class OwnershipRegistry:
     def rebuild(self) -> None:
         """Walk the model and optimizer again and replace every range."""
         ranges: list[OwnedRange] = []
-        tensors: list[tuple[torch.Tensor, int]] = []
 
         def add(tensor: Any, owner: str, category: OwnerCategory, container: bool = False) -> None:
             if not isinstance(tensor, torch.Tensor):
@@ -95,15 +93,16 @@ class OwnershipRegistry:
             span = _span(tensor)
             if span is None:
                 return
-            tensors.append((tensor, tensor.data_ptr()))
             ranges.append(OwnedRange(span[0], span[1], owner, category, container))
 
         names: dict[int, str] = {}
+        model_storages: set[int] = set()  # storages holding model parameters
         for index, chunk in enumerate(self._chunks):
             prefix = f"chunk{index}." if len(self._chunks) > 1 else ""
             model = _unwrap(chunk)
             for name, param in model.named_parameters():
                 names.setdefault(id(param), prefix + name)
+                model_storages.add(param.untyped_storage().data_ptr())
                 add(param, prefix + name, OwnerCategory.PARAMETERS)
                 for attr in ("main_grad", "grad"):
                     add(getattr(param, attr, None), prefix + name, OwnerCategory.GRADIENTS)
@@ -135,7 +134,8 @@ class OwnershipRegistry:
             if isinstance(opt, torch.optim.Optimizer):  # params it steps that the model lacks:
                 for g, group in enumerate(opt.param_groups):  # fp32 main copies or shards
                     for k, param in enumerate(group["params"]):
-                        if id(param) not in names and id(param) not in main_names:
+                        own_storage = param.untyped_storage().data_ptr() not in model_storages
+                        if id(param) not in names and id(param) not in main_names and own_storage:
                             main_names[id(param)] = f"group{g}[{k}]"
                             add(param, f"main_params:group{g}[{k}]", OwnerCategory.MAIN_PARAMS)
             state = getattr(opt, "state", None)
@@ -147,21 +147,15 @@ class OwnershipRegistry:
         for key, tensor in _global_memory_buffers():
             add(tensor, f"global_memory_buffer[{key}]", OwnerCategory.BUFFERS)
         self.index = OwnershipIndex(ranges)  # the first owner of a shared tensor keeps it
-        self._tensors = tensors
         self.generation += 1
 
     def refresh(self) -> bool:
-        """Rebuild when a registered tensor moved or the optimizer gained state; say so."""
-        moved = any(t.data_ptr() != ptr for t, ptr in self._tensors)
-        states = sum(
-            len(opt.state) for opt in _torch_optimizers(self._optimizer)
-            if isinstance(opt, torch.optim.Optimizer)
-        )  # fmt: skip
-        known = any(r.category is OwnerCategory.OPTIMIZER_STATE for r in self.index.ranges)
-        if moved or (states and not known):
-            self.rebuild()
-            return True
-        return False
+        """Walk the model and optimizer again; say whether any range changed (a buffer was
+        re-allocated, the optimizer's state appeared at its first step). No tensor is held
+        between calls, so the registry never keeps memory alive."""
+        before = self.index.ranges
+        self.rebuild()
+        return self.index.ranges != before
 
     # -- queries (see :class:`.OwnershipIndex`) ---------------------------------------------
     @property

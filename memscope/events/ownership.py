@@ -70,7 +70,12 @@ class OwnershipIndex:
                 containers.append(r)
             else:
                 leaves.setdefault((r.start, r.end), r)  # the first owner of a range keeps it
-        self._leaves = sorted(leaves.values(), key=lambda r: r.start)
+        kept: list[OwnedRange] = []
+        for leaf in sorted(leaves.values(), key=lambda r: (r.start, -r.nbytes)):
+            if kept and leaf.start < kept[-1].end:
+                continue  # overlaps a leaf already owned (a view of it): the first one keeps it
+            kept.append(leaf)
+        self._leaves = kept
         self._starts = [r.start for r in self._leaves]
         self._containers = sorted(containers, key=lambda c: c.nbytes)
 
