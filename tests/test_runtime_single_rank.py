@@ -108,6 +108,9 @@ def test_peak_composition_sums_to_the_peak_and_names_who_created_it(traced_run):
     in_modules = sum(i["bytes"] for i in activations if i["module"])
     assert in_modules >= 0.9 * by_category["activations"]
     assert all(i["microbatch"] is not None for i in activations if i["phase"] == "forward")
+    # at the peak (in backward) saved activations and temporaries are told apart
+    assert {i["saved"] for i in activations} == {True, False}
+    assert all(i["saved"] is None for i in items if i["category"] != "activations")
     forward = [i for i in activations if i["module"] and i["phase"] == "forward"]
     assert forward and {i["virtual_chunk"] for i in forward} == {0}
 

@@ -80,6 +80,7 @@ def test_teardown_removes_everything_start_installed_in_reverse_order(tmp_path, 
     assert ran == [
         "crash_guard",
         "remove_hooks",
+        "saved_tensor_hooks",
         "backend",
         "final_report",
         "trace_sink",
@@ -88,6 +89,7 @@ def test_teardown_removes_everything_start_installed_in_reverse_order(tmp_path, 
     assert _hooks_on(model) == 0
     assert sys.excepthook is before_hook and _get_current_dispatch_mode() is before_mode
     assert session.hook_counts["hook_handles_removed"] > 0
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
 
 
 def test_a_failed_start_unwinds_what_was_installed_and_leaves_training_alone(tmp_path, monkeypatch):

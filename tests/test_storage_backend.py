@@ -163,3 +163,31 @@ def test_peak_composition_is_the_live_set_at_the_peak_by_creation_context():
         del a, c
     finally:
         ledger.stop()
+
+
+def test_storages_autograd_saves_are_told_apart_from_temporaries():
+    from memscope.capture.category_policy import CategoryPolicy
+
+    ledger = _ledger()
+    policy = CategoryPolicy(ledger)
+    try:
+        weight = torch.randn(64, 64, requires_grad=True)
+        policy.step_started()  # pushes the pass-through saved-tensor hooks
+        x = torch.randn(8, 64)
+        hidden = torch.tanh(x @ weight)  # tanh saves its output; the matmul saves x
+        temporary = hidden * 2 + 1  # not needed for backward: a temporary
+        policy.phase_ended("forward_backward", "pre_optimizer")  # pops them
+        assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+        items = ledger.peak_composition() or ()
+        kinds = {}
+        for item in items:
+            if item.category == "activations":
+                kinds[item.saved] = kinds.get(item.saved, 0) + item.nbytes
+        assert kinds[True] == hidden.numel() * 4 + x.numel() * 4
+        assert kinds[False] >= temporary.numel() * 4
+        assert (temporary * 0).sum().item() == 0  # training's tensors are untouched
+        hidden.sum().backward()
+        assert weight.grad is not None
+    finally:
+        policy.pop_saved_hooks()
+        ledger.stop()

@@ -9,6 +9,8 @@ The rules, applied only by backends that classify every byte (``exact_categories
   (fp32 master copies) -> ``optimizer_state``; so is whatever the optimizer step creates and
   keeps (Adam's moments on the first step);
 * storages created inside module forwards, recomputation and backward -> ``activations``;
+  those autograd saves for backward are told apart from temporaries (a pass-through
+  ``saved_tensors_hooks`` pair is pushed for the forward-backward phase of each step);
 * anything else (created between steps, or before tracing started) -> ``other``.
 
 With a backend that cannot classify, every method is a no-op.
@@ -17,6 +19,7 @@ With a backend that cannot classify, every method is a no-op.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 
@@ -41,6 +44,7 @@ class CategoryPolicy:
         self._grad_attributes = tuple(grad_attributes)
         self._chunks: list[torch.nn.Module] = []
         self._optimizers: list[torch.optim.Optimizer] = []
+        self._saved_hooks: Any = None  # the pushed saved_tensors_hooks, while pushed
 
     @property
     def active(self) -> bool:
@@ -102,6 +106,29 @@ class CategoryPolicy:
         if self._cat is not None:
             self.refresh_gradients()
             self._cat.set_alloc_category(CAT_ACTIVATIONS)
+            self._push_saved_hooks()
+
+    def _push_saved_hooks(self) -> None:
+        """Tell the backend which storages autograd saves; the hooks hand tensors through
+        unchanged, so training sees the same tensors."""
+        if self._saved_hooks is not None:
+            return
+        cat = self._cat
+        assert cat is not None
+
+        def pack(tensor: torch.Tensor) -> torch.Tensor:
+            cat.mark_saved(tensor)
+            return tensor
+
+        hooks = torch.autograd.graph.saved_tensors_hooks(pack, _unpack)
+        hooks.__enter__()
+        self._saved_hooks = hooks
+
+    def pop_saved_hooks(self) -> None:
+        """Take the hooks off (end of the forward-backward phase, or tracing stops)."""
+        hooks, self._saved_hooks = self._saved_hooks, None
+        if hooks is not None:
+            hooks.__exit__(None, None, None)
 
     def module_entered(self) -> None:
         """A module forward (or its recomputation) allocates activations."""
@@ -117,6 +144,7 @@ class CategoryPolicy:
         """Close ``phase``: the optimizer step's surviving storages become its state."""
         if self._cat is None:
             return
+        self.pop_saved_hooks()
         if phase == PHASE_OPTIMIZER:
             self.refresh_optimizer_state()
             self._cat.promote_window(CAT_OPTIMIZER_STATE)
@@ -125,3 +153,7 @@ class CategoryPolicy:
         self._cat.set_alloc_category(CAT_OTHER)
         if next_phase == PHASE_OPTIMIZER:
             self._cat.open_window()
+
+
+def _unpack(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor

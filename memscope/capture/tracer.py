@@ -344,6 +344,7 @@ class MemoryTracer:
         self._set_context("", None)
 
     def step_end(self, notes: str = "") -> None:
+        self.policy.pop_saved_hooks()
         self._step_phase(s.PHASE_STEP, self._step_start, notes)
         self.steps_completed += 1
         self.phase = s.PHASE_SETUP

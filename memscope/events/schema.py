@@ -258,6 +258,9 @@ class CompositionItem:
     microbatch: int | None
     virtual_chunk: int | None
     nbytes: int
+    #: Activations: whether autograd saved them for backward (else temporaries); None when
+    #: not known (other categories, backends that cannot tell).
+    saved: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -267,10 +270,12 @@ class CompositionItem:
             "microbatch": self.microbatch,
             "virtual_chunk": self.virtual_chunk,
             "bytes": self.nbytes,
+            "saved": self.saved,
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CompositionItem:
+        saved = d.get("saved")
         return cls(
             str(d["category"]),
             str(d["phase"]),
@@ -278,6 +283,7 @@ class CompositionItem:
             _opt_int(d.get("microbatch")),
             _opt_int(d.get("virtual_chunk")),
             int(d["bytes"]),
+            None if saved is None else bool(saved),
         )
 
 

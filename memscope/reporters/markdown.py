@@ -60,9 +60,10 @@ def _composition_lines(composition: dict[str, Any] | None, max_rows: int) -> lis
             "and chunk.",
             "",
         ]
+    kinds = {True: " (saved)", False: " (temporary)"}
     rows = [
         [
-            t(item["category"]),
+            t(item["category"] + kinds.get(item.get("saved"), "")),
             code(item["module"]) if item["module"] else "—",
             t(item["phase"]) if item["phase"] else "—",
             t(item["microbatch"]) if item["microbatch"] is not None else "—",
@@ -80,7 +81,8 @@ def _composition_lines(composition: dict[str, Any] | None, max_rows: int) -> lis
         lines[-1:-1] = [f"| (further items) | | | | | {format_bytes(more)} |"]
     lines.append(
         f"Sum {format_bytes(composition['total_bytes'])}; unattributed "
-        f"{format_bytes(composition['unattributed_bytes'])}. Parameters, gradients and "
+        f"{format_bytes(composition['unattributed_bytes'])}. Activations are *saved* when "
+        "autograd kept them for backward, else *temporary*. Parameters, gradients and "
         "optimizer state carry the phase they were created in (empty: before tracing)."
     )
     lines.append("")

@@ -291,6 +291,7 @@ class TracingSession:
         backend.start()
         self._teardown.push("backend", backend.stop)
         self.policy = CategoryPolicy(backend.categorizer(), self._grad_attributes)
+        self._teardown.push("saved_tensor_hooks", self.policy.pop_saved_hooks)
         self.tracer = MemoryTracer(
             cfg,
             backend,

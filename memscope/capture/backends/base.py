@@ -71,6 +71,9 @@ class Categorizer(Protocol):
     def mark(self, tensor: Any, category: int) -> None:
         """Give ``tensor``'s storage ``category``, adopting it if it predates tracking."""
 
+    def mark_saved(self, tensor: Any) -> None:
+        """``tensor`` was saved by autograd for backward (a saved activation)."""
+
     def adopt_existing(self, category: int) -> int:
         """Adopt every reachable live tensor not yet tracked; returns how many."""
 

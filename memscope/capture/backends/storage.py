@@ -33,7 +33,13 @@ from memscope.capture.backends.base import (
 )
 from memscope.capture.backends.registry import BackendSpec, register_backend
 from memscope.capture.dispatch_stack import remove_dispatch_mode
-from memscope.events.schema import CAT_OTHER, CATEGORIES, CompositionItem, PeakContext
+from memscope.events.schema import (
+    CAT_ACTIVATIONS,
+    CAT_OTHER,
+    CATEGORIES,
+    CompositionItem,
+    PeakContext,
+)
 
 
 def register() -> None:
@@ -78,12 +84,13 @@ class _Entry(weakref.ref):
     """A ledger entry: a weak reference to a live storage, its size, category and the
     context (an index into the ledger's context table) it was created in."""
 
-    __slots__ = ("addr", "category", "context", "key", "nbytes")
+    __slots__ = ("addr", "category", "context", "key", "nbytes", "saved")
     key: int
     nbytes: int
     category: int
     context: int
     addr: int
+    saved: bool  # autograd saved it for backward (else a temporary, as far as seen)
 
     def __new__(
         cls, storage: Any, callback: Any, key: int, nbytes: int, category: int, context: int
@@ -91,6 +98,7 @@ class _Entry(weakref.ref):
         self = super().__new__(cls, storage, callback)
         self.key, self.nbytes, self.category, self.context = key, nbytes, category, context
         self.addr = 0
+        self.saved = False
         return self
 
     def __init__(
@@ -169,8 +177,8 @@ class StorageLedgerBackend(MemoryBackend):
         self._contexts: dict[tuple[Any, ...], int] = {_NO_CONTEXT: 0}
         self._context_list: list[tuple[Any, ...]] = [_NO_CONTEXT]
         self._context_id = 0
-        self._composition: dict[tuple[int, int], int] = {}
-        self._peak_composition: dict[tuple[int, int], int] = {}
+        self._composition: dict[tuple[int, int, bool], int] = {}
+        self._peak_composition: dict[tuple[int, int, bool], int] = {}
         self._composition_stale = False
         # allocation history in the CUDA snapshot's trace format (start_history), oldest
         # entries dropped past the limit as the allocator's ring does
@@ -274,6 +282,27 @@ class StorageLedgerBackend(MemoryBackend):
                 adopted += 1
         return adopted
 
+    def mark_saved(self, tensor: torch.Tensor) -> None:
+        """``tensor`` was saved by autograd for backward: its storage is a saved activation
+        (not a temporary) from now on. Runs inside autograd's pack hook: never raises (an
+        internal error stops accounting and is reported, as for any op)."""
+        if not self.active:
+            return
+        try:
+            storage = self._storage_of(tensor)
+            if storage is None:
+                return
+            with self._lock:
+                entry = self._live.get(id(storage))
+                if entry is None or entry.saved:
+                    return
+                self._keep_peak_composition()
+                self._count(entry.category, entry.context, -entry.nbytes, False)
+                self._count(entry.category, entry.context, entry.nbytes, True)
+                entry.saved = True
+        except Exception as exc:
+            self.fail(exc)
+
     def open_window(self) -> None:
         """Remember storages created from now on (see :meth:`promote_window`)."""
         self._window_keys = []
@@ -321,7 +350,7 @@ class StorageLedgerBackend(MemoryBackend):
                         entry.addr = storage.data_ptr()
                     entry.nbytes += diff
                     self._totals[entry.category] += diff
-                    self._count(entry.category, entry.context, diff)
+                    self._count(entry.category, entry.context, diff, entry.saved)
                     self._current += diff
                     if self._history is not None:
                         self._log("alloc", entry)
@@ -343,8 +372,8 @@ class StorageLedgerBackend(MemoryBackend):
         self._current += nbytes
         self._note_peak()
 
-    def _count(self, category: int, context: int, nbytes: int) -> None:
-        key = (category, context)
+    def _count(self, category: int, context: int, nbytes: int, saved: bool = False) -> None:
+        key = (category, context, saved)
         left = self._composition.get(key, 0) + nbytes
         if left:
             self._composition[key] = left
@@ -355,8 +384,8 @@ class StorageLedgerBackend(MemoryBackend):
         self._keep_peak_composition()
         self._totals[entry.category] -= entry.nbytes
         self._totals[category] += entry.nbytes
-        self._count(entry.category, entry.context, -entry.nbytes)
-        self._count(category, entry.context, entry.nbytes)
+        self._count(entry.category, entry.context, -entry.nbytes, entry.saved)
+        self._count(category, entry.context, entry.nbytes, entry.saved)
         entry.category = category
 
     def _keep_peak_composition(self) -> None:
@@ -385,7 +414,7 @@ class StorageLedgerBackend(MemoryBackend):
                         self._log("free_completed", entry)
                     del self._live[entry.key]
                     self._totals[entry.category] -= entry.nbytes
-                    self._count(entry.category, entry.context, -entry.nbytes)
+                    self._count(entry.category, entry.context, -entry.nbytes, entry.saved)
                     self._current -= entry.nbytes
         except Exception as exc:
             self.fail(exc)
@@ -495,13 +524,16 @@ class StorageLedgerBackend(MemoryBackend):
             self._keep_peak_composition()
             live = sorted(self._peak_composition.items(), key=lambda kv: -kv[1])
         items = []
-        for (category, context), nbytes in live[:COMPOSITION_ITEMS]:
+        for (category, context, saved), nbytes in live[:COMPOSITION_ITEMS]:
             phase, module, microbatch, chunk = self._context_list[context]
+            kept = saved if category == CAT_ACTIVATIONS else None
             items.append(
-                CompositionItem(CATEGORIES[category], phase, module, microbatch, chunk, nbytes)
+                CompositionItem(
+                    CATEGORIES[category], phase, module, microbatch, chunk, nbytes, kept
+                )
             )
         rest: dict[int, int] = {}
-        for (category, _), nbytes in live[COMPOSITION_ITEMS:]:
+        for (category, _, _), nbytes in live[COMPOSITION_ITEMS:]:
             rest[category] = rest.get(category, 0) + nbytes
         for category, nbytes in sorted(rest.items(), key=lambda kv: -kv[1]):
             items.append(CompositionItem(CATEGORIES[category], "", "(rest)", None, None, nbytes))
