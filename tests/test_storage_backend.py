@@ -191,3 +191,34 @@ def test_storages_autograd_saves_are_told_apart_from_temporaries():
     finally:
         policy.pop_saved_hooks()
         ledger.stop()
+
+
+def test_the_saved_tensor_hooks_free_memory_as_without_them():
+    """A saved output must not keep its own graph alive in a reference cycle: with the hooks
+    pushed, dropping a graph that never ran backward frees its storage at once, garbage
+    collector off (returning the packed tensor itself would not)."""
+    import gc
+    import weakref
+
+    from memscope.capture.category_policy import CategoryPolicy
+
+    ledger = _ledger()
+    policy = CategoryPolicy(ledger)
+    gc.disable()
+    try:
+        weight = torch.randn(32, 32, requires_grad=True)
+        reference = weight.detach().clone().requires_grad_()
+        torch.tanh(reference @ reference).sum().backward()  # no hooks
+        policy.step_started()
+        out = torch.tanh(weight @ weight)  # tanh saves its own output
+        storage = weakref.ref(out.untyped_storage())
+        del out
+        assert storage() is None
+        again = torch.tanh(weight @ weight)
+        again.sum().backward()  # and backward computes through the hooks
+        policy.pop_saved_hooks()
+        assert torch.equal(weight.grad, reference.grad)  # bit-identical gradients
+    finally:
+        gc.enable()
+        policy.pop_saved_hooks()
+        ledger.stop()

@@ -109,8 +109,8 @@ class CategoryPolicy:
             self._push_saved_hooks()
 
     def _push_saved_hooks(self) -> None:
-        """Tell the backend which storages autograd saves; the hooks hand tensors through
-        unchanged, so training sees the same tensors."""
+        """Tell the backend which storages autograd saves; the hooks hand the same storage
+        back, so backward computes with the same values and memory is freed as before."""
         if self._saved_hooks is not None:
             return
         cat = self._cat
@@ -118,7 +118,10 @@ class CategoryPolicy:
 
         def pack(tensor: torch.Tensor) -> torch.Tensor:
             cat.mark_saved(tensor)
-            return tensor
+            # a detached alias: the same storage and version counter, but no reference back
+            # to the graph (returning the tensor itself would make a saved output keep its
+            # own grad_fn alive in a cycle, freed only by the garbage collector)
+            return tensor.detach()
 
         hooks = torch.autograd.graph.saved_tensors_hooks(pack, _unpack)
         hooks.__enter__()
