@@ -46,6 +46,7 @@ class _OpenModule:
     inputs: list[TensorInfo]
     microbatch: int | None
     recompute: bool
+    started: float  # seconds since tracing started
 
 
 class MemoryTracer:
@@ -95,6 +96,7 @@ class MemoryTracer:
         self._peak_context = caps.peak_context
         self._shapes = config.record_tensor_shapes
         self._composed_peak = -1
+        self._step_started = self._phase_started = 0.0  # seconds since tracing started
         #: Context changes with their time, kept while an allocator history is recorded
         #: (:meth:`start_markers`); bounded by ``max_markers``.
         self.markers: list[ContextMarker] | None = None
@@ -197,7 +199,8 @@ class MemoryTracer:
             inputs = [tensor_info(t) for t in tensors_in(args)]
             inputs += [tensor_info(t, k) for k, t in kwargs.items() if isinstance(t, torch.Tensor)]
         self.policy.module_entered()
-        self._stack.append(_OpenModule(label, self._sample(), inputs, mb, recompute))
+        started = time.time() - self.t0
+        self._stack.append(_OpenModule(label, self._sample(), inputs, mb, recompute, started))
         phase = s.PHASE_RECOMPUTE if recompute else s.PHASE_FORWARD
         self._set_context(label.name, mb, phase, label.chunk)
 
@@ -224,6 +227,7 @@ class MemoryTracer:
             microbatch=frame.microbatch,
             virtual_chunk=label.chunk,
             recompute=frame.recompute,
+            start_timestamp=frame.started,
             inputs=frame.inputs,
             outputs=[tensor_info(t) for t in outs] if self._shapes else [],
         )
@@ -293,7 +297,9 @@ class MemoryTracer:
             self.failures.record("host_rss", exc)
             return None
 
-    def _step_phase(self, phase: str, before: MemorySample, notes: str) -> MemorySample:
+    def _step_phase(
+        self, phase: str, before: MemorySample, notes: str, started: float
+    ) -> MemorySample:
         after = self._sample(detailed=True)
         extra: dict[str, Any] = {}
         if self._peak_context:
@@ -313,6 +319,7 @@ class MemoryTracer:
             host_rss_bytes=self._read_host_rss(),
             device=after.device,
             notes=notes,
+            start_timestamp=started,
             **extra,
         )
         return after
@@ -334,18 +341,20 @@ class MemoryTracer:
         self.backend.reset_peak()
         self._set_context("", None)
         self._step_start = self._phase_start = self._sample(detailed=True)
+        self._step_started = self._phase_started = time.time() - self.t0
 
     def phase_end(self, phase: str, next_phase: str, notes: str = "") -> None:
         """Close the running step phase (recording it) and open ``next_phase``."""
         self.in_window = self.in_window and next_phase == s.PHASE_FORWARD_BACKWARD
         self.policy.phase_ended(phase, next_phase)
-        self._phase_start = self._step_phase(phase, self._phase_start, notes)
+        self._phase_start = self._step_phase(phase, self._phase_start, notes, self._phase_started)
+        self._phase_started = time.time() - self.t0
         self.phase = next_phase
         self._set_context("", None)
 
     def step_end(self, notes: str = "") -> None:
         self.policy.pop_saved_hooks()
-        self._step_phase(s.PHASE_STEP, self._step_start, notes)
+        self._step_phase(s.PHASE_STEP, self._step_start, notes, self._step_started)
         self.steps_completed += 1
         self.phase = s.PHASE_SETUP
         self.in_window = False

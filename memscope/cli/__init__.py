@@ -22,6 +22,7 @@ from memscope.cli import (
     analyze_cmd,
     analyze_static_cmd,
     demo_cmd,
+    export_cmd,
     snapshot_cmd,
     summarize_cmd,
     visualize_cmd,
@@ -29,7 +30,15 @@ from memscope.cli import (
 from memscope.cli.common import CliError, CommandParser
 from memscope.units import printable
 
-COMMANDS = (visualize_cmd, demo_cmd, summarize_cmd, analyze_cmd, analyze_static_cmd, snapshot_cmd)
+COMMANDS = (
+    visualize_cmd,
+    demo_cmd,
+    summarize_cmd,
+    analyze_cmd,
+    analyze_static_cmd,
+    snapshot_cmd,
+    export_cmd,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

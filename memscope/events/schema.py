@@ -95,6 +95,9 @@ class MemoryEvent:
     peak_categories: tuple[int, ...] | None = None
     #: ... and what was live there by category x creation context (largest first, bounded).
     peak_composition: tuple[CompositionItem, ...] | None = None
+    #: When the event's interval began (seconds since tracing started): module forwards and
+    #: step phases, so that exports can draw them as slices.
+    start_timestamp: float | None = None
 
     @property
     def delta_allocated(self) -> int:
@@ -144,6 +147,8 @@ class MemoryEvent:
             out["peak_categories"] = dict(zip(CATEGORIES, self.peak_categories, strict=True))
         if self.peak_composition is not None:
             out["peak_composition"] = [item.to_dict() for item in self.peak_composition]
+        if self.start_timestamp is not None:
+            out["start_timestamp"] = round(self.start_timestamp, 6)
         return out
 
     @classmethod
@@ -183,6 +188,9 @@ class MemoryEvent:
             peak_composition=tuple(CompositionItem.from_dict(i) for i in d["peak_composition"])
             if d.get("peak_composition") is not None
             else None,
+            start_timestamp=None
+            if d.get("start_timestamp") is None
+            else float(d["start_timestamp"]),
         )
 
 

@@ -1,0 +1,79 @@
+"""Chrome-trace / Perfetto JSON from MemScope events (plain dicts in, a JSON-ready dict out).
+
+Per rank (one process, ``pid`` = rank): counter tracks of allocated and reserved bytes and,
+when the backend classifies memory, one per category; slices for step phases (thread
+"steps") and module forwards and recomputations (thread "forward"), from each event's
+``start_timestamp`` to its ``timestamp``; instants for gradients (thread "backward"), at the
+rank's peak and at an OOM. Timestamps are microseconds since each rank's tracing started.
+Opens in ui.perfetto.dev and chrome://tracing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+THREADS = {"steps": 1, "forward": 2, "backward": 3}
+SLICE_EVENTS = {"step_phase": "steps", "module_forward": "forward"}
+
+
+def _us(seconds: float) -> float:
+    return round(seconds * 1e6, 3)
+
+
+def rank_trace_events(
+    rank: int, events: Iterable[Mapping[str, Any]], peak: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """The trace events of one rank (``events``: ``trace.jsonl`` event dicts, in order)."""
+    out: list[dict[str, Any]] = [
+        {"ph": "M", "pid": rank, "name": "process_name", "args": {"name": f"rank {rank}"}},
+    ]
+    for name, tid in THREADS.items():
+        out.append({"ph": "M", "pid": rank, "tid": tid, "name": "thread_name",
+                    "args": {"name": name}})  # fmt: skip
+    last_counter = -1.0
+    best: tuple[int, float] | None = None
+    for e in events:
+        ts = _us(float(e["timestamp"]))
+        kind = e.get("event_type", "")
+        track = SLICE_EVENTS.get(kind)
+        start = e.get("start_timestamp")
+        if track is not None and start is not None:
+            begin = _us(float(start))
+            name = e.get("module") or e.get("phase") or kind
+            args = {"phase": e.get("phase"), "step": e.get("step"),
+                    "microbatch": e.get("microbatch"), "virtual_chunk": e.get("virtual_chunk"),
+                    "allocated_after": e.get("mem_allocated_after"),
+                    "high_water": e.get("max_mem_allocated")}  # fmt: skip
+            out.append({"ph": "X", "pid": rank, "tid": THREADS[track], "ts": begin,
+                        "dur": max(0.0, round(ts - begin, 3)), "name": str(name),
+                        "cat": str(e.get("phase", "")), "args": args})  # fmt: skip
+        elif kind in ("output_grad", "param_grad"):
+            out.append({"ph": "i", "s": "t", "pid": rank, "tid": THREADS["backward"], "ts": ts,
+                        "name": str(e.get("module", kind)), "cat": kind,
+                        "args": {"microbatch": e.get("microbatch"),
+                                 "allocated_after": e.get("mem_allocated_after")}})  # fmt: skip
+        if ts > last_counter:  # one reading per instant, in time order
+            last_counter = ts
+            out.append({"ph": "C", "pid": rank, "ts": ts, "name": "memory",
+                        "args": {"allocated": e.get("mem_allocated_after"),
+                                 "reserved": e.get("mem_reserved_after")}})  # fmt: skip
+            categories = e.get("categories")
+            if isinstance(categories, Mapping):
+                out.append({"ph": "C", "pid": rank, "ts": ts, "name": "categories",
+                            "args": dict(categories)})  # fmt: skip
+        high = int(e.get("max_mem_allocated") or 0)
+        if best is None or high > best[0]:
+            best = (high, ts)
+    if best is not None:
+        where = dict(peak or {})
+        out.append({"ph": "i", "s": "p", "pid": rank, "tid": THREADS["steps"], "ts": best[1],
+                    "name": "peak", "args": {"bytes": best[0], "step": where.get("step"),
+                                             "module": where.get("module")}})  # fmt: skip
+    return out
+
+
+def chrome_trace(ranks: Mapping[int, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The whole file: every rank's events (see :func:`rank_trace_events`)."""
+    events = [e for rank in sorted(ranks) for e in ranks[rank]]
+    return {"traceEvents": events, "displayTimeUnit": "ms"}

@@ -1,0 +1,65 @@
+"""``memscope export``: a traced run's events as Chrome-trace / Perfetto JSON, checked against
+the format's rules (monotonic counter timestamps per track, properly nested slices per
+thread) and against the run's own report."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+from conftest import load_json
+
+from memscope.cli import main
+
+
+def _properly_nested(slices: list[dict]) -> bool:
+    """Every slice lies inside the enclosing open one or after it (1 µs rounding slack)."""
+    ends: list[float] = []
+    for s in sorted(slices, key=lambda s: (s["ts"], -s["dur"])):
+        while ends and ends[-1] <= s["ts"] + 1:
+            ends.pop()
+        end = s["ts"] + s["dur"]
+        if ends and end > ends[-1] + 1:
+            return False
+        ends.append(end)
+    return True
+
+
+def test_export_of_a_traced_run_is_a_valid_chrome_trace(traced_run, tmp_path, capsys):
+    _, report, outdir = traced_run
+    out = str(tmp_path / "trace.json")
+    assert main(["export", "--trace", outdir, "--out", out]) == 0
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    counters: dict[tuple, list[float]] = defaultdict(list)
+    slices: dict[tuple, list[dict]] = defaultdict(list)
+    for e in events:
+        assert e["ph"] in ("M", "C", "X", "i") and e["pid"] == 0
+        if e["ph"] == "C":
+            counters[(e["pid"], e["name"])].append(e["ts"])
+        elif e["ph"] == "X":
+            assert e["dur"] >= 0 and e["name"]
+            slices[(e["pid"], e["tid"])].append(e)
+    assert set(counters) == {(0, "memory"), (0, "categories")}  # storage backend: categories
+    for ts in counters.values():
+        assert ts == sorted(ts) and len(set(ts)) == len(ts)
+    assert len(slices) == 2  # step phases, module forwards
+    assert all(_properly_nested(s) for s in slices.values())
+    steps = [s for s in slices[(0, 1)] if s["name"] == "step"]
+    assert len(steps) == report["metadata"]["steps_completed"]
+    modules = {s["name"] for s in slices[(0, 2)]}
+    forwards = {e["module"] for e in report["runtime_trace"] if e["event_type"] == "module_forward"}
+    assert forwards and forwards <= modules
+    (peak,) = [e for e in events if e["ph"] == "i" and e["name"] == "peak"]
+    assert peak["args"]["bytes"] == report["peak"]["memory_bytes"]
+
+
+def test_export_keeps_a_step_window_and_refuses_bad_input(traced_run, tmp_path, capsys):
+    _, _, outdir = traced_run
+    out = str(tmp_path / "window.json")
+    assert main(["export", "--trace", outdir, "--out", out, "--steps", "1:2"]) == 0
+    events = load_json(out)["traceEvents"]
+    assert {e["args"]["step"] for e in events if e["ph"] == "X"} == {1}
+    assert main(["export", "--trace", outdir, "--out", out, "--steps", "2:1"]) == 2
+    assert "expected A:B" in capsys.readouterr().err
+    assert main(["export", "--trace", str(tmp_path / "none"), "--out", out]) == 2
+    assert "no such trace" in capsys.readouterr().err
