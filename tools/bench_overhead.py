@@ -5,6 +5,24 @@ that slow drift of the machine affects both sides alike.  Every "on" configurati
 the "off" run done just before it; its ratio is the median over repeats of
 ``median step time (on) / median step time (off)`` of each pair.
 
+The "on" configurations, chosen with ``--modes`` (default: all of them):
+
+* ``hooks``: the hook families switched on one after the other with ``--backend`` (step
+  callbacks only, + module hooks, + output-grad hooks, + param-grad hooks = the defaults).
+  The last of these rows is always run: it is the figure of the last line.
+* ``always-on``: the GPU's default mode, backend ``cuda`` (allocator counters and context
+  markers, no per-op dispatch, no stacks); skipped on a machine without CUDA.
+* ``storage``: the composition mode, backend ``storage`` (exact per-storage ledger).
+* ``deep``: backend ``storage`` recording the allocation history on every rank over the timed
+  steps (``--memscope-enable-memory-snapshot``; the history is dumped in the last timed step).
+
+Each mode keeps every other setting at its default.  A mode whose backend is not available
+on this machine is skipped with a note (an error when named in ``--modes``).
+
+The model size is set with ``--hidden``, ``--layers``, ``--seq-length`` and ``--heads``.  At
+the tiny default every op takes microseconds, so fixed per-op costs weigh far more than on a
+real model; measure a larger size too to see what a user would pay.
+
 All runs execute inside one set of worker processes (one per rank): starting fresh processes
 costs ~20 s of imports each, far more than the runs themselves.  Each run still builds its own
 process group, model, optimizer and MemScope runtime (``traced_worker`` of ``memscope demo``,
@@ -15,15 +33,19 @@ Usage::
 
     python tools/bench_overhead.py                 # PP=2, 2 processes, ~1-2 minutes on 2 cores
     python tools/bench_overhead.py --quick         # smoke run
-    python tools/bench_overhead.py --parallel none --backend storage --json out.json
+    python tools/bench_overhead.py --hidden 256 --seq-length 128   # ops that are not tiny
+    python tools/bench_overhead.py --modes storage deep --json out.json
+    python tools/bench_overhead.py --parallel none --backend storage --modes hooks
 
-The last line printed is ``overhead: R`` with R the ratio at default settings (all hooks on).
+The last line printed is ``overhead: R`` with R the ratio at default settings (all hooks on)
+with ``--backend``.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import glob
 import json
 import os
 import platform
@@ -44,7 +66,7 @@ sys.path.insert(
 
 from harness import instrumented_worker
 
-from memscope.capture.backends import BACKEND_CHOICES
+from memscope.capture.backends import BACKEND_CHOICES, available_backend_names
 from memscope.demo.launcher import WorkerError, free_port, spawn
 from memscope.demo.tiny_gpt import TinyGPTConfig
 
@@ -56,13 +78,32 @@ _HOOK_FLAGS = (
 )
 
 # (name, hook switches on) - cumulative; the last one passes no switches at all (true defaults).
-CONFIGS: list[tuple[str, tuple[bool, bool, bool] | None]] = [
+HOOK_ROWS: list[tuple[str, tuple[bool, bool, bool] | None]] = [
     ("step callbacks only", (False, False, False)),
     ("+ module hooks", (True, False, False)),
     ("+ output-grad hooks", (True, True, False)),
     ("+ param-grad hooks (all, default)", None),
 ]
-DEFAULT_CONFIG = CONFIGS[-1][0]
+DEFAULT_CONFIG = HOOK_ROWS[-1][0]
+
+HOOKS = "hooks"
+# mode -> (row name, backend); the "hooks" rows use --backend.
+MODES: dict[str, tuple[str, str]] = {
+    "always-on": ("cuda (always-on)", "cuda"),
+    "storage": ("storage (composition)", "storage"),
+    "deep": ("storage + allocation history (deep)", "storage"),
+}
+MODE_CHOICES = (HOOKS, *MODES)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One "on" configuration: its table row, the mode it belongs to, its MemScope flags."""
+
+    name: str
+    mode: str
+    backend: str  # --memscope-backend
+    argv: tuple[str, ...]  # flags besides --memscope, the backend and the outdir
 
 
 @dataclass
@@ -73,6 +114,7 @@ class RunSpec:
     config: str
     repeat: int
     argv: list[str] | None  # None: untraced
+    mode: str = OFF
 
 
 @dataclass
@@ -84,6 +126,7 @@ class RunResult:
     median_s: float  # median over timed steps
     events_per_step: dict[int, int] = field(default_factory=dict)  # summed over ranks
     backend: str | None = None
+    snapshots: int = 0  # allocator snapshot files written, summed over ranks
 
 
 def hook_argv(switches: tuple[bool, bool, bool] | None) -> list[str]:
@@ -96,26 +139,72 @@ def hook_argv(switches: tuple[bool, bool, bool] | None) -> list[str]:
     return argv
 
 
-def build_plan(repeats: int, backend: str, outdir: str) -> list[RunSpec]:
+def history_argv(first_step: int, steps: int, world_size: int) -> list[str]:
+    """MemScope argv recording the allocation history on every rank over ``steps`` steps."""
+    return [
+        "--memscope-enable-memory-snapshot",
+        "true",
+        "--memscope-snapshot-start-step",
+        str(first_step),
+        "--memscope-snapshot-steps",
+        str(steps),
+        "--memscope-snapshot-ranks",
+        *(str(rank) for rank in range(world_size)),
+    ]
+
+
+def build_configs(
+    modes: list[str], backend: str, warmup: int, steps: int, world_size: int
+) -> list[Config]:
+    """The "on" configurations of ``modes``, in table order (the default row always first
+    among them or alone: it is the figure of the last line)."""
+    hook_rows = HOOK_ROWS if HOOKS in modes else HOOK_ROWS[-1:]
+    configs = [
+        Config(name, HOOKS, backend, tuple(hook_argv(switches))) for name, switches in hook_rows
+    ]
+    for mode, (name, mode_backend) in MODES.items():
+        if mode in modes:
+            extra = history_argv(warmup, steps, world_size) if mode == "deep" else []
+            configs.append(Config(name, mode, mode_backend, tuple(extra)))
+    return configs
+
+
+def build_plan(repeats: int, configs: list[Config], outdir: str) -> list[RunSpec]:
     """Alternating plan: for each repeat, for each configuration, an off run then an on run."""
     plan: list[RunSpec] = []
     for repeat in range(repeats):
-        for name, switches in CONFIGS:
+        for config in configs:
             plan.append(RunSpec(len(plan), OFF, repeat, None))
             index = len(plan)
-            argv = ["--memscope", *hook_argv(switches), "--memscope-backend", backend]
+            argv = ["--memscope", *config.argv, "--memscope-backend", config.backend]
             argv += ["--memscope-outdir", os.path.join(outdir, f"run{index:03d}")]
-            plan.append(RunSpec(index, name, repeat, argv))
+            plan.append(RunSpec(index, config.name, repeat, argv, config.mode))
     return plan
 
 
-def model_config(parallel: str) -> tuple[TinyGPTConfig, int]:
-    """The tiny GPT config and world size for ``--parallel``."""
-    if parallel == "tp":
-        return TinyGPTConfig(tp=2), 2
-    if parallel == "pp":
-        return TinyGPTConfig(pp=2), 2
-    return TinyGPTConfig(), 1
+def model_config(args: argparse.Namespace) -> tuple[TinyGPTConfig, int]:
+    """The GPT config (size from the options) and world size for ``--parallel``."""
+    size: dict[str, Any] = {
+        "num_layers": args.layers,
+        "hidden_size": args.hidden,
+        "num_attention_heads": args.heads,
+        "seq_length": args.seq_length,
+    }
+    if args.parallel == "tp":
+        return TinyGPTConfig(tp=2, **size), 2
+    if args.parallel == "pp":
+        return TinyGPTConfig(pp=2, **size), 2
+    return TinyGPTConfig(**size), 1
+
+
+def model_size(cfg: TinyGPTConfig) -> dict[str, int]:
+    """The size options of ``cfg``, as the JSON output names them."""
+    return {
+        "hidden": cfg.hidden_size,
+        "layers": cfg.num_layers,
+        "heads": cfg.num_attention_heads,
+        "seq_length": cfg.seq_length,
+    }
 
 
 def distinct_ports(count: int) -> list[int]:
@@ -150,6 +239,13 @@ def _events_per_step(report_path: str | None) -> tuple[dict[int, int], str | Non
     return counts, backend
 
 
+def _snapshot_count(report_path: str | None) -> int:
+    """Allocator snapshot files beside this rank's report."""
+    if report_path is None:
+        return 0
+    return len(glob.glob(os.path.join(os.path.dirname(report_path), "memory_snapshot*.pickle")))
+
+
 def bench_worker(
     rank: int,
     world_size: int,
@@ -166,6 +262,7 @@ def bench_worker(
         gc.collect()
         result = instrumented_worker(rank, world_size, port, cfg, steps, spec.argv)
         events, backend = _events_per_step(result.report_path)
+        snapshots = _snapshot_count(result.report_path)
         if result.report_path is not None:
             shutil.rmtree(os.path.dirname(result.report_path), ignore_errors=True)
         out.append(
@@ -173,6 +270,7 @@ def bench_worker(
                 "step_times": list(result.step_times),
                 "events": events,
                 "backend": backend,
+                "snapshots": snapshots,
                 "param_bytes": result.param_bytes,
             }
         )
@@ -205,28 +303,36 @@ def merge_ranks(
                 median_s=statistics.median(step_times[warmup:]),
                 events_per_step=events,
                 backend=next((r["backend"] for r in runs if r["backend"]), None),
+                snapshots=sum(r["snapshots"] for r in runs),
             )
         )
     return results
 
 
-def summarize(results: list[RunResult], warmup: int) -> list[dict[str, Any]]:
+def summarize(
+    results: list[RunResult], configs: list[Config], warmup: int, size: dict[str, int]
+) -> list[dict[str, Any]]:
     """One row per configuration: median step time, pair ratios, events per timed step."""
     by_index = {r.spec.index: r for r in results}
     off_runs = [r for r in results if r.spec.config == OFF]
     rows: list[dict[str, Any]] = [
         {
             "name": OFF,
+            "mode": OFF,
+            "size": size,
+            "backend": None,
+            "backend_used": None,
             "median_step_ms": statistics.median(r.median_s for r in off_runs) * 1e3,
             "run_medians_ms": [r.median_s * 1e3 for r in off_runs],
             "ratio": 1.0,
             "pair_ratios": [],
             "events_per_step": None,
             "events_first_last": None,
+            "snapshots": 0,
         }
     ]
-    for name, _ in CONFIGS:
-        on_runs = [r for r in results if r.spec.config == name]
+    for config in configs:
+        on_runs = [r for r in results if r.spec.config == config.name]
         ratios = [r.median_s / by_index[r.spec.index - 1].median_s for r in on_runs]
         timed_events = [
             [r.events_per_step.get(s, 0) for s in range(warmup, len(r.step_times))]
@@ -234,7 +340,11 @@ def summarize(results: list[RunResult], warmup: int) -> list[dict[str, Any]]:
             if r.events_per_step
         ]
         row: dict[str, Any] = {
-            "name": name,
+            "name": config.name,
+            "mode": config.mode,
+            "size": size,
+            "backend": config.backend,
+            "backend_used": sorted({r.backend for r in on_runs if r.backend}),
             "argv": on_runs[0].spec.argv if on_runs else None,
             "median_step_ms": statistics.median(r.median_s for r in on_runs) * 1e3,
             "run_medians_ms": [r.median_s * 1e3 for r in on_runs],
@@ -242,6 +352,7 @@ def summarize(results: list[RunResult], warmup: int) -> list[dict[str, Any]]:
             "pair_ratios": ratios,
             "events_per_step": None,
             "events_first_last": None,
+            "snapshots": min(r.snapshots for r in on_runs),
         }
         if timed_events:
             row["events_per_step"] = statistics.mean(statistics.mean(e) for e in timed_events)
@@ -279,6 +390,24 @@ def format_table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def row_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """Warnings about rows: growing event counts, a backend other than asked, no snapshot."""
+    notes: list[str] = []
+    for row in rows:
+        first_last = row["events_first_last"]
+        if first_last and first_last[1] > first_last[0] * 1.1:
+            notes.append(
+                f"note: '{row['name']}' events/step grew from {first_last[0]} to {first_last[1]} "
+                "over the timed steps (overhead rises with training length)"
+            )
+        used = row["backend_used"]
+        if row["mode"] not in (OFF, HOOKS) and used != [row["backend"]]:
+            notes.append(f"note: '{row['name']}' asked for backend {row['backend']}, ran {used}")
+        if row["mode"] == "deep" and not row["snapshots"]:
+            notes.append(f"note: '{row['name']}' wrote no allocator snapshot")
+    return notes
+
+
 def device_name() -> str:
     """The accelerator if any (training itself always runs on CPU with gloo)."""
     if torch.cuda.is_available():
@@ -287,13 +416,24 @@ def device_name() -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command-line options."""
+    """Command-line options; ``args.modes`` comes back expanded and checked."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=None, help="timed steps per run (default 6)")
     p.add_argument("--warmup-steps", type=int, default=2, help="untimed first steps (default 2)")
     p.add_argument("--repeats", type=int, default=None, help="off/on pairs per config (default 3)")
     p.add_argument("--parallel", choices=("tp", "pp", "none"), default="pp")
     p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto", help="--memscope-backend")
+    p.add_argument(
+        "--modes",
+        nargs="+",
+        choices=("all", *MODE_CHOICES),
+        default=["all"],
+        help="row groups to run (default all; the default-settings row always runs)",
+    )
+    p.add_argument("--hidden", type=int, default=64, help="hidden size (default 64)")
+    p.add_argument("--layers", type=int, default=2, help="transformer layers (default 2)")
+    p.add_argument("--seq-length", type=int, default=32, help="sequence length (default 32)")
+    p.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
     p.add_argument("--quick", action="store_true", help="smoke run: 1 repeat, 3 timed steps")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p.add_argument("--quiet", action="store_true", help="no per-run progress on stderr")
@@ -304,17 +444,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.repeats = 1 if args.quick else 3
     if args.steps < 1 or args.repeats < 1 or args.warmup_steps < 0:
         p.error("--steps and --repeats must be >= 1, --warmup-steps >= 0")
+    if min(args.hidden, args.layers, args.seq_length, args.heads) < 1:
+        p.error("--hidden, --layers, --seq-length and --heads must be >= 1")
+    if args.hidden % args.heads:
+        p.error(f"--hidden {args.hidden} is not divisible by --heads {args.heads}")
+    cfg, world_size = model_config(args)
+    try:
+        cfg.validate(world_size)
+    except ValueError as exc:
+        p.error(str(exc))
+    registered = available_backend_names()
+    if "all" in args.modes:
+        args.skipped = [m for m in MODES if MODES[m][1] not in registered]
+        args.modes = [m for m in MODE_CHOICES if m not in args.skipped]
+    else:
+        missing = [m for m in args.modes if m in MODES and MODES[m][1] not in registered]
+        if missing:
+            p.error(f"--modes {' '.join(missing)}: not available here ({', '.join(registered)} is)")
+        args.skipped = []
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, print the header, the table and ``overhead: R``; return exit code."""
     args = parse_args(argv)
-    cfg, world_size = model_config(args.parallel)
+    cfg, world_size = model_config(args)
+    configs = build_configs(args.modes, args.backend, args.warmup_steps, args.steps, world_size)
     total_steps = args.warmup_steps + args.steps
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="memscope_bench_") as outdir:
-        plan = build_plan(args.repeats, args.backend, outdir)
+        plan = build_plan(args.repeats, configs, outdir)
         ports = distinct_ports(len(plan))
         try:
             per_rank = spawn(
@@ -333,8 +492,9 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     elapsed = time.perf_counter() - started
     results = merge_ranks(plan, per_rank, args.warmup_steps)
-    rows = summarize(results, args.warmup_steps)
-    used = sorted({r.backend for r in results if r.backend})
+    size = model_size(cfg)
+    rows = summarize(results, configs, args.warmup_steps, size)
+    used = sorted({r.backend for r in results if r.backend and r.spec.mode == HOOKS})
     backend = args.backend + (f" -> {'/'.join(used)}" if used else "")
     params = sum(run[0]["param_bytes"] for run in per_rank) // 4  # fp32 parameters
     print(
@@ -347,18 +507,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     for line in format_table(rows):
         print(line)
-    for row in rows:
-        first_last = row["events_first_last"]
-        if first_last and first_last[1] > first_last[0] * 1.1:
-            print(
-                f"note: '{row['name']}' events/step grew from {first_last[0]} to {first_last[1]} "
-                "over the timed steps (overhead rises with training length)"
-            )
+    for line in row_notes(rows):
+        print(line)
+    for mode in args.skipped:
+        name, mode_backend = MODES[mode]
+        print(f"note: '{name}' skipped: backend {mode_backend} is not available here")
     overhead = next(row["ratio"] for row in rows if row["name"] == DEFAULT_CONFIG)
     if args.json:
         payload = {
             "setup": {
                 "model": cfg.to_dict(),
+                "size": size,
                 "world_size": world_size,
                 "parallel": args.parallel,
                 "params": params,
@@ -367,6 +526,8 @@ def main(argv: list[str] | None = None) -> int:
                 "repeats": args.repeats,
                 "backend": args.backend,
                 "backend_used": used,
+                "modes": args.modes,
+                "modes_skipped": args.skipped,
                 "device": device_name(),
                 "torch": torch.__version__,
                 "elapsed_s": elapsed,
@@ -376,11 +537,14 @@ def main(argv: list[str] | None = None) -> int:
                 {
                     "index": r.spec.index,
                     "config": r.spec.config,
+                    "mode": r.spec.mode,
                     "repeat": r.spec.repeat,
                     "argv": r.spec.argv,
+                    "backend_used": r.backend,
                     "step_times_ms": [t * 1e3 for t in r.step_times],
                     "median_ms": r.median_s * 1e3,
                     "events_per_step": {str(k): v for k, v in sorted(r.events_per_step.items())},
+                    "snapshots": r.snapshots,
                 }
                 for r in results
             ],

@@ -12,6 +12,7 @@ from memscope.capture.backends.base import (
 )
 from memscope.capture.backends.registry import (
     BackendSpec,
+    available_backend_names,
     backend_names,
     create_backend,
     register_backend,
@@ -30,6 +31,7 @@ __all__ = [
     "Categorizer",
     "MemoryBackend",
     "MemorySample",
+    "available_backend_names",
     "backend_names",
     "create_backend",
     "register_backend",

@@ -40,6 +40,11 @@ def backend_names() -> tuple[str, ...]:
     return tuple(_REGISTRY)
 
 
+def available_backend_names() -> tuple[str, ...]:
+    """Registered backends that can run on this machine."""
+    return tuple(name for name, spec in _REGISTRY.items() if spec.is_available())
+
+
 def resolve_backend_name(name: str) -> str:
     """``auto`` becomes the best available backend; other names are checked."""
     if name != AUTO and name not in _REGISTRY:
