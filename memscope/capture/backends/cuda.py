@@ -45,7 +45,7 @@ def register() -> None:
         BackendSpec(
             name="cuda",
             factory=lambda options: CudaAllocatorBackend(options=options),
-            is_available=torch.cuda.is_available,
+            is_available=lambda: torch.cuda.is_available(),  # looked up at each call
             auto_priority=20,
             unavailable_reason="--memscope-backend cuda needs a CUDA device; none is available",
         )
