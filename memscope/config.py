@@ -22,7 +22,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 BACKEND_CHOICES = ("auto", "cuda", "storage")
-SNAPSHOT_STACKS = ("python", "all")
+SNAPSHOT_STACKS = ("none", "python", "all")
 FLAG_PREFIX = "--memscope-"
 # Flat fields that the report nests as one schedule dict (see RuntimeConfig.to_report_dict).
 _SCHEDULE_PARTS = {
@@ -201,8 +201,8 @@ class RuntimeConfig:
     snapshot_steps: int = setting(2, "Steps of allocator history recorded, then dumped")
     snapshot_max_entries: int = setting(100_000, "Allocator history entries kept")
     snapshot_stacks: str = setting(
-        "python",
-        "python (fast) or all (adds C++ frames; dumping can take minutes)",
+        "none",
+        "none (cheapest: no stacks), python, or all (adds C++ frames; dumping can take minutes)",
         choices=SNAPSHOT_STACKS,
     )
 

@@ -73,7 +73,7 @@ def test_config_imports_no_other_memscope_module():
 
 def test_backend_choices_live_in_config():
     assert BACKEND_CHOICES == ("auto", "cuda", "storage")
-    assert SNAPSHOT_STACKS == ("python", "all")
+    assert SNAPSHOT_STACKS == ("none", "python", "all")
 
 
 def test_every_field_is_a_setting_with_help():

@@ -34,6 +34,18 @@ def _build():
     return model, torch.optim.Adam(model.parameters(), lr=1e-3)
 
 
+def record_history(outdir) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """Four steps of the plain loop, steps 1-2 recording the storage ledger's history."""
+    model, opt = _build()
+    settings = dict(
+        outdir=str(outdir), backend="storage", enable_memory_snapshot=True,
+        snapshot_ranks=[0], snapshot_start_step=1, snapshot_steps=2,
+    )  # fmt: skip
+    with MemScopeTorchRuntime(model, opt, **settings) as ms:
+        _train(ms, model, opt, 4)
+    return model, opt
+
+
 def test_plain_torch_loop_gets_a_report_with_exact_model_and_optimizer_bytes(tmp_path):
     model, opt = _build()
     with MemScopeTorchRuntime(model, opt, outdir=str(tmp_path), backend="storage") as ms:
@@ -136,13 +148,7 @@ def test_storage_backend_snapshot_replays_to_the_ledgers_own_peak(tmp_path):
     those steps, and its live set by module."""
     from memscope.cli import main
 
-    model, opt = _build()
-    settings = dict(
-        outdir=str(tmp_path), backend="storage", enable_memory_snapshot=True,
-        snapshot_ranks=[0], snapshot_start_step=1, snapshot_steps=2,
-    )  # fmt: skip
-    with MemScopeTorchRuntime(model, opt, **settings) as ms:
-        _train(ms, model, opt, 4)
+    model, _ = record_history(tmp_path)
     rank = tmp_path / "rank00000"
     snapshot = rank / "memory_snapshot_steps1-2.pickle"
     assert snapshot.exists()
@@ -159,3 +165,31 @@ def test_storage_backend_snapshot_replays_to_the_ledgers_own_peak(tmp_path):
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     assert sum(i["bytes"] for i in items if i["category"] == "parameters") == params
     assert any(i["category"] == "activations" and i["module"] in ("0", "1", "2") for i in items)
+
+
+def test_the_report_carries_the_replay_of_its_recorded_history(tmp_path):
+    """The snapshot is replayed when it is written: each recorded step's true peak, and a
+    composition by category equal to the exact ledger's at the same peak."""
+    record_history(tmp_path)
+    report = json.loads((tmp_path / "rank00000" / "runtime_report.json").read_text())
+    timeline = report["allocator_timeline"]
+    assert timeline["source"] == "storage_ledger" and timeline["inconsistencies"] == 0
+    steps = {s["step"]: s for s in report["steps"]}
+    assert set(timeline["step_peaks"]) == {"1", "2"}
+    for step in (1, 2):
+        assert steps[step]["peak_allocated_timeline"] == steps[step]["peak_allocated"]
+    assert "peak_allocated_timeline" not in steps[3]
+    assert timeline["peak_bytes"] == report["peak"]["memory_bytes"]
+
+    def by_category(items):
+        out: dict[str, int] = {}
+        for i in items:
+            out[i["category"]] = out.get(i["category"], 0) + i["bytes"]
+        return out
+
+    exact = report["peak"]["composition"]
+    assert exact["source"] == "storage_ledger"
+    assert by_category(timeline["composition"]["items"]) == by_category(exact["items"])
+    assert timeline["composition"]["unattributed_bytes"] == 0
+    assert timeline["recording_cost"]["recorded_steps"] == 2
+    assert timeline["recording_cost"]["other_steps"] == 2

@@ -39,10 +39,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memscope.events.ownership import OwnershipIndex
-from memscope.events.schema import CompositionItem, ContextMarker
+from memscope.events.schema import CompositionItem, ContextMarker, PeakContext, TimelineSummary
 
 BEFORE_WINDOW = "(before the window)"
-ACTIVATION_PHASES = frozenset({"forward", "backward", "recompute"})
+#: Memory allocated in these phases is activations (as the storage backend's category policy
+#: has it: the whole forward-backward pass, module or not).
+ACTIVATION_PHASES = frozenset({"forward_backward", "forward", "backward", "recompute"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,31 @@ class TimelinePeak:
     inconsistencies: int
     coverage: float  # share of the peak's bytes allocated inside the window
     composition: tuple[CompositionItem, ...] = field(default=())
+    #: Allocated high-water mark of each step the markers name (empty without markers).
+    step_peaks: dict[int, int] = field(default_factory=dict)
+    #: The marker current when the peak was reached (None without markers).
+    peak_marker: ContextMarker | None = None
+
+    def summary(self, snapshot: str, source: str) -> TimelineSummary:
+        """The plain record an ``allocator_timeline`` event carries."""
+        m = self.peak_marker
+        context = (
+            None
+            if m is None or m.step is None
+            else PeakContext(m.step, m.phase, m.module, m.microbatch, m.virtual_chunk)
+        )
+        return TimelineSummary(
+            snapshot=snapshot,
+            source=source,
+            peak_bytes=self.allocated_bytes,
+            peak_time_us=self.time_us,
+            peak_context=context,
+            window_start_bytes=self.start_bytes,
+            events=self.events,
+            inconsistencies=self.inconsistencies,
+            coverage=self.coverage,
+            step_peaks=dict(self.step_peaks),
+        )
 
 
 def device_trace(snapshot: Mapping[str, Any], device: int) -> list[Mapping[str, Any]]:
@@ -90,8 +117,28 @@ def allocated_blocks(snapshot: Mapping[str, Any], device: int) -> dict[int, int]
     return out
 
 
-def replay(snapshot: Mapping[str, Any], device: int = 0) -> TimelinePeak:
-    """Replay ``device``'s recorded history to its allocated peak (see the module doc)."""
+class _MarkerCursor:
+    """Walks time-ordered markers alongside time-ordered events."""
+
+    def __init__(self, markers: Iterable[ContextMarker]) -> None:
+        self.markers = sorted(markers, key=lambda m: m.time_us)
+        self.next = 0
+        self.current: ContextMarker | None = None
+
+    def at(self, time_us: int | None) -> ContextMarker | None:
+        if time_us is None:
+            return self.current
+        while self.next < len(self.markers) and self.markers[self.next].time_us <= time_us:
+            self.current = self.markers[self.next]
+            self.next += 1
+        return self.current
+
+
+def replay(
+    snapshot: Mapping[str, Any], device: int = 0, markers: Iterable[ContextMarker] = ()
+) -> TimelinePeak:
+    """Replay ``device``'s recorded history to its allocated peak (see the module doc); with
+    ``markers``, also each step's high-water mark and the context at the peak."""
     trace = device_trace(snapshot, device)
     live: dict[int, int] = allocated_blocks(snapshot, device)
     inconsistencies = 0
@@ -107,13 +154,24 @@ def replay(snapshot: Mapping[str, Any], device: int = 0) -> TimelinePeak:
     start = dict(live)
     current = start_bytes = sum(start.values())
     best, best_index = current, -1
+    cursor = _MarkerCursor(markers)
+    step_peaks: dict[int, int] = {}
+    peak_marker = cursor.at(_opt_int(trace[0].get("time_us"))) if trace else None
     for i, event in enumerate(trace):
         action = event.get("action")
+        if action not in ("alloc", "free_requested"):
+            continue
+        marker = cursor.at(_opt_int(event.get("time_us")))
+        step = None if marker is None else marker.step
+        if step is not None and current > step_peaks.get(step, -1):
+            step_peaks[step] = current  # the level the step found
         if action == "alloc":
             current += int(event["size"])
             if current > best:
-                best, best_index = current, i
-        elif action == "free_requested":
+                best, best_index, peak_marker = current, i, marker
+            if step is not None and current > step_peaks[step]:
+                step_peaks[step] = current
+        else:
             current -= int(event["size"])
     # the live set at the peak: the start state plus the window up to the peak
     blocks: dict[int, LiveBlock] = {a: LiveBlock(a, n, None, None) for a, n in start.items()}
@@ -136,6 +194,8 @@ def replay(snapshot: Mapping[str, Any], device: int = 0) -> TimelinePeak:
         events=len(trace),
         inconsistencies=inconsistencies,
         coverage=seen / best if best else 1.0,
+        step_peaks=step_peaks,
+        peak_marker=peak_marker,
     )
 
 
@@ -192,5 +252,74 @@ def peak_composition(
     markers: Iterable[ContextMarker] = (),
 ) -> TimelinePeak:
     """:func:`replay` then :func:`attribute_peak`: the peak with its composition."""
-    peak = replay(snapshot, device)
-    return dataclasses.replace(peak, composition=attribute_peak(peak, owners, list(markers)))
+    kept = list(markers)
+    peak = replay(snapshot, device, kept)
+    return dataclasses.replace(peak, composition=attribute_peak(peak, owners, kept))
+
+
+@dataclass(frozen=True, slots=True)
+class AllocationLabel:
+    """Who one allocation belongs to: a category and where it was made (for viewers)."""
+
+    category: str
+    where: str  # owner name, or phase · module · microbatch · chunk
+
+
+def _context_text(marker: ContextMarker) -> str:
+    parts = [
+        marker.phase,
+        marker.module or "(no module)",
+        None if marker.microbatch is None else f"microbatch {marker.microbatch}",
+        None if marker.virtual_chunk is None else f"chunk {marker.virtual_chunk}",
+        None if marker.step is None else f"step {marker.step}",
+    ]
+    return " · ".join(p for p in parts if p)
+
+
+def label_allocation(
+    addr: int,
+    size: int,
+    time_us: int | None,
+    owners: OwnershipIndex,
+    ordered: Sequence[ContextMarker],
+    times: Sequence[int],
+) -> AllocationLabel:
+    """The category of the block at ``addr`` (its largest owner, else the training context
+    of its allocation, as :func:`attribute_peak` splits it) and a one-line description."""
+    owned = [(o, n) for o, n in owners.attribute(addr, size) if o is not None]
+    if owned:
+        owner = max(owned, key=lambda on: on[1])[0]
+        return AllocationLabel(owner.category.value, owner.owner)
+    marker = _marker_at(ordered, times, time_us)
+    if marker is None:
+        return AllocationLabel("other", BEFORE_WINDOW if time_us is None else "")
+    category = "activations" if marker.phase in ACTIVATION_PHASES else "other"
+    return AllocationLabel(category, _context_text(marker))
+
+
+def allocation_labels(
+    snapshot: Mapping[str, Any],
+    device: int = 0,
+    owners: OwnershipIndex | None = None,
+    markers: Iterable[ContextMarker] = (),
+) -> tuple[dict[int, AllocationLabel], dict[int, AllocationLabel]]:
+    """Labels of ``device``'s ``alloc`` events (by position in its trace) and of the blocks
+    allocated at snapshot time (by address; a block allocated in the window gets the label
+    of its allocation)."""
+    ordered = sorted(markers, key=lambda m: m.time_us)
+    times = [m.time_us for m in ordered]
+    index = owners or OwnershipIndex()
+    events: dict[int, AllocationLabel] = {}
+    latest: dict[int, AllocationLabel] = {}
+    for i, event in enumerate(device_trace(snapshot, device)):
+        if event.get("action") == "alloc":
+            addr = int(event["addr"])
+            label = label_allocation(
+                addr, int(event["size"]), _opt_int(event.get("time_us")), index, ordered, times
+            )
+            events[i] = latest[addr] = label
+    blocks = {
+        addr: latest.get(addr) or label_allocation(addr, size, None, index, ordered, times)
+        for addr, size in allocated_blocks(snapshot, device).items()
+    }
+    return events, blocks

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from memscope.events.schema import MemoryEvent
+from memscope.events.schema import ALLOCATOR_TIMELINE, MemoryEvent
 
 
 @dataclass(slots=True)
@@ -72,6 +72,8 @@ class HotSpotAnalyzer:
         self.hot_spots: dict[tuple[str, str, str], HotSpot] = {}
 
     def consume(self, e: MemoryEvent) -> None:
+        if e.event_type == ALLOCATOR_TIMELINE:
+            return
         key = (e.event_type, e.module, e.phase)
         spot = self.hot_spots.get(key)
         if spot is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from memscope.events.schema import MemoryEvent
+from memscope.events.schema import ALLOCATOR_TIMELINE, MemoryEvent
 
 
 class PhaseAnalyzer:
@@ -15,6 +15,8 @@ class PhaseAnalyzer:
         self.phases: dict[str, dict[str, int]] = {}
 
     def consume(self, e: MemoryEvent) -> None:
+        if e.event_type == ALLOCATOR_TIMELINE:
+            return
         delta = e.delta_allocated
         ph = self.phases.get(e.phase)
         if ph is None:

@@ -9,9 +9,11 @@ from memscope.analysis.peak import PeakAnalyzer
 from memscope.analysis.phases import PhaseAnalyzer
 from memscope.analysis.static_comparison import StaticComparisonAnalyzer, StaticEstimate
 from memscope.analysis.steps import StepAnalyzer
+from memscope.analysis.timeline import AllocatorTimelineAnalyzer
 
 #: The report sections the default analyzers produce.
 RUNTIME_SECTIONS = (
+    "allocator_timeline",
     "peak",
     "phase_summary",
     "top_events",
@@ -24,6 +26,7 @@ RUNTIME_SECTIONS = (
 def runtime_analyzers(top_k: int, static: StaticEstimate) -> list[Analyzer]:
     """A fresh set of the runtime report's analyzers (live or for a replay)."""
     return [
+        AllocatorTimelineAnalyzer(),
         PeakAnalyzer(),
         PhaseAnalyzer(),
         HotSpotAnalyzer(top_k),

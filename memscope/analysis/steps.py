@@ -92,4 +92,12 @@ class StepAnalyzer:
                 self.thinned += 1
 
     def sections(self, prior: Mapping[str, Any]) -> dict[str, Any]:
-        return {"steps": [self.steps[k].to_dict() for k in sorted(self.steps)]}
+        timeline = prior.get("allocator_timeline") or {}
+        exact = {int(k): int(v) for k, v in (timeline.get("step_peaks") or {}).items()}
+        out = []
+        for k in sorted(self.steps):
+            row = self.steps[k].to_dict()
+            if k in exact:  # the step's true high-water mark, from the allocator history
+                row["peak_allocated_timeline"] = exact[k]
+            out.append(row)
+        return {"steps": out}

@@ -56,9 +56,13 @@ class ProfilerController:
 class SnapshotController:
     """Records CUDA allocator history from ``start_step`` for ``steps`` steps, then dumps it.
 
-    The pickle opens in pytorch.org/memory_viz. Stacks are Python-only by default; ``all``
-    adds C++ frames, which can take minutes to symbolise when dumping.
+    The pickle (protocol 4) opens in pytorch.org/memory_viz. By default no stacks are
+    recorded (the cheapest history: actions, addresses, sizes, times); ``python`` adds Python
+    frames, ``all`` C++ frames too, which can take minutes to symbolise when dumping.
+    ``on_dump`` receives the file's path and the snapshot itself (for the replay).
     """
+
+    source = "cuda_allocator"
 
     def __init__(
         self,
@@ -68,7 +72,7 @@ class SnapshotController:
         max_entries: int,
         stacks: str,
         on_start: Callable[[], None] | None = None,
-        on_dump: Callable[[str], None] | None = None,
+        on_dump: Callable[[str, dict[str, Any]], None] | None = None,
     ) -> None:
         self.on_start = on_start  # recording began (the tracer starts its context markers)
         self.on_dump = on_dump  # a snapshot was written (side files go beside it)
@@ -83,12 +87,17 @@ class SnapshotController:
         self.snapshots: list[str] = []
 
     def _begin(self) -> None:
-        torch.cuda.memory._record_memory_history(
-            enabled="all", stacks=self.stacks, max_entries=self.max_entries
-        )
+        if self.stacks == "none":
+            torch.cuda.memory._record_memory_history(
+                enabled="all", context=None, max_entries=self.max_entries
+            )
+        else:
+            torch.cuda.memory._record_memory_history(
+                enabled="all", context="all", stacks=self.stacks, max_entries=self.max_entries
+            )
 
-    def _write(self, path: str) -> None:
-        torch.cuda.memory._dump_snapshot(path)
+    def _take(self) -> dict[str, Any]:
+        return dict(torch.cuda.memory._snapshot())
 
     def _end(self) -> None:
         torch.cuda.memory._record_memory_history(enabled=None)
@@ -115,10 +124,14 @@ class SnapshotController:
             return None
         os.makedirs(self.outdir, exist_ok=True)
         path = os.path.join(self.outdir, name)
-        self._write(path)
+        snapshot = self._take()
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "wb") as f:
+            pickle.dump(snapshot, f, protocol=4)  # what memory_viz's unpickler reads
+        os.replace(tmp, path)
         self.snapshots.append(path)
         if self.on_dump is not None:
-            self.on_dump(path)
+            self.on_dump(path, snapshot)
         return path
 
     def stop(self) -> None:
@@ -134,6 +147,8 @@ class LedgerSnapshotController(SnapshotController):
     snapshot's format, readable by pytorch.org/memory_viz and ``memscope analyze-snapshot``.
     """
 
+    source = "storage_ledger"
+
     def __init__(self, backend: Any, outdir: str, *args: Any, **kwargs: Any) -> None:
         super().__init__(outdir, *args, **kwargs)
         self.backend = backend
@@ -141,11 +156,9 @@ class LedgerSnapshotController(SnapshotController):
     def _begin(self) -> None:
         self.backend.start_history(self.max_entries)
 
-    def _write(self, path: str) -> None:
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "wb") as f:
-            pickle.dump(self.backend.history_snapshot(), f, protocol=4)
-        os.replace(tmp, path)
+    def _take(self) -> dict[str, Any]:
+        snapshot: dict[str, Any] = self.backend.history_snapshot()
+        return snapshot
 
     def _end(self) -> None:
         self.backend.stop_history()

@@ -148,7 +148,12 @@ class MemoryTracer:
         if markers is not None and len(markers) < self.max_markers:
             markers.append(
                 ContextMarker(
-                    time.time_ns() // 1000, phase or self.phase, module, microbatch, chunk
+                    time.time_ns() // 1000,
+                    phase or self.phase,
+                    module,
+                    microbatch,
+                    chunk,
+                    self.step,
                 )
             )
 
@@ -183,6 +188,21 @@ class MemoryTracer:
         for consumer in self.consumers:
             consumer.consume(event)
         return event
+
+    def record_timeline(
+        self, summary: s.TimelineSummary, composition: tuple[s.CompositionItem, ...]
+    ) -> MemoryEvent:
+        """Emit what replaying an allocator-history snapshot found (one event per snapshot)."""
+        now = self._sample()
+        return self._emit(
+            s.ALLOCATOR_TIMELINE,
+            self.phase,
+            summary.snapshot,
+            now,
+            now,
+            timeline=summary,
+            peak_composition=composition,
+        )
 
     # -- module hooks ----------------------------------------------------------------------
     def module_enter(
@@ -358,3 +378,4 @@ class MemoryTracer:
         self.steps_completed += 1
         self.phase = s.PHASE_SETUP
         self.in_window = False
+        self._set_context("", None)

@@ -48,6 +48,22 @@ def write_output(path: str, text: str, inputs: Iterable[str] = ()) -> None:
         raise CliError(f"{path}: cannot write ({exc.strerror or exc})") from None
 
 
+def write_pickle_output(path: str, data: object, inputs: Iterable[str] = ()) -> None:
+    """A plain-data pickle, protocol 4 (what pytorch.org/memory_viz reads), written
+    atomically; refusals and OS errors as in :func:`write_output`."""
+    import pickle
+
+    from memscope.io.atomic import atomic_write_bytes
+    from memscope.io.safe_output import OutputRefused
+
+    try:
+        atomic_write_bytes(path, pickle.dumps(data, protocol=4), inputs)
+    except OutputRefused as exc:
+        raise CliError(str(exc)) from None
+    except OSError as exc:
+        raise CliError(f"{path}: cannot write ({exc.strerror or exc})") from None
+
+
 def write_json_output(path: str, data: object, inputs: Iterable[str] = ()) -> None:
     """:func:`write_output` of compact JSON (no NaN: a report never holds one)."""
     import json

@@ -53,13 +53,7 @@ def run(args: argparse.Namespace) -> int:
     """Replay, attribute, print the largest items and write the JSON."""
     from memscope.analysis.allocator_timeline import attribute_peak, replay
     from memscope.analysis.peak import composition_section
-    from memscope.io.snapshot_reader import (
-        MARKERS_SUFFIX,
-        OWNERS_SUFFIX,
-        read_markers,
-        read_owners,
-        read_snapshot,
-    )
+    from memscope.io.snapshot_reader import read_snapshot_bundle, side_files
     from memscope.units import format_bytes, printable
 
     path = args.snapshot
@@ -67,17 +61,15 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"{path}: no such snapshot file")
     if args.device < 0 or args.top < 1:
         raise CliError("--device must be >= 0 and --top >= 1")
-    stem = os.path.splitext(path)[0]
-    owners_path = _side_file(args.owners, stem + OWNERS_SUFFIX, "ownership")
-    markers_path = _side_file(args.markers, stem + MARKERS_SUFFIX, "markers")
-    out = args.out or stem + DEFAULT_SUFFIX
+    default_owners, default_markers = side_files(path)
+    owners_path = _side_file(args.owners, default_owners, "ownership")
+    markers_path = _side_file(args.markers, default_markers, "markers")
+    out = args.out or os.path.splitext(path)[0] + DEFAULT_SUFFIX
     check_output(out, [p for p in (path, owners_path, markers_path) if p])
     try:
-        snapshot = read_snapshot(path)
-        owners = read_owners(owners_path) if owners_path else None
-        markers = read_markers(markers_path) if markers_path else []
-        peak = replay(snapshot, args.device)
-        items = attribute_peak(peak, owners, markers)
+        bundle = read_snapshot_bundle(path, owners_path, markers_path)
+        peak = replay(bundle.snapshot, args.device)
+        items = attribute_peak(peak, bundle.owners, bundle.markers)
     except ValueError as exc:
         raise CliError(str(exc)) from None
     except (KeyError, TypeError, AttributeError) as exc:

@@ -16,7 +16,12 @@ STEP_PHASE = "step_phase"
 MODULE_FORWARD = "module_forward"
 OUTPUT_GRAD = "output_grad"
 PARAM_GRAD = "param_grad"
-EVENT_TYPES = (STEP_PHASE, MODULE_FORWARD, OUTPUT_GRAD, PARAM_GRAD)
+#: One per allocator-history snapshot: its replay (peak, composition, per-step peaks).
+ALLOCATOR_TIMELINE = "allocator_timeline"
+#: The category free events carry in allocator-history snapshots MemScope writes:
+#: pytorch.org/memory_viz needs some event to have it (see ``reporters/memory_viz.py``).
+FREE_CATEGORY = "unknown"
+EVENT_TYPES = (STEP_PHASE, MODULE_FORWARD, OUTPUT_GRAD, PARAM_GRAD, ALLOCATOR_TIMELINE)
 
 # Phases. Step phases cover an interval between two training-loop callbacks.
 PHASE_FORWARD_BACKWARD = "forward_backward"
@@ -98,6 +103,8 @@ class MemoryEvent:
     #: When the event's interval began (seconds since tracing started): module forwards and
     #: step phases, so that exports can draw them as slices.
     start_timestamp: float | None = None
+    #: ``allocator_timeline`` events: what replaying the allocator history found.
+    timeline: TimelineSummary | None = None
 
     @property
     def delta_allocated(self) -> int:
@@ -149,6 +156,8 @@ class MemoryEvent:
             out["peak_composition"] = [item.to_dict() for item in self.peak_composition]
         if self.start_timestamp is not None:
             out["start_timestamp"] = round(self.start_timestamp, 6)
+        if self.timeline is not None:
+            out["timeline"] = self.timeline.to_dict()
         return out
 
     @classmethod
@@ -191,6 +200,7 @@ class MemoryEvent:
             start_timestamp=None
             if d.get("start_timestamp") is None
             else float(d["start_timestamp"]),
+            timeline=TimelineSummary.from_dict(d["timeline"]) if d.get("timeline") else None,
         )
 
 
@@ -234,6 +244,7 @@ class ContextMarker:
     module: str
     microbatch: int | None = None
     virtual_chunk: int | None = None
+    step: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -242,6 +253,7 @@ class ContextMarker:
             "module": self.module,
             "microbatch": self.microbatch,
             "virtual_chunk": self.virtual_chunk,
+            "step": self.step,
         }
 
     @classmethod
@@ -252,6 +264,55 @@ class ContextMarker:
             str(d["module"]),
             _opt_int(d.get("microbatch")),
             _opt_int(d.get("virtual_chunk")),
+            _opt_int(d.get("step")),
+        )
+
+
+@dataclass(frozen=True)
+class TimelineSummary:
+    """What replaying one allocator-history snapshot found (see
+    :mod:`memscope.analysis.allocator_timeline`); carried by an ``allocator_timeline`` event,
+    whose ``peak_composition`` holds the live set at the window's peak."""
+
+    snapshot: str  # file name of the snapshot
+    source: str  # "cuda_allocator" (torch's history) or "storage_ledger" (MemScope's)
+    peak_bytes: int
+    peak_time_us: int | None
+    peak_context: PeakContext | None  # the marker current when the peak was reached
+    window_start_bytes: int
+    events: int
+    inconsistencies: int
+    coverage: float  # share of the peak's bytes allocated inside the window
+    step_peaks: dict[int, int]  # allocated high-water mark of each recorded step
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "snapshot": self.snapshot,
+            "source": self.source,
+            "peak_bytes": self.peak_bytes,
+            "peak_time_us": self.peak_time_us,
+            "peak_context": None if self.peak_context is None else self.peak_context.to_dict(),
+            "window_start_bytes": self.window_start_bytes,
+            "events": self.events,
+            "inconsistencies": self.inconsistencies,
+            "coverage": round(self.coverage, 6),
+            "step_peaks": {str(k): v for k, v in sorted(self.step_peaks.items())},
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TimelineSummary:
+        ctx = d.get("peak_context")
+        return cls(
+            snapshot=str(d["snapshot"]),
+            source=str(d["source"]),
+            peak_bytes=int(d["peak_bytes"]),
+            peak_time_us=_opt_int(d.get("peak_time_us")),
+            peak_context=None if ctx is None else PeakContext.from_dict(ctx),
+            window_start_bytes=int(d["window_start_bytes"]),
+            events=int(d["events"]),
+            inconsistencies=int(d["inconsistencies"]),
+            coverage=float(d["coverage"]),
+            step_peaks={int(k): int(v) for k, v in (d.get("step_peaks") or {}).items()},
         )
 
 

@@ -29,13 +29,18 @@ def atomic_write_text(path: str, text: str, inputs: Iterable[str] = ()) -> None:
     target that is not a regular file or is one of ``inputs``. A character UTF-8 can't encode
     (a lone surrogate) is written as a backslash escape rather than failing the write.
     """
+    atomic_write_bytes(path, text.encode("utf-8", errors="backslashreplace"), inputs)
+
+
+def atomic_write_bytes(path: str, data: bytes, inputs: Iterable[str] = ()) -> None:
+    """Write ``data`` to ``path`` atomically (see :func:`atomic_write_text`)."""
     path = resolve_output(path, inputs)
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.basename(path), dir=directory)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; reports are for the whole team

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import pickle
+from dataclasses import dataclass, field
 from typing import Any
 
 from memscope.events.ownership import OwnedRange, OwnershipIndex
@@ -76,3 +77,32 @@ def read_owners(path: str) -> OwnershipIndex:
         raise ValueError(f"{path}: {exc.strerror or exc}") from None
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{path}: not an ownership file ({exc})") from None
+
+
+def side_files(snapshot_path: str) -> tuple[str, str]:
+    """Where a run writes a snapshot's ownership ranges and context markers."""
+    import os
+
+    stem = os.path.splitext(snapshot_path)[0]
+    return stem + OWNERS_SUFFIX, stem + MARKERS_SUFFIX
+
+
+@dataclass
+class SnapshotBundle:
+    """A snapshot with the side files found for it (``None``: not given and not present)."""
+
+    snapshot: dict[str, Any]
+    owners: OwnershipIndex | None = None
+    markers: list[ContextMarker] = field(default_factory=list)
+
+
+def read_snapshot_bundle(
+    path: str, owners_path: str | None, markers_path: str | None
+) -> SnapshotBundle:
+    """The snapshot and the side files named (each ``None`` is skipped); ``ValueError`` as
+    in the readers above."""
+    return SnapshotBundle(
+        read_snapshot(path),
+        read_owners(owners_path) if owners_path else None,
+        read_markers(markers_path) if markers_path else [],
+    )

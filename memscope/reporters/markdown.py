@@ -48,16 +48,34 @@ def _where(d: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def _composition_lines(composition: dict[str, Any] | None, max_rows: int) -> list[str]:
+def _beside_lines(peak: dict[str, Any]) -> list[str]:
+    """Memory beside the composition: the allocator's cache and what PyTorch does not hold."""
+    beside = peak.get("beside")
+    if not beside:
+        return []
+    return [
+        f"Beside it (step {md_text(beside.get('step'))}): allocator cached but free "
+        f"{format_bytes(beside['allocator_cached_free_bytes'])}; device memory outside PyTorch "
+        f"(NCCL, CUDA context) {format_bytes(beside['outside_pytorch_bytes'])}.",
+        "",
+    ]
+
+
+def _composition_lines(
+    composition: dict[str, Any] | None, max_rows: int, note: str | None = None
+) -> list[str]:
     """The "Live at the peak" table: category x where it was created, largest first."""
     t, code = md_text, md_code
     if not composition:
         return [
             "### Live at the peak",
             "",
-            "Not recorded by this backend: the `storage` backend (`--memscope-backend "
-            "storage`) records what was live at the peak by category, module, microbatch "
-            "and chunk.",
+            t(note)
+            if note
+            else "Not recorded: the `storage` backend (`--memscope-backend storage`), or "
+            "allocator history over the peak step with the `cuda` backend "
+            "(`--memscope-enable-memory-snapshot`), records what was live at the peak by "
+            "category, module, microbatch and chunk.",
             "",
         ]
     kinds = {True: " (saved)", False: " (temporary)"}
@@ -84,6 +102,11 @@ def _composition_lines(composition: dict[str, Any] | None, max_rows: int) -> lis
         f"{format_bytes(composition['unattributed_bytes'])}. Activations are *saved* when "
         "autograd kept them for backward, else *temporary*. Parameters, gradients and "
         "optimizer state carry the phase they were created in (empty: before tracing)."
+        + (
+            " From the replayed allocator history."
+            if composition.get("source") == "allocator_history"
+            else ""
+        )
     )
     lines.append("")
     return lines
@@ -117,7 +140,8 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
         parts = ", ".join(f"{t(k)} {format_bytes(v)}" for k, v in peak["categories"].items())
         lines.append(f"- live at the peak: {parts}")
     lines.append("")
-    lines += _composition_lines(peak.get("composition"), max_rows)
+    lines += _composition_lines(peak.get("composition"), max_rows, peak.get("composition_note"))
+    lines += _beside_lines(peak)
 
     comp = report.get("comparisons", {})
     lines += ["## Static estimate vs runtime", ""]

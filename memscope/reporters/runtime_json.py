@@ -55,6 +55,7 @@ def build_runtime_report(inputs: RuntimeReportInputs) -> dict[str, Any]:
         "status_reason": inputs.status_reason,
         "metadata": meta,
         "peak": sections["peak"],
+        "allocator_timeline": sections.get("allocator_timeline"),
         "comparisons": sections["comparisons"],
         "top_events": sections["top_events"],
         "phase_summary": phases,

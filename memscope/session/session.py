@@ -24,7 +24,9 @@ reason, that part of tracing turns off, and training goes on unchanged.
 Known limitations:
 
 * One session per process is the supported use (the crash guard chains process-wide hooks).
-* With the ``cuda`` backend the allocator's process-wide peak counter is reset at each step.
+* With the ``cuda`` backend a step's peak is exact only when it raises the run's high-water
+  mark (the process-wide counter is left to the host), or while allocator history is recorded
+  (the replay gives every recorded step's peak), or with ``--memscope-reset-peak-stats``.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ from memscope.capture.safety import FailureLog, failure_row
 from memscope.capture.tracer import MemoryTracer
 from memscope.config import RuntimeConfig
 from memscope.events import schema as s
-from memscope.events.schema import EventConsumer
+from memscope.events.ownership import OwnershipIndex
+from memscope.events.schema import ContextMarker, EventConsumer
 from memscope.events.trace_sink import BufferedTraceWriter, JsonlTraceSink
 from memscope.events.trace_store import BoundedTraceStore
 from memscope.io.atomic import atomic_write_json, atomic_write_text
@@ -374,10 +377,13 @@ class TracingSession:
         if self.tracer is not None:
             self.tracer.start_markers(self.config.snapshot_max_entries)
 
-    def write_snapshot_side_files(self, snapshot_path: str) -> None:
+    def write_snapshot_side_files(
+        self, snapshot_path: str, snapshot: dict[str, Any] | None = None
+    ) -> None:
         """Beside an allocator snapshot: the context markers recorded with it and who owns
-        which addresses (``memscope analyze-snapshot`` joins the three). A failure is
-        reported once; the snapshot itself stays."""
+        which addresses (``memscope analyze-snapshot`` joins the three); with the snapshot
+        itself, its replay goes into the trace and the report (``allocator_timeline``). A
+        failure is reported once; the snapshot itself stays."""
         try:
             from memscope.capture.ownership import OwnershipRegistry
             from memscope.io.snapshot_reader import MARKERS_SUFFIX, OWNERS_SUFFIX
@@ -394,6 +400,28 @@ class TracingSession:
             )
         except Exception as exc:
             self._failed("snapshot_side_files", exc)
+            return
+        if snapshot is not None and self.tracer is not None:
+            try:
+                self._record_timeline(snapshot_path, snapshot, registry.index, markers)
+            except Exception as exc:
+                self._failed("allocator_timeline", exc)
+
+    def _record_timeline(
+        self,
+        snapshot_path: str,
+        snapshot: dict[str, Any],
+        owners: OwnershipIndex,
+        markers: list[ContextMarker],
+    ) -> None:
+        """Replay the snapshot (host memory only, no device call) and emit the result."""
+        from memscope.analysis.allocator_timeline import peak_composition
+
+        assert self.tracer is not None and self.snapshot is not None
+        device = torch.cuda.current_device() if self.snapshot.source == "cuda_allocator" else 0
+        peak = peak_composition(snapshot, device, owners, markers)
+        summary = peak.summary(os.path.basename(snapshot_path), self.snapshot.source)
+        self.tracer.record_timeline(summary, peak.composition)
 
     def _stop_snapshot(self) -> None:
         if self.snapshot is not None and self.snapshot.recording:

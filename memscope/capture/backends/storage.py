@@ -37,6 +37,7 @@ from memscope.events.schema import (
     CAT_ACTIVATIONS,
     CAT_OTHER,
     CATEGORIES,
+    FREE_CATEGORY,
     CompositionItem,
     PeakContext,
 )
@@ -494,7 +495,7 @@ class StorageLedgerBackend(MemoryBackend):
                 "size": entry.nbytes,
                 "stream": 0,
                 "time_us": time.time_ns() // 1000,
-                "category": CATEGORIES[entry.category],
+                "category": FREE_CATEGORY if action != "alloc" else CATEGORIES[entry.category],
                 "frames": self._frames(entry.context),
             }
         )
