@@ -16,7 +16,7 @@ import pytest
 from conftest import load_json
 from flagscale_trees import MEGATRON, patched_tree, pristine_tree
 
-from memscope.demo.launcher import free_port
+from memscope.demo.launcher import free_ports
 
 pytestmark = pytest.mark.integration
 
@@ -30,10 +30,9 @@ SPIKY, RERUN = "spiky loss skipped", "rerun state machine exit"
 def _run(tmp_path, runs: list[tuple[str, str]], world: int, target: str) -> dict[str, list]:
     """Start every (variant, tree) run with ``world`` ranks at once; per variant, rank outputs."""
     procs = []
-    for variant, tree in runs:
+    for (variant, tree), port in zip(runs, free_ports(len(runs)), strict=True):
         out = tmp_path / variant
         out.mkdir()
-        port = free_port()
         for rank in range(world):
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), PP=str(world))
             env.update(MASTER_PORT=str(port), TARGET=target, OMP_NUM_THREADS="1")

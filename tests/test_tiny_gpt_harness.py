@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from memscope.demo.launcher import WorkerError, free_port, spawn
+from memscope.demo.launcher import WorkerError, free_ports, spawn
 from memscope.demo.tiny_gpt import TinyGPTConfig
 from memscope.demo.tiny_gpt_training import make_data_iterators, run_training
 
@@ -158,18 +158,16 @@ STEPS = 3
 @pytest.fixture(scope="module")
 def tp_runs() -> list[dict[str, dict[str, Any]]]:
     """One 2-process launch: TP=2, then TP=2 + sequence parallel + full recompute."""
-    jobs = [("tp2", free_port(), TP2, STEPS), ("tp2_sp", free_port(), TP2_SP_RECOMPUTE, STEPS)]
+    a, b = free_ports(2)
+    jobs = [("tp2", a, TP2, STEPS), ("tp2_sp", b, TP2_SP_RECOMPUTE, STEPS)]
     return spawn(2, _jobs_worker, jobs)
 
 
 @pytest.fixture(scope="module")
 def pp_runs() -> list[dict[str, dict[str, Any]]]:
     """Another 2-process launch: PP=2 1F1B, PP=2 x VPP=2 interleaved, and TP=2 again."""
-    jobs = [
-        ("pp2", free_port(), PP2, STEPS),
-        ("vpp", free_port(), PP2_VPP2, 2),
-        ("tp2", free_port(), TP2, STEPS),
-    ]
+    a, b, c = free_ports(3)
+    jobs = [("pp2", a, PP2, STEPS), ("vpp", b, PP2_VPP2, 2), ("tp2", c, TP2, STEPS)]
     return spawn(2, _jobs_worker, jobs)
 
 
