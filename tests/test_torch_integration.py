@@ -159,6 +159,7 @@ def test_storage_backend_snapshot_replays_to_the_ledgers_own_peak(tmp_path):
     assert main(["analyze-snapshot", "--snapshot", str(snapshot)]) == 0
     result = json.loads((rank / "memory_snapshot_steps1-2.peak.json").read_text())
     assert result["peak_allocated_bytes"] == measured
+    assert result["composition"]["source"] == "allocator_history"
     assert result["inconsistencies"] == 0
     items = result["composition"]["items"]
     assert sum(i["bytes"] for i in items) == measured
@@ -191,5 +192,6 @@ def test_the_report_carries_the_replay_of_its_recorded_history(tmp_path):
     assert exact["source"] == "storage_ledger"
     assert by_category(timeline["composition"]["items"]) == by_category(exact["items"])
     assert timeline["composition"]["unattributed_bytes"] == 0
+    assert timeline["composition"]["source"] == "allocator_history"
     assert timeline["recording_cost"]["recorded_steps"] == 2
     assert timeline["recording_cost"]["other_steps"] == 2

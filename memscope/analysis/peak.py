@@ -103,7 +103,9 @@ class PeakAnalyzer:
         if self._exact_categories is not None:
             out["categories"] = dict(zip(CATEGORIES, self._exact_categories, strict=True))
         if self._exact_composition is not None:
-            out["composition"] = composition_section(self._exact_composition, self._exact_bytes)
+            out["composition"] = composition_section(
+                self._exact_composition, self._exact_bytes, SOURCE_LEDGER
+            )
         elif timeline:
             self._from_timeline(out, timeline)
         beside = self._beside(out["memory_bytes"])
@@ -123,7 +125,7 @@ class PeakAnalyzer:
             )
             return
         items = tuple(CompositionItem.from_dict(i) for i in timeline["composition"]["items"])
-        out["composition"] = composition_section(items, run_peak, "allocator_history")
+        out["composition"] = composition_section(items, run_peak, SOURCE_HISTORY)
         ctx = timeline.get("peak_context")
         if ctx and out.get("attribution") != "exact":
             out.update({k: ctx.get(k) for k in ("step", "phase", "module", "microbatch")})
@@ -141,11 +143,17 @@ class PeakAnalyzer:
         }
 
 
+#: Where a composition comes from: the storage backend's exact ledger, or a replayed
+#: allocator history (a CUDA snapshot, or the ledger's own log in that format).
+SOURCE_LEDGER, SOURCE_HISTORY = "storage_ledger", "allocator_history"
+
+
 def composition_section(
-    items: tuple[CompositionItem, ...], peak_bytes: int, source: str = "storage_ledger"
+    items: tuple[CompositionItem, ...], peak_bytes: int, source: str
 ) -> dict[str, Any]:
     """The ``peak.composition`` record: what was live at the peak, largest first, with the
-    part nobody could be given (``unattributed_bytes``: the peak minus the items)."""
+    part nobody could be given (``unattributed_bytes``: the peak minus the items) and where
+    it comes from (``SOURCE_LEDGER`` or ``SOURCE_HISTORY``)."""
     total = sum(i.nbytes for i in items)
     return {
         "source": source,

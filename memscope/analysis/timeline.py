@@ -14,7 +14,7 @@ import statistics
 from collections.abc import Mapping
 from typing import Any
 
-from memscope.analysis.peak import composition_section
+from memscope.analysis.peak import SOURCE_HISTORY, composition_section
 from memscope.events.schema import (
     ALLOCATOR_TIMELINE,
     PHASE_STEP,
@@ -74,7 +74,7 @@ class AllocatorTimelineAnalyzer:
                 **summary.to_dict(),
                 "snapshots": list(self.snapshots),
                 "step_peaks": {str(k): v for k, v in sorted(self.step_peaks.items())},
-                "composition": composition_section(items, summary.peak_bytes),
+                "composition": composition_section(items, summary.peak_bytes, SOURCE_HISTORY),
                 "recording_cost": self.recording_cost(),
             }
         }

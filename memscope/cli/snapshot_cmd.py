@@ -52,7 +52,7 @@ def _side_file(given: str | None, default: str, what: str) -> str | None:
 def run(args: argparse.Namespace) -> int:
     """Replay, attribute, print the largest items and write the JSON."""
     from memscope.analysis.allocator_timeline import attribute_peak, replay
-    from memscope.analysis.peak import composition_section
+    from memscope.analysis.peak import SOURCE_HISTORY, composition_section
     from memscope.io.snapshot_reader import read_snapshot_bundle, side_files
     from memscope.units import format_bytes, printable
 
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         "inconsistencies": peak.inconsistencies,
         "owners_file": os.path.basename(owners_path) if owners_path else None,
         "markers_file": os.path.basename(markers_path) if markers_path else None,
-        "composition": composition_section(items, peak.allocated_bytes),
+        "composition": composition_section(items, peak.allocated_bytes, SOURCE_HISTORY),
     }
     write_json_output(out, result, [path])
     progress(
