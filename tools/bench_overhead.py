@@ -67,7 +67,7 @@ sys.path.insert(
 from harness import instrumented_worker
 
 from memscope.capture.backends import BACKEND_CHOICES, available_backend_names
-from memscope.demo.launcher import WorkerError, free_port, spawn
+from memscope.demo.launcher import WorkerError, free_ports, spawn
 from memscope.demo.tiny_gpt import TinyGPTConfig
 
 OFF = "off"
@@ -205,16 +205,6 @@ def model_size(cfg: TinyGPTConfig) -> dict[str, int]:
         "heads": cfg.num_attention_heads,
         "seq_length": cfg.seq_length,
     }
-
-
-def distinct_ports(count: int) -> list[int]:
-    """``count`` different free TCP ports (one gloo rendezvous per run)."""
-    ports: list[int] = []
-    while len(ports) < count:
-        port = free_port()
-        if port not in ports:
-            ports.append(port)
-    return ports
 
 
 def _events_per_step(report_path: str | None) -> tuple[dict[int, int], str | None]:
@@ -474,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="memscope_bench_") as outdir:
         plan = build_plan(args.repeats, configs, outdir)
-        ports = distinct_ports(len(plan))
+        ports = free_ports(len(plan))  # one gloo rendezvous per run
         try:
             per_rank = spawn(
                 world_size,

@@ -117,21 +117,24 @@ def allocated_blocks(snapshot: Mapping[str, Any], device: int) -> dict[int, int]
     return out
 
 
-class _MarkerCursor:
-    """Walks time-ordered markers alongside time-ordered events."""
+class _Markers:
+    """Context markers by time: which one was current at a given moment."""
 
     def __init__(self, markers: Iterable[ContextMarker]) -> None:
-        self.markers = sorted(markers, key=lambda m: m.time_us)
-        self.next = 0
-        self.current: ContextMarker | None = None
+        self.ordered = sorted(markers, key=lambda m: m.time_us)
+        self.times = [m.time_us for m in self.ordered]
 
     def at(self, time_us: int | None) -> ContextMarker | None:
-        if time_us is None:
-            return self.current
-        while self.next < len(self.markers) and self.markers[self.next].time_us <= time_us:
-            self.current = self.markers[self.next]
-            self.next += 1
-        return self.current
+        """The marker current at ``time_us`` (None: no time, or before the first marker)."""
+        if time_us is None or not self.ordered:
+            return None
+        i = bisect.bisect_right(self.times, time_us) - 1
+        return self.ordered[i] if i >= 0 else None
+
+
+def _context_category(marker: ContextMarker) -> str:
+    """What unowned memory allocated in ``marker``'s context is."""
+    return "activations" if marker.phase in ACTIVATION_PHASES else "other"
 
 
 def replay(
@@ -154,14 +157,16 @@ def replay(
     start = dict(live)
     current = start_bytes = sum(start.values())
     best, best_index = current, -1
-    cursor = _MarkerCursor(markers)
+    index = _Markers(markers)
     step_peaks: dict[int, int] = {}
-    peak_marker = cursor.at(_opt_int(trace[0].get("time_us"))) if trace else None
+    marker = peak_marker = index.at(_opt_int(trace[0].get("time_us"))) if trace else None
     for i, event in enumerate(trace):
         action = event.get("action")
         if action not in ("alloc", "free_requested"):
             continue
-        marker = cursor.at(_opt_int(event.get("time_us")))
+        time_us = _opt_int(event.get("time_us"))
+        if time_us is not None:  # an event without a time stays in the last context
+            marker = index.at(time_us)
         step = None if marker is None else marker.step
         if step is not None and current > step_peaks.get(step, -1):
             step_peaks[step] = current  # the level the step found
@@ -205,8 +210,7 @@ def attribute_peak(
     markers: Sequence[ContextMarker] = (),
 ) -> tuple[CompositionItem, ...]:
     """The peak's live bytes by category x context, largest first (see the module doc)."""
-    ordered = sorted(markers, key=lambda m: m.time_us)
-    times = [m.time_us for m in ordered]
+    by_time = _Markers(markers)
     index = owners or OwnershipIndex()
     totals: dict[tuple[str, str, str, int | None, int | None], int] = {}
 
@@ -218,27 +222,18 @@ def attribute_peak(
             if owner is not None:
                 add((owner.category.value, "", owner.owner, None, None), nbytes)
                 continue
-            marker = _marker_at(ordered, times, block.time_us)
+            marker = by_time.at(block.time_us)
             if marker is None:
                 where = BEFORE_WINDOW if block.index is None else ""
                 add(("other", "", where, None, None), nbytes)
                 continue
-            category = "activations" if marker.phase in ACTIVATION_PHASES else "other"
+            category = _context_category(marker)
             add(
                 (category, marker.phase, marker.module, marker.microbatch, marker.virtual_chunk),
                 nbytes,
             )
     items = [CompositionItem(*key, nbytes) for key, nbytes in totals.items()]
     return tuple(sorted(items, key=lambda i: -i.nbytes))
-
-
-def _marker_at(
-    ordered: Sequence[ContextMarker], times: Sequence[int], time_us: int | None
-) -> ContextMarker | None:
-    if time_us is None or not ordered:
-        return None
-    i = bisect.bisect_right(times, time_us) - 1
-    return ordered[i] if i >= 0 else None
 
 
 def _opt_int(value: Any) -> int | None:
@@ -276,13 +271,8 @@ def _context_text(marker: ContextMarker) -> str:
     return " · ".join(p for p in parts if p)
 
 
-def label_allocation(
-    addr: int,
-    size: int,
-    time_us: int | None,
-    owners: OwnershipIndex,
-    ordered: Sequence[ContextMarker],
-    times: Sequence[int],
+def _label_allocation(
+    addr: int, size: int, time_us: int | None, owners: OwnershipIndex, markers: _Markers
 ) -> AllocationLabel:
     """The category of the block at ``addr`` (its largest owner, else the training context
     of its allocation, as :func:`attribute_peak` splits it) and a one-line description."""
@@ -290,11 +280,10 @@ def label_allocation(
     if owned:
         owner = max(owned, key=lambda on: on[1])[0]
         return AllocationLabel(owner.category.value, owner.owner)
-    marker = _marker_at(ordered, times, time_us)
+    marker = markers.at(time_us)
     if marker is None:
         return AllocationLabel("other", BEFORE_WINDOW if time_us is None else "")
-    category = "activations" if marker.phase in ACTIVATION_PHASES else "other"
-    return AllocationLabel(category, _context_text(marker))
+    return AllocationLabel(_context_category(marker), _context_text(marker))
 
 
 def allocation_labels(
@@ -306,20 +295,19 @@ def allocation_labels(
     """Labels of ``device``'s ``alloc`` events (by position in its trace) and of the blocks
     allocated at snapshot time (by address; a block allocated in the window gets the label
     of its allocation)."""
-    ordered = sorted(markers, key=lambda m: m.time_us)
-    times = [m.time_us for m in ordered]
+    by_time = _Markers(markers)
     index = owners or OwnershipIndex()
     events: dict[int, AllocationLabel] = {}
     latest: dict[int, AllocationLabel] = {}
     for i, event in enumerate(device_trace(snapshot, device)):
         if event.get("action") == "alloc":
             addr = int(event["addr"])
-            label = label_allocation(
-                addr, int(event["size"]), _opt_int(event.get("time_us")), index, ordered, times
+            label = _label_allocation(
+                addr, int(event["size"]), _opt_int(event.get("time_us")), index, by_time
             )
             events[i] = latest[addr] = label
     blocks = {
-        addr: latest.get(addr) or label_allocation(addr, size, None, index, ordered, times)
+        addr: latest.get(addr) or _label_allocation(addr, size, None, index, by_time)
         for addr, size in allocated_blocks(snapshot, device).items()
     }
     return events, blocks

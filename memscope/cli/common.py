@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 
 class CliError(Exception):
@@ -35,29 +35,30 @@ def check_output(path: str, inputs: Iterable[str] = ()) -> str:
 
 
 def write_output(path: str, text: str, inputs: Iterable[str] = ()) -> None:
-    """Write a command's output file atomically; every refusal or OS error is a
-    :class:`CliError` naming the file (the only way commands write files)."""
+    """Write a command's text output file atomically (see :func:`_guarded_write`)."""
     from memscope.io.atomic import atomic_write_text
-    from memscope.io.safe_output import OutputRefused
 
-    try:
-        atomic_write_text(path, text, inputs)
-    except OutputRefused as exc:
-        raise CliError(str(exc)) from None
-    except OSError as exc:
-        raise CliError(f"{path}: cannot write ({exc.strerror or exc})") from None
+    _guarded_write(path, lambda: atomic_write_text(path, text, inputs))
 
 
 def write_pickle_output(path: str, data: object, inputs: Iterable[str] = ()) -> None:
     """A plain-data pickle, protocol 4 (what pytorch.org/memory_viz reads), written
-    atomically; refusals and OS errors as in :func:`write_output`."""
+    atomically (see :func:`_guarded_write`)."""
     import pickle
 
     from memscope.io.atomic import atomic_write_bytes
+
+    payload = pickle.dumps(data, protocol=4)
+    _guarded_write(path, lambda: atomic_write_bytes(path, payload, inputs))
+
+
+def _guarded_write(path: str, write: Callable[[], None]) -> None:
+    """Run ``write``; every refusal or OS error becomes a :class:`CliError` naming the file
+    (the only way commands write files)."""
     from memscope.io.safe_output import OutputRefused
 
     try:
-        atomic_write_bytes(path, pickle.dumps(data, protocol=4), inputs)
+        write()
     except OutputRefused as exc:
         raise CliError(str(exc)) from None
     except OSError as exc:

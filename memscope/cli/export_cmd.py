@@ -87,12 +87,11 @@ def _run_snapshot(args: argparse.Namespace) -> int:
         raise CliError("--steps applies to --trace; a snapshot covers the steps it recorded")
     if args.device < 0:
         raise CliError("--device must be >= 0")
-    found = [p for p in side_files(path) if os.path.exists(p)]
+    owners_path, markers_path = (p if os.path.exists(p) else None for p in side_files(path))
+    found = [p for p in (owners_path, markers_path) if p]
     check_output(args.out, [path, *found])
     try:
-        bundle = read_snapshot_bundle(
-            path, *(p if os.path.exists(p) else None for p in side_files(path))
-        )
+        bundle = read_snapshot_bundle(path, owners_path, markers_path)
         events, blocks = allocation_labels(
             bundle.snapshot, args.device, bundle.owners, bundle.markers
         )

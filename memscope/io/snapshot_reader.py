@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import pickle
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,8 +82,6 @@ def read_owners(path: str) -> OwnershipIndex:
 
 def side_files(snapshot_path: str) -> tuple[str, str]:
     """Where a run writes a snapshot's ownership ranges and context markers."""
-    import os
-
     stem = os.path.splitext(snapshot_path)[0]
     return stem + OWNERS_SUFFIX, stem + MARKERS_SUFFIX
 
