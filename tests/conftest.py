@@ -3,6 +3,7 @@ test-only instrumentation in ``harness`` (tests/harness/)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 from typing import Any
@@ -17,7 +18,11 @@ from memscope.demo.tiny_gpt import TinyGPTConfig
 def run_in_process(
     cfg: TinyGPTConfig, steps: int, memscope_argv: list[str] | None, fault: str | None = None
 ) -> InstrumentedResult:
-    """One real megatron-core training run in this process (world size 1, gloo), instrumented."""
+    """One real megatron-core training run in this process (world size 1, gloo), instrumented.
+    Garbage earlier tests left in reference cycles (tensors held by tracebacks, models) is
+    collected first: the storage backend would rightly count it as live until the collector
+    runs, which it may do in the middle of the run."""
+    gc.collect()
     return instrumented_worker(0, 1, free_port(), cfg, steps, memscope_argv, fault)
 
 
@@ -42,4 +47,15 @@ def traced_run(tmp_path_factory, small_cfg) -> tuple[InstrumentedResult, dict[st
     outdir = str(tmp_path_factory.mktemp("traced"))
     result = run_in_process(small_cfg, 4, ["--memscope", "--memscope-outdir", outdir])
     assert result.report_path == os.path.join(outdir, "rank00000", "runtime_report.json")
+    return result, load_json(result.report_path), outdir
+
+
+@pytest.fixture(scope="session")
+def history_run(tmp_path_factory, small_cfg) -> tuple[InstrumentedResult, dict[str, Any], str]:
+    """A 3-step traced single-rank run recording the storage ledger's allocator history over
+    steps 1 and 2: (result, report, outdir)."""
+    outdir = str(tmp_path_factory.mktemp("history"))
+    argv = ["--memscope", "--memscope-outdir", outdir, "--memscope-enable-memory-snapshot",
+            "--memscope-snapshot-start-step", "1", "--memscope-snapshot-steps", "2"]  # fmt: skip
+    result = run_in_process(small_cfg, 3, argv)
     return result, load_json(result.report_path), outdir

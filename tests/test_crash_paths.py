@@ -8,7 +8,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import load_json
+from conftest import load_json, read_jsonl
+
+from memscope.cli import main
 
 pytestmark = pytest.mark.integration
 
@@ -36,8 +38,20 @@ def test_uncaught_oom_writes_an_oom_report(tmp_path):
     assert report["status"] == "oom" and report["complete"] is False
     assert "simulated: tried to allocate 80.00 GiB" in report["status_reason"]
     assert report["metadata"]["steps_completed"] == 1
-    # The failing step's forward was being recorded when it died.
+    # The failing step's forward was being recorded when it died: the trace says where.
     assert any(e["step"] == 1 for e in report["runtime_trace"])
+    (oom,) = [e for e in read_jsonl(str(tmp_path / "rank00000" / "trace.jsonl"))
+              if e.get("event_type") == "oom"]  # fmt: skip
+    assert (oom["step"], oom["phase"], oom["module"], oom["microbatch"]) == (
+        1, "forward", "decoder.layers.1", 0)  # fmt: skip
+    assert "simulated: tried to allocate 80.00 GiB" in oom["notes"]
+    # ... and the Perfetto export marks it, in the rank's time line
+    out = tmp_path / "trace.json"
+    assert main(["export", "--trace", str(tmp_path), "--out", str(out)]) == 0
+    events = load_json(str(out))["traceEvents"]
+    (instant,) = [e for e in events if e["ph"] == "i" and e["name"] == "OOM"]
+    assert instant["args"]["module"] == "decoder.layers.1" and instant["args"]["step"] == 1
+    assert instant["ts"] >= max(e["ts"] for e in events if e["ph"] == "C")
 
 
 @pytest.mark.multiprocess

@@ -10,6 +10,7 @@ from collections import defaultdict
 from conftest import load_json
 
 from memscope.cli import main
+from memscope.reporters.perfetto import step_windows
 
 
 def _properly_nested(slices: list[dict]) -> bool:
@@ -25,11 +26,8 @@ def _properly_nested(slices: list[dict]) -> bool:
     return True
 
 
-def test_export_of_a_traced_run_is_a_valid_chrome_trace(traced_run, tmp_path, capsys):
-    _, report, outdir = traced_run
-    out = str(tmp_path / "trace.json")
-    assert main(["export", "--trace", outdir, "--out", out]) == 0
-    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+def _valid_chrome_trace(events: list[dict]) -> dict[tuple, list[dict]]:
+    """Assert the format's rules; returns the slices per (process, thread)."""
     counters: dict[tuple, list[float]] = defaultdict(list)
     slices: dict[tuple, list[dict]] = defaultdict(list)
     for e in events:
@@ -42,8 +40,17 @@ def test_export_of_a_traced_run_is_a_valid_chrome_trace(traced_run, tmp_path, ca
     assert set(counters) == {(0, "memory"), (0, "categories")}  # storage backend: categories
     for ts in counters.values():
         assert ts == sorted(ts) and len(set(ts)) == len(ts)
-    assert len(slices) == 2  # step phases, module forwards
     assert all(_properly_nested(s) for s in slices.values())
+    return slices
+
+
+def test_export_of_a_traced_run_is_a_valid_chrome_trace(traced_run, tmp_path, capsys):
+    _, report, outdir = traced_run
+    out = str(tmp_path / "trace.json")
+    assert main(["export", "--trace", outdir, "--out", out]) == 0
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    slices = _valid_chrome_trace(events)
+    assert len(slices) == 2  # step phases, module forwards
     steps = [s for s in slices[(0, 1)] if s["name"] == "step"]
     assert len(steps) == report["metadata"]["steps_completed"]
     modules = {s["name"] for s in slices[(0, 2)]}
@@ -51,6 +58,41 @@ def test_export_of_a_traced_run_is_a_valid_chrome_trace(traced_run, tmp_path, ca
     assert forwards and forwards <= modules
     (peak,) = [e for e in events if e["ph"] == "i" and e["name"] == "peak"]
     assert peak["args"]["bytes"] == report["peak"]["memory_bytes"]
+
+
+def test_a_large_export_is_split_into_files_of_whole_steps(traced_run, tmp_path, capsys):
+    _, report, outdir = traced_run
+    whole = tmp_path / "whole.json"
+    assert main(["export", "--trace", outdir, "--out", str(whole)]) == 0
+    size = whole.stat().st_size
+    capsys.readouterr()
+    limit_mb = size / 2**20 / 2.5  # about two steps of the four per file
+    out = tmp_path / "split.json"
+    assert main(["export", "--trace", outdir, "--out", str(out), "--max-file-mb",
+                 str(limit_mb)]) == 0  # fmt: skip
+    printed = capsys.readouterr().out.splitlines()
+    files = sorted(tmp_path.glob("split.steps*.json"))
+    assert not out.exists() and len(files) == len(printed) >= 2
+    steps_seen: list[int] = []
+    for path in files:
+        assert path.stat().st_size <= limit_mb * 2**20
+        events = load_json(str(path))["traceEvents"]
+        _valid_chrome_trace(events)
+        steps = sorted({e["args"]["step"] for e in events if e["ph"] == "X"})
+        first, last = (int(v) for v in path.name.split(".steps")[1].split(".")[0].split("-"))
+        assert steps == list(range(first, last + 1))  # whole steps, as the name says
+        steps_seen += steps
+        assert sum(e["ph"] == "M" for e in events) == 4  # each file names its process/threads
+    assert sorted(steps_seen) == list(range(report["metadata"]["steps_completed"]))
+    assert main(["export", "--trace", outdir, "--out", str(out), "--max-file-mb", "0"]) == 2
+    assert "--max-file-mb 0" in capsys.readouterr().err
+
+
+def test_step_windows_group_whole_steps_within_the_limit():
+    assert step_windows([(0, 4), (1, 4), (2, 4), (3, 9), (4, 1)], 8) == [(0, 1), (2, 2), (3, 3),
+                                                                           (4, 4)]  # fmt: skip
+    assert step_windows([(0, 4), (1, 4)], 100) == [(0, 1)]
+    assert step_windows([], 8) == []
 
 
 def test_export_keeps_a_step_window_and_refuses_bad_input(traced_run, tmp_path, capsys):

@@ -59,6 +59,23 @@ def test_page_renders_plotly_charts_offline(tmp_path, traced_run):
 @pytest.mark.skipif(
     CHROMIUM is None, reason="no chromium binary (.ci/run installs Debian chromium)"
 )
+def test_active_memory_of_the_peak_step_is_drawn_band_by_band(tmp_path, history_run):
+    _, report, _ = history_run
+    page = tmp_path / "history.html"
+    page.write_text(render_runtime_html(runtime_payload(report)), encoding="utf-8")
+    res = _dump_dom(tmp_path, page)
+    assert res.returncode == 0, res.stderr[-2000:]
+    active = res.stdout.split('id="active"')[1].split('id="active-note"')[0]
+    bands = report["allocator_timeline"]["active_memory"]["bands"]
+    assert active.count('class="trace scatter') == len(bands)  # one filled band each
+    categories = {b["category"] for b in bands}
+    assert active.count('class="legendtext"') == len(categories)  # legend: one per category
+    assert "peak " in active  # the annotation at the step's peak
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None, reason="no chromium binary (.ci/run installs Debian chromium)"
+)
 def test_job_page_renders_with_a_missing_rank(tmp_path, traced_run):
     _, report, _ = traced_run
     entries = [RankEntry(0, dict(report, world_size=3)), RankEntry(1, None, "truncated JSON")]

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 from memscope.analysis.job import RankEntry, rank_steps, summarize_job
+from memscope.downsample import downsample_indices
 from memscope.reporters.html import (
     plotly_js,
     render_job_html,
@@ -17,7 +18,6 @@ from memscope.reporters.html import (
 )
 from memscope.reporters.html_payload import (
     choose_detail_steps,
-    downsample_indices,
     job_payload,
     runtime_payload,
 )

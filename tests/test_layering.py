@@ -10,10 +10,11 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "memscope"
 
 # Which of memscope's rooms each room may import from (itself always allowed).
-BASE = {"_version", "units"}
+BASE = {"_version", "units", "downsample"}
 ALLOWED: dict[str, set[str]] = {
     "_version": set(),
     "units": set(),
+    "downsample": set(),
     "config": set(),
     "events": set(BASE),
     "io": BASE | {"events"},

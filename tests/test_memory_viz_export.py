@@ -108,6 +108,11 @@ def test_export_labels_every_allocation_and_keeps_the_viewers_peak(recorded_snap
     assert {blocks[a] for a in state} == {"optimizer_state"}
     original = read_snapshot(str(source))
     assert viewer_peak(labelled) == viewer_peak(original) == replay(original).allocated_bytes
+    # a snapshot is one recorded window: above the size limit it is written and flagged
+    tiny = str(len(data) / 2**20 / 2)
+    assert main(["export", "--snapshot", str(source), "--out", str(out), "--max-file-mb",
+                 tiny]) == 0  # fmt: skip
+    assert "above --max-file-mb" in capsys.readouterr().err and out.exists()
 
 
 def test_the_viewers_peak_is_the_measured_peak_of_the_recorded_steps(recorded_snapshot):

@@ -56,6 +56,49 @@ def test_parameter_and_optimizer_bytes_exact_per_rank(fixture, request):
         assert report["status"] == "complete" and report["errors"] == []
 
 
+def _composition_by_category(report: dict) -> dict[str, int]:
+    """Check one rank's peak composition against its own peak; its bytes by category."""
+    peak = report["peak"]
+    items = peak["composition"]["items"]
+    assert peak["composition"]["total_bytes"] == sum(i["bytes"] for i in items)
+    assert peak["composition"]["total_bytes"] == peak["memory_bytes"]
+    assert peak["composition"]["unattributed_bytes"] == 0
+    by_category: dict[str, int] = {}
+    for item in items:
+        by_category[item["category"]] = by_category.get(item["category"], 0) + item["bytes"]
+    # Activations carry the module that created them, or the schedule's region (forward_step:
+    # batch and loss; pipeline p2p: receive buffers); what is left is a few bytes of the
+    # schedule's own bookkeeping, with its phase.
+    activations = [i for i in items if i["category"] == "activations"]
+    outside = [i for i in activations if not i["module"]]
+    assert all(i["phase"] for i in outside)
+    assert sum(i["bytes"] for i in outside) <= 64 < by_category["activations"]
+    return by_category
+
+
+@pytest.mark.parametrize("fixture", ["tp2", "pp2"])
+def test_each_rank_has_its_own_peak_composition(fixture, request):
+    traced, _, reports = request.getfixturevalue(fixture)
+    for result, report in zip(traced, reports, strict=True):
+        by_category = _composition_by_category(report)
+        assert by_category["parameters"] == result.param_bytes  # this rank's real tensors
+        assert by_category["gradients"] == result.param_bytes
+        stage = {i["module"] for i in report["peak"]["composition"]["items"] if i["module"]}
+        if fixture == "pp2":  # each stage's activations come from its own modules
+            first = report["metadata"]["pp_rank"] == 0
+            assert ("embedding" in stage) is first  # the first stage embeds
+            assert "output_layer" not in stage or not first
+            assert "(pipeline p2p)" in stage  # a received activation or gradient is live
+    if fixture == "pp2":  # under 1F1B the first stage keeps more microbatches' saved tensors
+        flight = [
+            {i["microbatch"] for i in r["peak"]["composition"]["items"]
+             if i["category"] == "activations" and i["saved"] and i["phase"] == "forward"
+             and not i["module"].startswith("(")}
+            for r in reports
+        ]  # fmt: skip
+        assert len(flight[0]) > len(flight[1])
+
+
 def test_tp2_shards_parameters_and_labels_ranks(tp2):
     traced, _, reports = tp2
     assert [r["metadata"]["tp_rank"] for r in reports] == [0, 1]
@@ -98,6 +141,16 @@ def test_interleaved_pipeline_hooks_every_virtual_chunk(tmp_path_factory):
         for chunk in ("chunk0.model", "chunk1.model"):
             mbs = [e["microbatch"] for e in fwd if e["module"] == chunk and e["step"] == 0]
             assert mbs == list(range(cfg.num_microbatches))
+    for result, report in zip(traced, reports, strict=True):
+        # each rank's peak composition, its activations split by the VPP chunk that made them
+        assert _composition_by_category(report)["parameters"] == result.param_bytes
+        items = report["peak"]["composition"]["items"]
+        chunks = {
+            i["virtual_chunk"]
+            for i in items
+            if i["category"] == "activations" and i["module"].startswith("chunk")
+        }
+        assert chunks == {0, 1}
 
 
 def test_failing_output_grad_hooks_do_not_change_pipeline_training(tmp_path_factory, pp2):

@@ -111,7 +111,9 @@ def test_peak_composition_sums_to_the_peak_and_names_who_created_it(traced_run):
     # at the peak (in backward) saved activations and temporaries are told apart
     assert {i["saved"] for i in activations} == {True, False}
     assert all(i["saved"] is None for i in items if i["category"] != "activations")
-    forward = [i for i in activations if i["module"] and i["phase"] == "forward"]
+    forward = [
+        i for i in activations if i["module"][:1] not in ("", "(") and i["phase"] == "forward"
+    ]
     assert forward and {i["virtual_chunk"] for i in forward} == {0}
 
 
@@ -202,6 +204,7 @@ FAULT_SITES = {
         "on_optimizer_step_start",
         "on_optimizer_step_end",
     },
+    "schedule_regions": {"schedule_regions"},
 }
 
 
@@ -220,6 +223,26 @@ def test_a_failing_hook_never_changes_training(tmp_path, small_cfg, traced_run, 
         assert f"injected fault in {fault}" in entry["first_error"]
     assert result.handles_left == 0
     assert len(report["steps"]) == 4  # the rest of tracing carried on
+    assert not _megatron_schedule_wrapped()  # whatever MemScope wrapped is restored
+
+
+def _megatron_schedule_wrapped() -> bool:
+    from megatron.core.pipeline_parallel import p2p_communication, schedules
+
+    functions = (schedules.forward_step, p2p_communication.P2PCommunicator._communicate)
+    return any(hasattr(f, "__wrapped__") for f in functions)
+
+
+def test_the_schedules_own_allocations_are_named_regions_while_tracing(traced_run):
+    """Megatron's forward_step (batch and loss) and pipeline p2p are wrapped while tracing,
+    restored after; what forward_step allocates outside the model is named after it."""
+    _, report, _ = traced_run
+    assert not _megatron_schedule_wrapped()
+    items = report["peak"]["composition"]["items"]
+    regions = {i["module"] for i in items if i["module"].startswith("(")}
+    assert "(forward_step)" in regions  # this rank's batch tensors (and loss scalars)
+    unnamed = [i for i in items if i["category"] == "activations" and not i["module"]]
+    assert sum(i["bytes"] for i in unnamed) <= 64
 
 
 def test_grad_event_deltas_are_measured_not_copied(tmp_path, small_cfg):
@@ -353,3 +376,29 @@ def test_attach_model_unwraps_ddp_and_float16_module(tmp_path, small_cfg):
         assert all(not m._forward_hooks for m in chunk.modules())
     finally:
         destroy_process()
+
+
+def test_the_peak_steps_active_memory_is_the_replayed_history_band_by_band(history_run):
+    """The active-memory timeline of a real run: its top edge is the ledger's allocated bytes,
+    its highest point the run's true peak, and at that point the bands split by category as
+    the peak composition does."""
+    _, report, _ = history_run
+    history = report["allocator_timeline"]
+    active = history["active_memory"]
+    assert active["step"] == history["peak_context"]["step"] == report["peak"]["step"]
+    samples = len(active["time_us"])
+    assert 2 < samples <= 603 and active["time_us"] == sorted(active["time_us"])
+    totals = [sum(b["bytes"][k] for b in active["bands"]) for k in range(samples)]
+    at = active["peak_index"]
+    assert totals[at] == max(totals) == report["peak"]["memory_bytes"]
+    by_band: dict[str, int] = {}
+    for band in active["bands"]:
+        by_band[band["category"]] = by_band.get(band["category"], 0) + band["bytes"][at]
+    by_item: dict[str, int] = {}
+    for item in history["composition"]["items"]:
+        by_item[item["category"]] = by_item.get(item["category"], 0) + item["bytes"]
+    assert {k: v for k, v in by_band.items() if v} == by_item
+    # activations are banded by the module and phase that allocated them
+    labels = {b["label"] for b in active["bands"] if b["category"] == "activations"}
+    assert any(label.startswith("forward · decoder.layers.") for label in labels)
+    assert any(label.startswith("backward · ") for label in labels)

@@ -122,3 +122,25 @@ def test_markdown_shows_the_replayed_composition_and_what_lies_beside_it():
     assert "outside PyTorch (NCCL, CUDA context) 16.00 MiB" in text
     missed = render_runtime_markdown({"peak": _run(25 * MiB)["peak"]})
     assert "--memscope-snapshot-start-step" in missed
+
+
+def test_markdown_shows_the_history_its_step_peaks_and_who_held_the_most():
+    from memscope.reporters.markdown import render_runtime_markdown
+
+    report = {"allocator_timeline": _run(30 * MiB)["allocator_timeline"]}
+    text = render_runtime_markdown(report)
+    section = text.split("## Allocator history (replayed)")[1].split("\n## ")[0]
+    assert "window peak **30.00 MiB** at step 2, phase `backward`" in section
+    assert "coverage 50.0%" in section
+    assert "| 1 | 29.00 MiB |" in section and "| 2 | 30.00 MiB |" in section
+    assert "recording cost: median step 2.0 s with history, 1.0 s without (ratio 2.0)" in section
+    assert "Active memory" not in section  # the event carried no timeline
+    active = {"step": 2, "time_us": [0, 5, 9], "peak_index": 1, "events": 3, "bands": [
+        {"category": "parameters", "label": "(held all step)", "bytes": [8 * MiB] * 3},
+        {"category": "activations", "label": "backward · decoder.layers.1",
+         "bytes": [0, 22 * MiB, 0]},
+    ]}  # fmt: skip
+    report["allocator_timeline"]["active_memory"] = active
+    section = render_runtime_markdown(report).split("## Allocator history (replayed)")[1]
+    rows = [line for line in section.splitlines() if line.startswith("| activations")]
+    assert rows == ["| activations | `backward · decoder.layers.1` | 22.00 MiB | 22.00 MiB |"]

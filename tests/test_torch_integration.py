@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
@@ -29,6 +30,7 @@ def _train(runtime: MemScopeTorchRuntime, model, opt, steps: int) -> list[float]
 
 
 def _build():
+    gc.collect()  # garbage of earlier tests (tracebacks holding tensors) is not this run's
     torch.manual_seed(1)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 8))
     return model, torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -88,6 +90,35 @@ def test_an_exception_in_the_loop_marks_the_report_crashed_and_propagates(tmp_pa
         raise RuntimeError("boom")
     report = json.loads((tmp_path / "rank00000" / "runtime_report.json").read_text())
     assert report["status"] == "crashed" and "boom" in report["status_reason"]
+    # the trace ends with the failure, in the context the last hook set (a gradient)
+    lines = (tmp_path / "rank00000" / "trace.jsonl").read_text().splitlines()
+    failures = [e for e in map(json.loads, lines) if e.get("event_type") in ("crash", "oom")]
+    assert [(e["event_type"], e["step"], e["phase"]) for e in failures] == [
+        ("crash", 0, "backward")
+    ]
+    assert failures[0]["notes"] == "RuntimeError: boom" and failures[0]["module"].endswith("weight")
+
+
+def test_a_forward_that_raises_leaves_the_failure_in_the_failing_module(tmp_path):
+    model, opt = _build()
+
+    def explode(module, args):  # test-only fault
+        raise torch.OutOfMemoryError("simulated")
+
+    with (
+        pytest.raises(torch.OutOfMemoryError),
+        MemScopeTorchRuntime(model, opt, outdir=str(tmp_path), backend="storage") as ms,
+        ms.step(0),
+    ):
+        model[2].register_forward_pre_hook(explode)  # runs after MemScope's own pre-hook
+        model(torch.randn(2, 32))
+    lines = (tmp_path / "rank00000" / "trace.jsonl").read_text().splitlines()
+    (oom,) = [e for e in map(json.loads, lines) if e.get("event_type") == "oom"]
+    assert (oom["phase"], oom["module"], oom["microbatch"]) == ("forward", "2", 0)
+    report = json.loads((tmp_path / "rank00000" / "runtime_report.json").read_text())
+    assert report["status"] == "oom"
+    # the failure is a record, not a reading: no module or phase row of its own
+    assert all(row["phase"] != "oom" for row in report["phase_summary"])
 
 
 def test_optimizer_step_outside_a_step_is_a_user_error(tmp_path):

@@ -39,7 +39,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memscope.events.ownership import OwnershipIndex
-from memscope.events.schema import CompositionItem, ContextMarker, PeakContext, TimelineSummary
+from memscope.events.schema import (
+    ActiveMemory,
+    CompositionItem,
+    ContextMarker,
+    PeakContext,
+    TimelineSummary,
+)
 
 BEFORE_WINDOW = "(before the window)"
 #: Memory allocated in these phases is activations (as the storage backend's category policy
@@ -75,8 +81,11 @@ class TimelinePeak:
     #: The marker current when the peak was reached (None without markers).
     peak_marker: ContextMarker | None = None
 
-    def summary(self, snapshot: str, source: str) -> TimelineSummary:
-        """The plain record an ``allocator_timeline`` event carries."""
+    def summary(
+        self, snapshot: str, source: str, active_memory: ActiveMemory | None = None
+    ) -> TimelineSummary:
+        """The plain record an ``allocator_timeline`` event carries (with the timeline of the
+        peak's step, when given)."""
         m = self.peak_marker
         context = (
             None
@@ -94,6 +103,7 @@ class TimelinePeak:
             inconsistencies=self.inconsistencies,
             coverage=self.coverage,
             step_peaks=dict(self.step_peaks),
+            active_memory=active_memory,
         )
 
 
@@ -117,7 +127,26 @@ def allocated_blocks(snapshot: Mapping[str, Any], device: int) -> dict[int, int]
     return out
 
 
-class _Markers:
+def window_start(
+    snapshot: Mapping[str, Any], device: int, trace: Sequence[Mapping[str, Any]]
+) -> tuple[dict[int, int], int]:
+    """The blocks live when ``trace`` began (address -> size), found by undoing it from the
+    snapshot's allocated blocks, and how many of its events could not be undone."""
+    live = allocated_blocks(snapshot, device)
+    inconsistencies = 0
+    for event in reversed(trace):
+        action, addr = event.get("action"), int(event.get("addr", 0))
+        if action == "alloc":
+            if live.pop(addr, None) is None:
+                inconsistencies += 1
+        elif action == "free_requested":
+            if addr in live:
+                inconsistencies += 1
+            live[addr] = int(event["size"])
+    return live, inconsistencies
+
+
+class Markers:
     """Context markers by time: which one was current at a given moment."""
 
     def __init__(self, markers: Iterable[ContextMarker]) -> None:
@@ -143,21 +172,10 @@ def replay(
     """Replay ``device``'s recorded history to its allocated peak (see the module doc); with
     ``markers``, also each step's high-water mark and the context at the peak."""
     trace = device_trace(snapshot, device)
-    live: dict[int, int] = allocated_blocks(snapshot, device)
-    inconsistencies = 0
-    for event in reversed(trace):  # undo the window: the live set when it began
-        action, addr = event.get("action"), int(event.get("addr", 0))
-        if action == "alloc":
-            if live.pop(addr, None) is None:
-                inconsistencies += 1
-        elif action == "free_requested":
-            if addr in live:
-                inconsistencies += 1
-            live[addr] = int(event["size"])
-    start = dict(live)
+    start, inconsistencies = window_start(snapshot, device, trace)
     current = start_bytes = sum(start.values())
     best, best_index = current, -1
-    index = _Markers(markers)
+    index = Markers(markers)
     step_peaks: dict[int, int] = {}
     marker = peak_marker = index.at(_opt_int(trace[0].get("time_us"))) if trace else None
     for i, event in enumerate(trace):
@@ -204,34 +222,54 @@ def replay(
     )
 
 
+#: Who holds some bytes: category, phase, owner or module, microbatch, VPP chunk.
+PartKey = tuple[str, str, str, int | None, int | None]
+
+
+def block_parts(
+    addr: int,
+    size: int,
+    time_us: int | None,
+    in_window: bool,
+    owners: OwnershipIndex,
+    markers: Markers,
+) -> list[tuple[PartKey, int]]:
+    """A block's bytes split by owner; what no owner holds goes to the training context that
+    was current when it was allocated (``in_window``: its allocation was recorded)."""
+    parts: list[tuple[PartKey, int]] = []
+    for owner, nbytes in owners.attribute(addr, size):
+        if owner is not None:
+            parts.append(((owner.category.value, "", owner.owner, None, None), nbytes))
+            continue
+        marker = markers.at(time_us)
+        if marker is None:
+            parts.append((("other", "", "" if in_window else BEFORE_WINDOW, None, None), nbytes))
+            continue
+        key = (
+            _context_category(marker),
+            marker.phase,
+            marker.module,
+            marker.microbatch,
+            marker.virtual_chunk,
+        )
+        parts.append((key, nbytes))
+    return parts
+
+
 def attribute_peak(
     peak: TimelinePeak,
     owners: OwnershipIndex | None = None,
     markers: Sequence[ContextMarker] = (),
 ) -> tuple[CompositionItem, ...]:
     """The peak's live bytes by category x context, largest first (see the module doc)."""
-    by_time = _Markers(markers)
+    by_time = Markers(markers)
     index = owners or OwnershipIndex()
-    totals: dict[tuple[str, str, str, int | None, int | None], int] = {}
-
-    def add(key: tuple[str, str, str, int | None, int | None], nbytes: int) -> None:
-        totals[key] = totals.get(key, 0) + nbytes
-
+    totals: dict[PartKey, int] = {}
     for block in peak.live:
-        for owner, nbytes in index.attribute(block.addr, block.size):
-            if owner is not None:
-                add((owner.category.value, "", owner.owner, None, None), nbytes)
-                continue
-            marker = by_time.at(block.time_us)
-            if marker is None:
-                where = BEFORE_WINDOW if block.index is None else ""
-                add(("other", "", where, None, None), nbytes)
-                continue
-            category = _context_category(marker)
-            add(
-                (category, marker.phase, marker.module, marker.microbatch, marker.virtual_chunk),
-                nbytes,
-            )
+        in_window = block.index is not None
+        for key, nbytes in block_parts(block.addr, block.size, block.time_us, in_window, index,
+                                       by_time):  # fmt: skip
+            totals[key] = totals.get(key, 0) + nbytes
     items = [CompositionItem(*key, nbytes) for key, nbytes in totals.items()]
     return tuple(sorted(items, key=lambda i: -i.nbytes))
 
@@ -272,7 +310,7 @@ def _context_text(marker: ContextMarker) -> str:
 
 
 def _label_allocation(
-    addr: int, size: int, time_us: int | None, owners: OwnershipIndex, markers: _Markers
+    addr: int, size: int, time_us: int | None, owners: OwnershipIndex, markers: Markers
 ) -> AllocationLabel:
     """The category of the block at ``addr`` (its largest owner, else the training context
     of its allocation, as :func:`attribute_peak` splits it) and a one-line description."""
@@ -295,7 +333,7 @@ def allocation_labels(
     """Labels of ``device``'s ``alloc`` events (by position in its trace) and of the blocks
     allocated at snapshot time (by address; a block allocated in the window gets the label
     of its allocation)."""
-    by_time = _Markers(markers)
+    by_time = Markers(markers)
     index = owners or OwnershipIndex()
     events: dict[int, AllocationLabel] = {}
     latest: dict[int, AllocationLabel] = {}

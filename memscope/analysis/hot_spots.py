@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from memscope.events.schema import ALLOCATOR_TIMELINE, MemoryEvent
+from memscope.events.schema import READING_EVENTS, MemoryEvent
 
 
 @dataclass(slots=True)
@@ -72,7 +72,7 @@ class HotSpotAnalyzer:
         self.hot_spots: dict[tuple[str, str, str], HotSpot] = {}
 
     def consume(self, e: MemoryEvent) -> None:
-        if e.event_type == ALLOCATOR_TIMELINE:
+        if e.event_type not in READING_EVENTS:
             return
         key = (e.event_type, e.module, e.phase)
         spot = self.hot_spots.get(key)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from memscope.events.schema import ALLOCATOR_TIMELINE, STEP_PHASE, MemoryEvent
+from memscope.events.schema import HOOK_EVENTS, MemoryEvent
 
 
 class ModuleAnalyzer:
@@ -15,7 +15,7 @@ class ModuleAnalyzer:
         self.modules: dict[str, dict[str, Any]] = {}
 
     def consume(self, e: MemoryEvent) -> None:
-        if e.event_type in (STEP_PHASE, ALLOCATOR_TIMELINE):
+        if e.event_type not in HOOK_EVENTS:
             return
         delta = e.delta_allocated
         m = self.modules.get(e.module)

@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from memscope.events.schema import (
-    ALLOCATOR_TIMELINE,
     CATEGORIES,
+    READING_EVENTS,
     STEP_PHASE,
     CompositionItem,
     MemoryEvent,
@@ -44,7 +44,7 @@ class PeakAnalyzer:
         self._device_event: MemoryEvent | None = None
 
     def consume(self, e: MemoryEvent) -> None:
-        if e.event_type == ALLOCATOR_TIMELINE:
+        if e.event_type not in READING_EVENTS:
             return
         if (
             e.event_type == STEP_PHASE

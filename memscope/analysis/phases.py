@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from memscope.events.schema import ALLOCATOR_TIMELINE, MemoryEvent
+from memscope.events.schema import READING_EVENTS, MemoryEvent
 
 
 class PhaseAnalyzer:
@@ -15,7 +15,7 @@ class PhaseAnalyzer:
         self.phases: dict[str, dict[str, int]] = {}
 
     def consume(self, e: MemoryEvent) -> None:
-        if e.event_type == ALLOCATOR_TIMELINE:
+        if e.event_type not in READING_EVENTS:
             return
         delta = e.delta_allocated
         ph = self.phases.get(e.phase)

@@ -8,6 +8,7 @@ consumers it was given (the bounded store, the analyzers, the trace writer).
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -97,6 +98,10 @@ class MemoryTracer:
         self._shapes = config.record_tensor_shapes
         self._composed_peak = -1
         self._step_started = self._phase_started = 0.0  # seconds since tracing started
+        #: The training-loop region running outside every module (see :meth:`enter_region`).
+        self._region = ""
+        #: The latest context (module, microbatch, phase, VPP chunk) a hook set.
+        self._context: tuple[str, int | None, str, int | None] = ("", None, s.PHASE_SETUP, None)
         #: Context changes with their time, kept while an allocator history is recorded
         #: (:meth:`start_markers`); bounded by ``max_markers``.
         self.markers: list[ContextMarker] | None = None
@@ -140,6 +145,7 @@ class MemoryTracer:
     ) -> None:
         # Only a backend that records where its peak was set reads the context; while an
         # allocator history is recorded, each change is also kept as a timestamped marker.
+        self._context = (module, microbatch, phase or self.phase, chunk)
         if self._peak_context:
             self.backend.context = PeakContext(
                 self.step, phase or self.phase, module, microbatch, chunk
@@ -204,6 +210,41 @@ class MemoryTracer:
             peak_composition=composition,
         )
 
+    def record_failure(self, oom: bool, reason: str) -> MemoryEvent:
+        """Emit the moment training failed (``oom``: out of memory), in the context the last
+        hook set: the module forward that was running, or the gradient being computed."""
+        module, microbatch, phase, chunk = self._context
+        before = self._last  # the latest reading a hook took
+        return self._emit(
+            s.OOM if oom else s.CRASH,
+            phase,
+            module,
+            before,
+            self._sample(),
+            microbatch=microbatch,
+            virtual_chunk=chunk,
+            notes=reason,
+        )
+
+    # -- training-loop regions -------------------------------------------------------------
+    def enter_region(self, label: str) -> str:
+        """A part of the training loop that runs outside every module (a framework's batch
+        loading and loss, its pipeline communication) begins: memory allocated while no
+        module forward is open is attributed to ``label`` instead of to no module. Returns
+        the region it replaces, for :meth:`exit_region`."""
+        previous, self._region = self._region, label
+        if not self._stack:
+            self._set_context(label, None)
+        return previous
+
+    def exit_region(self, previous: str, raised: bool = False) -> None:
+        """The region :meth:`enter_region` opened ends; ``previous`` is current again (the
+        context stays where it was when the region ``raised``: that is where training
+        failed)."""
+        self._region = previous
+        if not self._stack and not raised:
+            self._set_context(previous, None)
+
     # -- module hooks ----------------------------------------------------------------------
     def module_enter(
         self, label: ModuleLabel, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -251,9 +292,11 @@ class MemoryTracer:
             inputs=frame.inputs,
             outputs=[tensor_info(t) for t in outs] if self._shapes else [],
         )
+        if output is None and sys.exc_info()[1] is not None:
+            return []  # the forward raised: the context stays where it failed
         parent = self._stack[-1] if self._stack else None
         self._set_context(
-            parent.label.name if parent else "",
+            parent.label.name if parent else self._region,
             frame.microbatch,
             phase,
             parent.label.chunk if parent else None,

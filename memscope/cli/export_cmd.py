@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import json
 import os
 from typing import Any
 
@@ -16,6 +17,10 @@ from memscope.cli.common import (
     write_pickle_output,
 )
 
+#: The default size limit of one exported trace file (ui.perfetto.dev loads JSON traces into
+#: browser memory; files of a few hundred MB are where it starts to fail).
+DEFAULT_MAX_FILE_MB = 250.0
+
 
 def register(sub: Any) -> None:
     """Add the ``export`` subcommand."""
@@ -26,8 +31,9 @@ def register(sub: Any) -> None:
             "--trace: write the events of a rank's trace.jsonl (or of every rankNNNNN/ folder "
             "of a job directory) as Chrome-trace JSON that ui.perfetto.dev and chrome://tracing "
             "open: memory counter tracks per rank (and per category where recorded), step-phase "
-            "and module-forward slices, gradient instants and the peak. --steps keeps a window "
-            "of steps so a long run's file stays small. "
+            "and module-forward slices, gradient instants, the peak and where training died (OOM "
+            "or crash). --steps keeps a window of steps; a larger export is split into files of "
+            "whole steps of at most --max-file-mb each. "
             "--snapshot: write a copy of an allocator snapshot whose allocations carry "
             "MemScope's category (memory_viz colours by it) and a first stack frame naming "
             "their owner or module, phase, microbatch and chunk, from the side files beside it. "
@@ -39,6 +45,14 @@ def register(sub: Any) -> None:
     source.add_argument("--snapshot", help="an allocator snapshot pickle (with its side files)")
     p.add_argument("--out", required=True, help="file to write (JSON, or a pickle)")
     p.add_argument("--steps", default=None, help="A:B keeps steps A to B-1 (default: all)")
+    p.add_argument(
+        "--max-file-mb",
+        type=float,
+        default=DEFAULT_MAX_FILE_MB,
+        help="--trace: a larger export is split into files of whole steps, each at most this "
+        "size (OUT.stepsA-B.json), so that the Perfetto UI can open every one; --snapshot: "
+        "warn above it",
+    )
     p.add_argument("--device", type=int, default=0, help="--snapshot: device index")
     p.set_defaults(run=run)
 
@@ -103,6 +117,13 @@ def _run_snapshot(args: argparse.Namespace) -> int:
         raise CliError(f"{path}: malformed snapshot ({type(exc).__name__}: {exc})") from None
     progress("side files: " + (", ".join(os.path.basename(p) for p in found) or "none found"))
     write_pickle_output(args.out, labelled, [path])
+    size_mb = os.path.getsize(args.out) / 2**20
+    if size_mb > args.max_file_mb:
+        progress(f"warning: {args.out} is {size_mb:.0f} MB, above --max-file-mb "
+                 f"{args.max_file_mb:g}; a snapshot is one recorded window and is not split: "
+                 "record fewer steps (--memscope-snapshot-steps) or entries "
+                 "(--memscope-snapshot-max-entries), or without stacks, for one that opens "
+                 "in memory_viz")  # fmt: skip
     print(
         f"{len(events)} allocations and {len(blocks)} live blocks labelled; peak "
         f"{format_bytes(peak.allocated_bytes)} -> {args.out} (opens in pytorch.org/memory_viz)"
@@ -110,29 +131,61 @@ def _run_snapshot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _window_path(out: str, window: tuple[int, int]) -> str:
+    stem, ext = os.path.splitext(out)
+    return f"{stem}.steps{window[0]}-{window[1]}{ext or '.json'}"
+
+
+def _json_size(data: object) -> int:
+    return len(json.dumps(data, separators=(",", ":")))
+
+
 def _run_trace(args: argparse.Namespace) -> int:
-    """Read each trace, keep the step window, write one JSON file."""
+    """Read each trace, keep the step window, write one JSON file per window of whole steps
+    that fits ``--max-file-mb``."""
     from memscope.events.trace_reader import TraceError, read_trace
-    from memscope.reporters.perfetto import chrome_trace, rank_trace_events
+    from memscope.reporters.perfetto import chrome_trace, rank_trace_events, step_windows
 
     if not os.path.lexists(args.trace):
         raise CliError(f"{args.trace}: no such trace file or directory")
+    if not args.max_file_mb > 0:
+        raise CliError(f"--max-file-mb {args.max_file_mb}: expected a size in MB above 0")
     window = _window(args.steps)
     paths = _traces(args.trace)
     check_output(args.out, paths)
-    ranks: dict[int, list[dict[str, Any]]] = {}
+    ranks: dict[int, dict[int, list[dict[str, Any]]]] = {}  # rank -> step -> events
     for path in paths:
         try:
             header, events = read_trace(path)
-            kept = [
-                e.to_dict() for e in events if window is None or window[0] <= e.step < window[1]
-            ]
+            by_step: dict[int, list[dict[str, Any]]] = {}
+            for e in events:
+                if window is None or window[0] <= e.step < window[1]:
+                    by_step.setdefault(e.step, []).append(e.to_dict())
         except TraceError as exc:
             raise CliError(str(exc)) from None
         rank = header.fields.get("rank")
         rank = rank if isinstance(rank, int) and rank not in ranks else len(ranks)
-        ranks[rank] = rank_trace_events(rank, kept)
-        progress(f"rank {rank}: {len(kept)} events from {path}")
-    write_json_output(args.out, chrome_trace(ranks), paths)
-    print(f"{sum(len(v) for v in ranks.values())} trace events -> {args.out}")
+        ranks[rank] = by_step
+        progress(f"rank {rank}: {sum(map(len, by_step.values()))} events from {path}")
+    steps = sorted({step for by_step in ranks.values() for step in by_step})
+    sizes = [
+        (step, sum(_json_size(rank_trace_events(r, s.get(step, []))) for r, s in ranks.items()))
+        for step in steps
+    ]
+    windows = step_windows(sizes, int(args.max_file_mb * 2**20)) or [(0, -1)]
+    outputs = [args.out] if len(windows) == 1 else [_window_path(args.out, w) for w in windows]
+    for out in outputs[1:]:
+        check_output(out, paths)
+    if len(windows) > 1:
+        progress(f"{len(steps)} steps exceed --max-file-mb {args.max_file_mb:g}: "
+                 f"{len(windows)} files of whole steps")  # fmt: skip
+    for out, (first, last) in zip(outputs, windows, strict=True):
+        kept = [step for step in steps if first <= step <= last]
+        trace = chrome_trace(
+            {r: rank_trace_events(r, [e for step in kept for e in s.get(step, [])])
+             for r, s in sorted(ranks.items())}
+        )  # fmt: skip
+        write_json_output(out, trace, paths)
+        what = f"steps {first}-{last}" if kept else "no events"
+        print(f"{len(trace['traceEvents'])} trace events ({what}) -> {out}")
     return 0

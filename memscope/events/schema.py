@@ -18,10 +18,20 @@ OUTPUT_GRAD = "output_grad"
 PARAM_GRAD = "param_grad"
 #: One per allocator-history snapshot: its replay (peak, composition, per-step peaks).
 ALLOCATOR_TIMELINE = "allocator_timeline"
+#: Training failed (an out-of-memory error, or any other exception) in the event's context;
+#: ``notes`` holds the reason. At most one per run.
+OOM = "oom"
+CRASH = "crash"
+FAILURE_EVENTS = frozenset({OOM, CRASH})
+#: Memory readings at hook points and step boundaries: what the phase, module, hot-spot and
+#: peak analyzers fold (the other event types are records about the run).
+READING_EVENTS = frozenset({STEP_PHASE, MODULE_FORWARD, OUTPUT_GRAD, PARAM_GRAD})
+#: Readings inside a step, at module and gradient hooks.
+HOOK_EVENTS = READING_EVENTS - {STEP_PHASE}
 #: The category free events carry in allocator-history snapshots MemScope writes:
 #: pytorch.org/memory_viz needs some event to have it (see ``reporters/memory_viz.py``).
 FREE_CATEGORY = "unknown"
-EVENT_TYPES = (STEP_PHASE, MODULE_FORWARD, OUTPUT_GRAD, PARAM_GRAD, ALLOCATOR_TIMELINE)
+EVENT_TYPES = (STEP_PHASE, MODULE_FORWARD, OUTPUT_GRAD, PARAM_GRAD, ALLOCATOR_TIMELINE, OOM, CRASH)
 
 # Phases. Step phases cover an interval between two training-loop callbacks.
 PHASE_FORWARD_BACKWARD = "forward_backward"
@@ -284,6 +294,8 @@ class TimelineSummary:
     inconsistencies: int
     coverage: float  # share of the peak's bytes allocated inside the window
     step_peaks: dict[int, int]  # allocated high-water mark of each recorded step
+    #: Live bytes through the peak's step, by who holds them (None: not computed).
+    active_memory: ActiveMemory | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -297,6 +309,7 @@ class TimelineSummary:
             "inconsistencies": self.inconsistencies,
             "coverage": round(self.coverage, 6),
             "step_peaks": {str(k): v for k, v in sorted(self.step_peaks.items())},
+            "active_memory": None if self.active_memory is None else self.active_memory.to_dict(),
         }
 
     @classmethod
@@ -313,6 +326,57 @@ class TimelineSummary:
             inconsistencies=int(d["inconsistencies"]),
             coverage=float(d["coverage"]),
             step_peaks={int(k): int(v) for k, v in (d.get("step_peaks") or {}).items()},
+            active_memory=ActiveMemory.from_dict(active)
+            if (active := d.get("active_memory"))
+            else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBand:
+    """One band of an active-memory timeline: the bytes one holder had live at each sample
+    (an owner such as a grad buffer, or what one module allocated in one phase)."""
+
+    category: str
+    label: str
+    values: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"category": self.category, "label": self.label, "bytes": list(self.values)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> MemoryBand:
+        return cls(str(d["category"]), str(d["label"]), tuple(int(v) for v in d["bytes"]))
+
+
+@dataclass(frozen=True)
+class ActiveMemory:
+    """Allocated bytes through one step, sampled at allocator events and stacked by holder
+    (see :mod:`memscope.analysis.active_memory`); the bands sum to the allocated total."""
+
+    step: int | None  # None: the whole recorded window (no step markers)
+    time_us: tuple[int, ...]  # of each sample, since the step's first event
+    bands: tuple[MemoryBand, ...]
+    peak_index: int  # the sample at the step's high-water mark
+    events: int  # allocator events in the step, before sampling
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "time_us": list(self.time_us),
+            "bands": [band.to_dict() for band in self.bands],
+            "peak_index": self.peak_index,
+            "events": self.events,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ActiveMemory:
+        return cls(
+            step=_opt_int(d.get("step")),
+            time_us=tuple(int(t) for t in d["time_us"]),
+            bands=tuple(MemoryBand.from_dict(b) for b in d["bands"]),
+            peak_index=int(d["peak_index"]),
+            events=int(d["events"]),
         )
 
 

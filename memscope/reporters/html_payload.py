@@ -11,27 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-MAX_POINTS = 2000
+from memscope.downsample import downsample_indices
+from memscope.events.schema import HOOK_EVENTS
+
+MAX_POINTS = 2000  # per plotted series
 MAX_ROWS = 500
 MAX_DETAIL_STEPS = 10
-
-
-def downsample_indices(values: Sequence[float], max_points: int = MAX_POINTS) -> list[int]:
-    """Indices to keep: min and max of each bucket, the first, the last and the global max."""
-    n = len(values)
-    if n <= max_points:
-        return list(range(n))
-    keep = {0, n - 1, max(range(n), key=values.__getitem__)}
-    buckets = max(1, max_points // 2)
-    size = n / buckets
-    for b in range(buckets):
-        lo, hi = int(b * size), min(n, int((b + 1) * size))
-        if lo >= hi:
-            continue
-        chunk = range(lo, hi)
-        keep.add(min(chunk, key=values.__getitem__))
-        keep.add(max(chunk, key=values.__getitem__))
-    return sorted(keep)
 
 
 def _pick(rows: list[dict[str, Any]], keys: Sequence[str]) -> dict[str, list[Any]]:
@@ -81,7 +66,7 @@ def _within_step(
     """Per chosen step, the downsampled module/grad events; also how many steps had any."""
     by_step: dict[int, list[dict[str, Any]]] = {}
     for e in events:
-        if e.get("event_type") != "step_phase":
+        if e.get("event_type") in HOOK_EVENTS:
             by_step.setdefault(int(e.get("step", -1)), []).append(e)
     out: dict[str, dict[str, list[Any]]] = {}
     peak_step = None
@@ -125,6 +110,7 @@ def runtime_payload(
         "metadata": meta,
         "config": config or {},
         "peak": report.get("peak") or {},
+        "active_memory": (report.get("allocator_timeline") or {}).get("active_memory"),
         "comparisons": report.get("comparisons") or {},
         "phase_summary": (report.get("phase_summary") or [])[:max_rows],
         "top_events": (report.get("top_events") or [])[:max_rows],

@@ -112,6 +112,61 @@ def _composition_lines(
     return lines
 
 
+def _percent(value: object) -> str:
+    return f"{value * 100:.1f}%" if isinstance(value, int | float) else "n/a"
+
+
+def _history_lines(history: dict[str, Any] | None, max_rows: int) -> list[str]:
+    """The replayed allocator history: window, coverage, true per-step peaks, its cost, and
+    who held the most at the peak of the timeline's step."""
+    if not history:
+        return []
+    t, code = md_text, md_code
+    ctx = history.get("peak_context")
+    lines = [
+        "## Allocator history (replayed)",
+        "",
+        f"- {t(len(history.get('snapshots') or []))} snapshot(s) from "
+        f"{code(history.get('source'))}, highest {code(history.get('snapshot'))}: "
+        f"{t(history.get('events'))} events, window peak "
+        f"**{format_bytes(history.get('peak_bytes'))}**" + (f" at {_where(ctx)}" if ctx else ""),
+        f"- coverage {_percent(history.get('coverage'))} of the peak's bytes "
+        "allocated inside the window (the rest was live when it began); "
+        f"{t(history.get('inconsistencies'))} unpaired events",
+    ]
+    cost = history.get("recording_cost")
+    if cost:
+        lines.append(
+            f"- recording cost: median step {t(cost['recorded_median_s'])} s with history, "
+            f"{t(cost['other_median_s'])} s without (ratio {t(cost['ratio'])})"
+        )
+    peaks = history.get("step_peaks") or {}
+    lines += ["", "True peak of each recorded step:", ""]
+    lines += _table(
+        ["step", "allocated high-water mark"],
+        [[t(k), format_bytes(v)] for k, v in list(peaks.items())[:max_rows]],
+    )
+    active = history.get("active_memory")
+    if active and active.get("bands"):
+        at = int(active["peak_index"])
+        bands = sorted(active["bands"], key=lambda b: -b["bytes"][at])
+        lines += [
+            f"Active memory through step {t(active.get('step'))} (plotted on the HTML rank "
+            f"page, {t(len(active['time_us']))} samples of {t(active.get('events'))} "
+            "allocator events); held at its peak:",
+            "",
+        ]
+        lines += _table(
+            ["category", "holder", "bytes at the peak", "most in the step"],
+            [
+                [t(b["category"]), code(b["label"]), format_bytes(b["bytes"][at]),
+                 format_bytes(max(b["bytes"]))]
+                for b in bands[:max_rows]
+            ],
+        )  # fmt: skip
+    return lines
+
+
 def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
     """Peak and where, comparisons, per-phase maxima, top events, modules, steps (each table at
     most ``max_rows`` rows)."""
@@ -142,6 +197,7 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
     lines.append("")
     lines += _composition_lines(peak.get("composition"), max_rows, peak.get("composition_note"))
     lines += _beside_lines(peak)
+    lines += _history_lines(report.get("allocator_timeline"), max_rows)
 
     comp = report.get("comparisons", {})
     lines += ["## Static estimate vs runtime", ""]

@@ -4,14 +4,18 @@ Per rank (one process, ``pid`` = rank): counter tracks of allocated and reserved
 when the backend classifies memory, one per category; slices for step phases (thread
 "steps") and module forwards and recomputations (thread "forward"), from each event's
 ``start_timestamp`` to its ``timestamp``; instants for gradients (thread "backward"), at the
-rank's peak and at an OOM. Timestamps are microseconds since each rank's tracing started.
-Opens in ui.perfetto.dev and chrome://tracing.
+rank's peak and where training died (an OOM or another exception, with its reason).
+Timestamps are microseconds since each rank's tracing started.
+Opens in ui.perfetto.dev and chrome://tracing; a long run is split into windows of whole
+steps (:func:`step_windows`) so that each file stays small enough to open.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from memscope.events.schema import FAILURE_EVENTS, OOM
 
 THREADS = {"steps": 1, "forward": 2, "backward": 3}
 SLICE_EVENTS = {"step_phase": "steps", "module_forward": "forward"}
@@ -48,6 +52,13 @@ def rank_trace_events(
             out.append({"ph": "X", "pid": rank, "tid": THREADS[track], "ts": begin,
                         "dur": max(0.0, round(ts - begin, 3)), "name": str(name),
                         "cat": str(e.get("phase", "")), "args": args})  # fmt: skip
+        elif kind in FAILURE_EVENTS:
+            out.append({"ph": "i", "s": "p", "pid": rank, "tid": THREADS["steps"], "ts": ts,
+                        "name": "OOM" if kind == OOM else "crash", "cat": kind,
+                        "args": {"reason": e.get("notes"), "step": e.get("step"),
+                                 "phase": e.get("phase"), "module": e.get("module"),
+                                 "microbatch": e.get("microbatch"),
+                                 "allocated": e.get("mem_allocated_after")}})  # fmt: skip
         elif kind in ("output_grad", "param_grad"):
             out.append({"ph": "i", "s": "t", "pid": rank, "tid": THREADS["backward"], "ts": ts,
                         "name": str(e.get("module", kind)), "cat": kind,
@@ -71,6 +82,22 @@ def rank_trace_events(
                     "name": "peak", "args": {"bytes": best[0], "step": where.get("step"),
                                              "module": where.get("module")}})  # fmt: skip
     return out
+
+
+def step_windows(sizes: Sequence[tuple[int, int]], max_bytes: int) -> list[tuple[int, int]]:
+    """Consecutive steps grouped so each group's bytes stay within ``max_bytes``: ``sizes`` is
+    ``(step, bytes)`` in step order, the result ``(first step, last step)`` per group. A step
+    larger than ``max_bytes`` on its own is a group of its own."""
+    windows: list[tuple[int, int]] = []
+    total = 0
+    for step, nbytes in sizes:
+        if windows and total + nbytes <= max_bytes:
+            windows[-1] = (windows[-1][0], step)
+            total += nbytes
+        else:
+            windows.append((step, step))
+            total = nbytes
+    return windows
 
 
 def chrome_trace(ranks: Mapping[int, list[dict[str, Any]]]) -> dict[str, Any]:

@@ -155,6 +155,8 @@ class TracingSession:
         self.state = SessionState.IDLE if traced else SessionState.DISABLED
         self.status = ReportStatus.RUNNING
         self.status_reason = ""
+        self._failure_recorded = False
+        self._exception: BaseException | None = None
         self.failures = FailureLog(rank=self.rank)
         self.warnings: list[str] = []
         self.artifacts: dict[str, str] = {}
@@ -243,6 +245,12 @@ class TracingSession:
             return
         self.state = SessionState.TRACING
         self.write_report()
+
+    def on_stop(self, site: str, action: Callable[[], object]) -> None:
+        """Run ``action`` when tracing stops, before what :meth:`start` installed is removed
+        (a framework adapter's own instrumentation); a failure is recorded under ``site``."""
+        assert self.state is SessionState.TRACING, "on_stop() belongs after start()"
+        self._teardown.push(site, action)
 
     def abandon(self, site: str, exc: BaseException) -> None:
         """Give up tracing on this rank after ``exc`` at ``site``: log it once, remove
@@ -414,13 +422,17 @@ class TracingSession:
         owners: OwnershipIndex,
         markers: list[ContextMarker],
     ) -> None:
-        """Replay the snapshot (host memory only, no device call) and emit the result."""
+        """Replay the snapshot (host memory only, no device call) and emit the result: the
+        peak, its composition and the active-memory timeline of the peak's step."""
+        from memscope.analysis.active_memory import active_memory
         from memscope.analysis.allocator_timeline import peak_composition
 
         assert self.tracer is not None and self.snapshot is not None
         device = torch.cuda.current_device() if self.snapshot.source == "cuda_allocator" else 0
         peak = peak_composition(snapshot, device, owners, markers)
-        summary = peak.summary(os.path.basename(snapshot_path), self.snapshot.source)
+        step = None if peak.peak_marker is None else peak.peak_marker.step
+        timeline = active_memory(snapshot, device, owners, markers, step)
+        summary = peak.summary(os.path.basename(snapshot_path), self.snapshot.source, timeline)
         self.tracer.record_timeline(summary, peak.composition)
 
     def _stop_snapshot(self) -> None:
@@ -515,13 +527,16 @@ class TracingSession:
             self.failures.record("trace_sink", exc, disable=False)
 
     def record_exception(self, exc: BaseException) -> None:
-        """A training failure (OOM or other): mark the report and write what was recorded."""
-        if not self.active:
+        """A training failure (OOM or other): mark the report and write what was recorded.
+        The same exception reported again (by an outer handler) changes nothing."""
+        if not self.active or exc is self._exception:
             return
+        self._exception = exc
         try:
             is_oom = isinstance(exc, torch.OutOfMemoryError)
             self.status = ReportStatus.OOM if is_oom else ReportStatus.CRASHED
             self.status_reason = f"{type(exc).__name__}: {exc}"[:2000]
+            self._record_failure(is_oom)
             if is_oom:
                 self._dump_oom_snapshot()
             self.write_report()
@@ -539,8 +554,20 @@ class TracingSession:
 
     def _on_cuda_oom(self, reason: str) -> None:
         self.status, self.status_reason = ReportStatus.OOM, reason
+        self._record_failure(oom=True)
         self._dump_oom_snapshot()
         self.write_report()
+
+    def _record_failure(self, oom: bool) -> None:
+        """The failure as an event in the trace (once: the allocator's OOM observer fires
+        before the exception reaches the excepthook)."""
+        if self._failure_recorded or self.tracer is None:
+            return
+        self._failure_recorded = True
+        try:
+            self.tracer.record_failure(oom, self.status_reason)
+        except Exception as exc:
+            self._failed("failure_event", exc)
 
     def _dump_oom_snapshot(self) -> None:
         if self.snapshot is not None and self.snapshot.recording:

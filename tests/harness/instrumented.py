@@ -20,7 +20,14 @@ from memscope.demo.tiny_gpt import TinyGPTConfig
 from memscope.demo.traced_training import WorkerResult, traced_worker
 
 # What ``fault=`` accepts; fault_targets() maps each to the attribute it replaces.
-FAULTS = ("module_hooks", "output_grads", "param_grads", "step_callbacks", "static_estimator")
+FAULTS = (
+    "module_hooks",
+    "output_grads",
+    "param_grads",
+    "step_callbacks",
+    "static_estimator",
+    "schedule_regions",
+)
 
 
 def fault_targets(runtime: Any) -> dict[str, tuple[Any, str]]:
@@ -38,6 +45,7 @@ def fault_targets(runtime: Any) -> dict[str, tuple[Any, str]]:
         "param_grads": (tracer, "param_grad_accumulated"),
         "step_callbacks": (tracer, "phase_end"),
         "static_estimator": (runtime, "static_estimate_provider"),
+        "schedule_regions": (tracer, "enter_region"),
     }
 
 

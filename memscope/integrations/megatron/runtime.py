@@ -16,9 +16,9 @@ Lifecycle (the order FlagScale's and Megatron-LM's patched ``train()`` use)::
 
 What is Megatron-specific lives here and only here: Megatron args -> settings, unwrapping
 DDP / Float16Module chunks, the parallel grid from ``parallel_state``, the torch optimizers
-inside Megatron's optimizer wrappers, ``.main_grad`` as a gradient, and the static estimate
-from Megatron args. Everything else (lifecycle, hooks, analyzers, reports, crash handling)
-is the session's.
+inside Megatron's optimizer wrappers, ``.main_grad`` as a gradient, the schedule's own
+allocations as named regions, and the static estimate from Megatron args. Everything else
+(lifecycle, hooks, analyzers, reports, crash handling) is the session's.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from memscope.capture.parallel import ParallelInfo, package_version
 from memscope.capture.tracer import MemoryTracer
 from memscope.config import RuntimeConfig
 from memscope.integrations.megatron.parallel import megatron_parallel_info
+from memscope.integrations.megatron.schedule_regions import ScheduleRegions
 from memscope.session import TracingSession
 
 StaticEstimateProvider = Callable[[Any, ParallelInfo], dict[str, Any] | None]
@@ -138,8 +139,19 @@ class MemScopeMegatronRuntime:
 
     # -- lifecycle, delegated --------------------------------------------------------------
     def start(self) -> None:
-        """Begin tracing: backend, hooks, trace file, profiler, crash handlers."""
+        """Begin tracing: backend, hooks, trace file, profiler, crash handlers; and name what
+        the pipeline schedule allocates outside modules (:mod:`.schedule_regions`)."""
         self.session.start()
+        tracer = self.session.tracer
+        if tracer is None or not self.session.active or not self.session.config.hook_modules:
+            return
+        regions = ScheduleRegions(tracer, self.session.failures)
+        self.session.on_stop("schedule_regions", regions.remove)
+        try:
+            regions.install()
+        except Exception as exc:
+            regions.remove()
+            self.session.failures.record("schedule_regions", exc)
 
     def on_train_step_start(self, step: int, batch: Any = None, notes: str = "") -> None:
         """Call before ``forward_backward_func``; opens the step's high-water window."""

@@ -101,6 +101,9 @@ class MemScopeTorchRuntime:
         self._in_step, self._optimizer_phase = True, False
         try:
             yield
+        except BaseException as exc:
+            self.session.record_exception(exc)  # before the step closes: where it failed
+            raise
         finally:
             if not self._optimizer_phase:
                 self.session.forward_backward_end()
