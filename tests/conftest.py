@@ -16,14 +16,18 @@ from memscope.demo.tiny_gpt import TinyGPTConfig
 
 
 def run_in_process(
-    cfg: TinyGPTConfig, steps: int, memscope_argv: list[str] | None, fault: str | None = None
+    cfg: TinyGPTConfig,
+    steps: int,
+    memscope_argv: list[str] | None,
+    fault: str | None = None,
+    leak_from_step: int | None = None,
 ) -> InstrumentedResult:
     """One real megatron-core training run in this process (world size 1, gloo), instrumented.
     Garbage earlier tests left in reference cycles (tensors held by tracebacks, models) is
     collected first: the storage backend would rightly count it as live until the collector
     runs, which it may do in the middle of the run."""
     gc.collect()
-    return instrumented_worker(0, 1, free_port(), cfg, steps, memscope_argv, fault)
+    return instrumented_worker(0, 1, free_port(), cfg, steps, memscope_argv, fault, leak_from_step)
 
 
 def load_json(path: str) -> dict[str, Any]:

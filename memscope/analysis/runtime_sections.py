@@ -8,6 +8,7 @@ from memscope.analysis.modules import ModuleAnalyzer
 from memscope.analysis.peak import PeakAnalyzer
 from memscope.analysis.phases import PhaseAnalyzer
 from memscope.analysis.static_comparison import StaticComparisonAnalyzer, StaticEstimate
+from memscope.analysis.step_transitions import StepTransitionAnalyzer
 from memscope.analysis.steps import StepAnalyzer
 from memscope.analysis.timeline import AllocatorTimelineAnalyzer
 
@@ -19,6 +20,7 @@ RUNTIME_SECTIONS = (
     "top_events",
     "module_summary",
     "steps",
+    "step_transitions",
     "comparisons",
 )
 
@@ -32,5 +34,6 @@ def runtime_analyzers(top_k: int, static: StaticEstimate) -> list[Analyzer]:
         HotSpotAnalyzer(top_k),
         ModuleAnalyzer(),
         StepAnalyzer(),
+        StepTransitionAnalyzer(),
         StaticComparisonAnalyzer(static),
     ]

@@ -22,6 +22,7 @@ class StepSummary:
     peak_phase: str = ""
     host_rss_end: int | None = None
     categories_end: tuple[int, ...] | None = None
+    categories_start: tuple[int, ...] | None = None
     device_end: dict[str, int] | None = None
     phase_peaks: dict[str, int] | None = None
 
@@ -40,6 +41,8 @@ class StepSummary:
             out["host_rss_end"] = self.host_rss_end
         if self.categories_end is not None:
             out["categories_end"] = dict(zip(CATEGORIES, self.categories_end, strict=True))
+        if self.categories_start is not None:
+            out["categories_start"] = dict(zip(CATEGORIES, self.categories_start, strict=True))
         if self.device_end is not None:
             out["device_end"] = dict(self.device_end)
         return out
@@ -78,6 +81,8 @@ class StepAnalyzer:
             s.host_rss_end = e.host_rss_bytes
         if e.categories is not None:
             s.categories_end = e.categories
+        if e.categories_before is not None:
+            s.categories_start = e.categories_before
         if e.device is not None:
             s.device_end = e.device
 

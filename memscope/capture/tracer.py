@@ -365,6 +365,8 @@ class MemoryTracer:
     ) -> MemorySample:
         after = self._sample(detailed=True)
         extra: dict[str, Any] = {}
+        if phase == s.PHASE_STEP and before.categories is not None:
+            extra["categories_before"] = before.categories
         if self._peak_context:
             extra["peak_context"] = self.backend.peak_context()
             extra["peak_categories"] = self.backend.peak_categories()

@@ -115,6 +115,9 @@ class MemoryEvent:
     start_timestamp: float | None = None
     #: ``allocator_timeline`` events: what replaying the allocator history found.
     timeline: TimelineSummary | None = None
+    #: Whole-step events of a backend that classifies memory: the bytes per category when
+    #: the step began (what ``categories`` are compared with to explain the step's growth).
+    categories_before: tuple[int, ...] | None = None
 
     @property
     def delta_allocated(self) -> int:
@@ -168,6 +171,8 @@ class MemoryEvent:
             out["start_timestamp"] = round(self.start_timestamp, 6)
         if self.timeline is not None:
             out["timeline"] = self.timeline.to_dict()
+        if self.categories_before is not None:
+            out["categories_before"] = dict(zip(CATEGORIES, self.categories_before, strict=True))
         return out
 
     @classmethod
@@ -211,6 +216,9 @@ class MemoryEvent:
             if d.get("start_timestamp") is None
             else float(d["start_timestamp"]),
             timeline=TimelineSummary.from_dict(d["timeline"]) if d.get("timeline") else None,
+            categories_before=_category_tuple(d["categories_before"])
+            if d.get("categories_before") is not None
+            else None,
         )
 
 

@@ -91,6 +91,14 @@ def _within_step(
     return out, len(by_step)
 
 
+def _transitions(section: dict[str, Any] | None, max_rows: int) -> dict[str, Any] | None:
+    """The step-transition section with its list of changes capped."""
+    if not section:
+        return None
+    rows = section.get("transitions") or []
+    return {**section, "transitions": rows[:max_rows], "transitions_total": len(rows)}
+
+
 def runtime_payload(
     report: dict[str, Any], max_points: int = MAX_POINTS, max_rows: int = MAX_ROWS
 ) -> dict[str, Any]:
@@ -116,6 +124,7 @@ def runtime_payload(
         "top_events": (report.get("top_events") or [])[:max_rows],
         "module_summary": (report.get("module_summary") or [])[:max_rows],
         "modules_total": len(report.get("module_summary") or []),
+        "step_transitions": _transitions(report.get("step_transitions"), max_rows),
         "steps": _step_series(report.get("steps") or [], max_points),
         "steps_total": len(report.get("steps") or []),
         "within_step": within,

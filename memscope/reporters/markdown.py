@@ -167,6 +167,42 @@ def _history_lines(history: dict[str, Any] | None, max_rows: int) -> list[str]:
     return lines
 
 
+def _transition_lines(section: dict[str, Any] | None, max_rows: int) -> list[str]:
+    """Why memory changed between steps: the counts, leak candidates, the other changes."""
+    if not section:
+        return []
+    t, counts = md_text, section.get("counts") or {}
+    lines = [
+        "## Step to step",
+        "",
+        ", ".join(f"{t(k).replace('_', ' ')}: {t(v)}" for k, v in counts.items()) + ".",
+        "",
+    ]
+    for leak in section.get("leaks") or []:
+        lines.append(
+            f"- **leak candidate**, steps {t(leak['first_step'])}–{t(leak['last_step'])}: "
+            f"allocated grew {format_bytes(leak['bytes_per_step'])} per step "
+            f"({format_bytes(leak['bytes_added'])} in all)"
+        )
+    if section.get("leaks"):
+        lines.append("")
+    lines += _table(
+        ["step", "kind", "allocated Δ", "reserved Δ", "outside PyTorch Δ", "cause"],
+        [
+            [
+                t(x["step"]),
+                t(x["kind"].replace("_", " ")),
+                format_bytes(x["allocated_delta"], signed=True),
+                format_bytes(x["reserved_delta"], signed=True),
+                format_bytes(x.get("outside_pytorch_delta"), signed=True),
+                t(x["cause"]),
+            ]
+            for x in (section.get("transitions") or [])[:max_rows]
+        ],
+    )
+    return lines
+
+
 def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
     """Peak and where, comparisons, per-phase maxima, top events, modules, steps (each table at
     most ``max_rows`` rows)."""
@@ -272,6 +308,7 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
             for m in report.get("module_summary", [])[:max_rows]
         ],
     )
+    lines += _transition_lines(report.get("step_transitions"), max_rows)
     lines += ["## Steps", ""]
     lines += _table(
         ["step", "start", "end", "peak", "peak phase", "reserved peak", "host RSS"],

@@ -61,6 +61,7 @@ def build_runtime_report(inputs: RuntimeReportInputs) -> dict[str, Any]:
         "phase_summary": phases,
         "module_summary": sections["module_summary"],
         "steps": sections["steps"],
+        "step_transitions": sections.get("step_transitions"),
         "trace": inputs.trace_info,
         "errors": inputs.errors,
         "warnings": inputs.warnings,

@@ -105,6 +105,10 @@ class Instrumentation:
     """A ``TrainingObserver``: measures the run and optionally injects ``fault`` (picklable)."""
 
     fault: str | None = None
+    #: Plant a leak: from this step on, keep one decoder-layer MLP output per step forever.
+    leak_from_step: int | None = None
+    microbatches: int = 1  # per step (the leak keeps one output per step)
+    leaked: list[torch.Tensor] = field(default_factory=list)
     injected: bool = False
     hooks_before: int = 0
     measured: dict[str, Any] = field(default_factory=dict)
@@ -115,6 +119,21 @@ class Instrumentation:
 
     def model_built(self, chunks: list[torch.nn.Module], optimizer: torch.optim.Optimizer) -> None:
         self.hooks_before = count_hooks(chunks)
+        if self.leak_from_step is not None:
+            self._plant_leak(chunks, self.leak_from_step)
+
+    def _plant_leak(self, chunks: list[torch.nn.Module], first_step: int) -> None:
+        """A test-only bug of the kind users hit: an output appended to a global list."""
+        mlp = chunks[0].get_submodule("decoder.layers.0.mlp")
+        calls = [0]
+        per_step = self.microbatches
+
+        def keep(module: torch.nn.Module, args: Any, output: Any) -> None:
+            if calls[0] % per_step == 0 and calls[0] // per_step >= first_step:
+                self.leaked.append((output[0] if isinstance(output, tuple) else output).detach())
+            calls[0] += 1
+
+        self.leak_handle = mlp.register_forward_hook(keep)
 
     def attached(
         self, runtime: Any, chunks: list[torch.nn.Module], optimizer: torch.optim.Optimizer
@@ -150,7 +169,9 @@ class Instrumentation:
                 for v in st.values()
                 if isinstance(v, torch.Tensor)
             ),
-            "handles_left": count_hooks(chunks) - self.hooks_before,
+            "handles_left": count_hooks(chunks)
+            - self.hooks_before
+            - (self.leak_from_step is not None),  # the planted leak's own hook
         }
 
 
@@ -162,13 +183,16 @@ def instrumented_worker(
     steps: int,
     memscope_argv: list[str] | None,
     fault: str | None = None,
+    leak_from_step: int | None = None,
 ) -> InstrumentedResult:
-    """``traced_worker`` with :class:`Instrumentation`; same arguments plus ``fault``.
+    """``traced_worker`` with :class:`Instrumentation`; same arguments plus ``fault`` and
+    ``leak_from_step``.
 
     ``fault`` (one of :data:`FAULTS`) injects an error inside MemScope to show training is
-    unaffected. Picklable by reference, so it runs under ``spawn`` too.
+    unaffected; ``leak_from_step`` plants a leak in the model (see
+    :meth:`Instrumentation._plant_leak`). Picklable by reference, so it runs under ``spawn``.
     """
-    observer = Instrumentation(fault)
+    observer = Instrumentation(fault, leak_from_step, cfg.num_microbatches)
     result = traced_worker(rank, world_size, port, cfg, steps, memscope_argv, observer)
     plain = {f.name: getattr(result, f.name) for f in fields(WorkerResult)}
     return InstrumentedResult(**plain, **observer.measured)

@@ -1,0 +1,108 @@
+"""Step-to-step transitions (``memscope.analysis.step_transitions``): classified on step rows
+in the report's format, and on real megatron-core runs: a clean run has no leak flag, Adam's
+state is one-time growth, a planted leak is flagged within three steps with its size."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import load_json, run_in_process
+
+from memscope.analysis.step_transitions import (
+    EXPANDABLE_SEGMENTS,
+    StepTransitionAnalyzer,
+    TransitionKind,
+    classify,
+    measure,
+)
+
+MiB = 1 << 20
+
+
+def _row(step: int, allocated: int, reserved: int, **extra: Any) -> dict[str, Any]:
+    return {"step": step, "allocated_start": allocated, "allocated_end": allocated,
+            "reserved_end": reserved, **extra}  # fmt: skip
+
+
+def _kinds(rows: list[dict[str, Any]]) -> list[str]:
+    section = StepTransitionAnalyzer().sections({"steps": rows})["step_transitions"]
+    by_step = {t["step"]: t["kind"] for t in section["transitions"]}
+    return [by_step.get(r["step"], "steady") for r in rows]
+
+
+def test_reserved_growing_under_flat_allocated_is_cache_growth_not_a_leak():
+    rows = [_row(s, 100 * MiB, (120 + 8 * s) * MiB) for s in range(6)]  # fragmentation
+    assert _kinds(rows) == ["steady"] + ["cache_growth"] * 5
+    (t,) = measure(rows[:2])[1:]
+    (labelled,) = classify([t], [100 * MiB])
+    assert EXPANDABLE_SEGMENTS in labelled.cause
+
+
+def test_allocated_growing_in_three_consecutive_steps_is_a_leak_candidate():
+    sizes = [100, 100, 101, 102, 103, 103, 104]  # MiB: a leak of 1 MiB/step, one pause
+    rows = [_row(s, n * MiB, 200 * MiB) for s, n in enumerate(sizes)]
+    assert _kinds(rows) == ["steady", "steady", *["leak_candidate"] * 3, "steady",
+                            "one_time_growth"]  # fmt: skip
+    section = StepTransitionAnalyzer().sections({"steps": rows})["step_transitions"]
+    assert section["leaks"] == [{"first_step": 2, "last_step": 4, "steps": 3,
+                                 "bytes_added": 3 * MiB, "bytes_per_step": MiB}]  # fmt: skip
+    assert section["counts"]["leak_candidate"] == 3
+
+
+def test_moves_within_the_tolerance_are_steady_and_a_drop_is_a_release():
+    noise = [100 * MiB + d for d in (0, 4096, 0, 8192, 4096, 0)]  # < 0.01% of 100 MiB
+    rows = [_row(s, n, 200 * MiB) for s, n in enumerate(noise)]
+    assert set(_kinds(rows)) == {"steady"}
+    rows.append(_row(6, 90 * MiB, 200 * MiB))
+    assert _kinds(rows)[-1] == "release"
+
+
+def test_growth_outside_pytorch_is_one_time_growth_with_its_cause():
+    rows = [_row(s, 100 * MiB, 200 * MiB, device_end={"device_used_bytes": u * MiB})
+            for s, u in enumerate([700, 700, 1200, 1200])]  # fmt: skip
+    section = StepTransitionAnalyzer().sections({"steps": rows})["step_transitions"]
+    (t,) = section["transitions"]
+    assert (t["step"], t["kind"], t["outside_pytorch_delta"]) == (2, "one_time_growth", 500 * MiB)
+    assert "outside PyTorch" in t["cause"]
+
+
+@pytest.mark.integration
+def test_a_clean_run_has_no_leak_flag_and_adams_state_is_one_time_growth(tmp_path, small_cfg):
+    result = run_in_process(small_cfg, 20, ["--memscope", "--memscope-outdir", str(tmp_path)])
+    section = load_json(result.report_path)["step_transitions"]
+    assert section["leaks"] == [] and section["counts"]["leak_candidate"] == 0
+    assert section["counts"]["steady"] == 19
+    (first,) = section["transitions"]
+    assert first["step"] == 0 and first["kind"] == TransitionKind.ONE_TIME_GROWTH.value
+    assert first["category_deltas"]["optimizer_state"] == result.optimizer_state_bytes
+    assert first["cause"].startswith("optimizer_state:")
+
+
+@pytest.mark.integration
+def test_a_planted_leak_is_flagged_within_three_steps_with_its_size(tmp_path, small_cfg):
+    argv = ["--memscope", "--memscope-outdir", str(tmp_path)]
+    result = run_in_process(small_cfg, 6, argv, leak_from_step=2)
+    section = load_json(result.report_path)["step_transitions"]
+    leaked = small_cfg.seq_length * small_cfg.micro_batch_size * small_cfg.hidden_size * 4
+    # steps 2 to 5 each keep one MLP output; flagged at step 4, the third growing step
+    assert section["leaks"] == [{"first_step": 2, "last_step": 5, "steps": 4,
+                                 "bytes_added": 4 * leaked, "bytes_per_step": leaked}]  # fmt: skip
+    kinds = {t["step"]: t for t in section["transitions"]}
+    assert all(kinds[s]["category_deltas"] == {"activations": leaked} for s in (2, 3, 4, 5))
+    assert "activations grew most" in kinds[2]["cause"]
+
+
+def test_markdown_and_the_page_payload_show_the_leak_and_the_changes():
+    from memscope.reporters.html_payload import runtime_payload
+    from memscope.reporters.markdown import render_runtime_markdown
+
+    sizes = [100, 100, 101, 102, 103]
+    rows = [_row(s, n * MiB, 200 * MiB) for s, n in enumerate(sizes)]
+    section = StepTransitionAnalyzer().sections({"steps": rows})["step_transitions"]
+    text = render_runtime_markdown({"step_transitions": section})
+    assert "- **leak candidate**, steps 2–4: allocated grew 1.00 MiB per step" in text
+    assert "| 3 | leak candidate | +1.00 MiB | 0 B | n/a |" in text
+    payload = runtime_payload({"step_transitions": section}, max_rows=2)
+    shown = payload["step_transitions"]
+    assert len(shown["transitions"]) == 2 and shown["transitions_total"] == 3
