@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import load_json, run_in_process
+from conftest import load_json, read_jsonl, run_in_process
 
 from memscope.analysis.step_transitions import (
     EXPANDABLE_SEGMENTS,
@@ -46,7 +46,8 @@ def test_allocated_growing_in_three_consecutive_steps_is_a_leak_candidate():
                             "one_time_growth"]  # fmt: skip
     section = StepTransitionAnalyzer().sections({"steps": rows})["step_transitions"]
     assert section["leaks"] == [{"first_step": 2, "last_step": 4, "steps": 3,
-                                 "bytes_added": 3 * MiB, "bytes_per_step": MiB}]  # fmt: skip
+                                 "bytes_added": 3 * MiB, "bytes_per_step": MiB,
+                                 "suspects": []}]  # fmt: skip  # no ledger: no suspects
     assert section["counts"]["leak_candidate"] == 3
 
 
@@ -72,6 +73,9 @@ def test_a_clean_run_has_no_leak_flag_and_adams_state_is_one_time_growth(tmp_pat
     result = run_in_process(small_cfg, 20, ["--memscope", "--memscope-outdir", str(tmp_path)])
     section = load_json(result.report_path)["step_transitions"]
     assert section["leaks"] == [] and section["counts"]["leak_candidate"] == 0
+    survivors = [e for e in read_jsonl(str(tmp_path / "rank00000" / "trace.jsonl"))
+                 if e.get("survivors")]  # fmt: skip
+    assert survivors == []  # nothing born after the first step outlives its step
     assert section["counts"]["steady"] == 19
     (first,) = section["transitions"]
     assert first["step"] == 0 and first["kind"] == TransitionKind.ONE_TIME_GROWTH.value
@@ -83,11 +87,23 @@ def test_a_clean_run_has_no_leak_flag_and_adams_state_is_one_time_growth(tmp_pat
 def test_a_planted_leak_is_flagged_within_three_steps_with_its_size(tmp_path, small_cfg):
     argv = ["--memscope", "--memscope-outdir", str(tmp_path)]
     result = run_in_process(small_cfg, 6, argv, leak_from_step=2)
-    section = load_json(result.report_path)["step_transitions"]
+    report = load_json(result.report_path)
+    section = report["step_transitions"]
     leaked = small_cfg.seq_length * small_cfg.micro_batch_size * small_cfg.hidden_size * 4
     # steps 2 to 5 each keep one MLP output; flagged at step 4, the third growing step
-    assert section["leaks"] == [{"first_step": 2, "last_step": 5, "steps": 4,
-                                 "bytes_added": 4 * leaked, "bytes_per_step": leaked}]  # fmt: skip
+    (leak,) = section["leaks"]
+    assert {k: leak[k] for k in ("first_step", "last_step", "steps", "bytes_added",
+                                 "bytes_per_step")} == {
+        "first_step": 2, "last_step": 5, "steps": 4, "bytes_added": 4 * leaked,
+        "bytes_per_step": leaked,
+    }  # fmt: skip
+    # the suspect is the MLP's output, from the module that created it, one per step
+    (suspect,) = leak["suspects"]
+    assert suspect["module"] == "decoder.layers.0.mlp.linear_fc2"
+    assert (suspect["phase"], suspect["microbatch"]) == ("forward", 0)
+    assert suspect["birth_steps"] == [2, 3, 4] and suspect["bytes_per_step"] == leaked
+    text = (tmp_path / "rank00000" / "runtime_report.md").read_text()
+    assert "suspect `decoder.layers.0.mlp.linear_fc2` (forward, microbatch 0)" in text
     kinds = {t["step"]: t for t in section["transitions"]}
     assert all(kinds[s]["category_deltas"] == {"activations": leaked} for s in (2, 3, 4, 5))
     assert "activations grew most" in kinds[2]["cause"]
@@ -106,3 +122,18 @@ def test_markdown_and_the_page_payload_show_the_leak_and_the_changes():
     payload = runtime_payload({"step_transitions": section}, max_rows=2)
     shown = payload["step_transitions"]
     assert len(shown["transitions"]) == 2 and shown["transitions_total"] == 3
+
+
+def test_leak_suspects_group_survivors_by_where_they_were_born():
+    from memscope.analysis.step_transitions import leak_suspects
+    from memscope.events.schema import Survivor
+
+    survivors = [
+        Survivor("forward", "decoder.layers.1.mlp", 0, None, birth, 4096, 1) for birth in (3, 4)
+    ] + [Survivor("backward", "decoder.layers.0", 2, 1, 4, 1024, 2)]
+    (big, small) = leak_suspects(survivors)
+    assert (big["module"], big["birth_steps"], big["bytes"], big["bytes_per_step"]) == (
+        "decoder.layers.1.mlp", [3, 4], 8192, 4096)  # fmt: skip
+    assert (small["phase"], small["microbatch"], small["virtual_chunk"], small["count"]) == (
+        "backward", 2, 1, 2)  # fmt: skip
+    assert leak_suspects(survivors, limit=1) == [big]

@@ -18,6 +18,11 @@ backend classifies memory, the bytes per category. A transition is
   back only on demand;
 * **release**: allocated fell.
 
+A leak's **suspects** come from backends that keep a ledger of live storages (``storage``):
+at each step's end, the activations and other memory born after the first step, in an
+earlier step, and still live, by the module, phase, microbatch and chunk that created them,
+with the steps they were born in and the bytes each step added.
+
 The tolerance is ``tolerance`` of the allocated bytes before the transition (0.01% by
 default: 4 MiB at 40 GiB), so a steady run stays steady through the noise of small
 per-step tensors, while anything growing faster is flagged within ``leak_steps`` steps.
@@ -33,6 +38,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from memscope.events.schema import PHASE_STEP, STEP_PHASE, MemoryEvent, Survivor
+
+#: Suspects listed per leak.
+MAX_SUSPECTS = 10
+#: Steps whose long-lived allocations are kept (the newest), to bound memory.
+KEPT_SURVIVOR_STEPS = 64
 #: Consecutive growing transitions that make a leak candidate.
 LEAK_STEPS = 3
 #: Allocated moves within this share of the allocated bytes count as steady.
@@ -215,14 +226,51 @@ def leak_runs(transitions: Sequence[Transition]) -> list[dict[str, Any]]:
     return out
 
 
+def leak_suspects(survivors: Sequence[Survivor], limit: int = MAX_SUSPECTS) -> list[dict[str, Any]]:
+    """What a leak is made of: the long-lived allocations of one step's end (see
+    :class:`~memscope.events.schema.Survivor`) by where they were created, with the steps
+    they were born in and the bytes each such step added; largest first."""
+    groups: dict[tuple[str, str, int | None, int | None], list[Survivor]] = {}
+    for item in survivors:
+        key = (item.phase, item.module, item.microbatch, item.virtual_chunk)
+        groups.setdefault(key, []).append(item)
+    out: list[dict[str, Any]] = []
+    for (phase, module, microbatch, chunk), items in groups.items():
+        total = sum(i.nbytes for i in items)
+        births = sorted({i.birth_step for i in items})
+        out.append(
+            {
+                "module": module,
+                "phase": phase,
+                "microbatch": microbatch,
+                "virtual_chunk": chunk,
+                "birth_steps": births,
+                "bytes": total,
+                "bytes_per_step": total // len(births),
+                "count": sum(i.count for i in items),
+            }
+        )
+    return sorted(out, key=lambda d: -int(d["bytes"]))[:limit]
+
+
 class StepTransitionAnalyzer:
-    """Classifies the step-to-step transitions of the ``steps`` section built before it."""
+    """Classifies the step-to-step transitions of the ``steps`` section built before it, and
+    names the suspects of each leak from the long-lived allocations of its steps."""
 
     def __init__(self, leak_steps: int = LEAK_STEPS, tolerance: float = TOLERANCE) -> None:
         self.leak_steps, self.tolerance = leak_steps, tolerance
+        #: Step -> long-lived allocations at its end, for the latest steps that had any.
+        self.survivors: dict[int, tuple[Survivor, ...]] = {}
 
-    def consume(self, event: Any) -> None:
-        """Nothing to fold: the section is computed from the ``steps`` section."""
+    def consume(self, e: MemoryEvent) -> None:
+        if e.event_type == STEP_PHASE and e.phase == PHASE_STEP and e.survivors:
+            self.survivors[e.step] = e.survivors
+            if len(self.survivors) > KEPT_SURVIVOR_STEPS:
+                del self.survivors[min(self.survivors)]
+
+    def _suspects(self, last_step: int) -> list[dict[str, Any]]:
+        known = [step for step in self.survivors if step <= last_step]
+        return leak_suspects(self.survivors[max(known)]) if known else []
 
     def sections(self, prior: Mapping[str, Any]) -> dict[str, Any]:
         steps = list(prior.get("steps") or [])
@@ -237,7 +285,10 @@ class StepTransitionAnalyzer:
         return {
             "step_transitions": {
                 "counts": counts,
-                "leaks": leak_runs(classified),
+                "leaks": [
+                    {**run, "suspects": self._suspects(run["last_step"])}
+                    for run in leak_runs(classified)
+                ],
                 "leak_steps": self.leak_steps,
                 "tolerance": self.tolerance,
                 "transitions": [

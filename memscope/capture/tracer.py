@@ -98,6 +98,7 @@ class MemoryTracer:
         self._shapes = config.record_tensor_shapes
         self._composed_peak = -1
         self._step_started = self._phase_started = 0.0  # seconds since tracing started
+        self._first_step: int | None = None  # the first traced step
         #: The training-loop region running outside every module (see :meth:`enter_region`).
         self._region = ""
         #: The latest context (module, microbatch, phase, VPP chunk) a hook set.
@@ -367,6 +368,12 @@ class MemoryTracer:
         extra: dict[str, Any] = {}
         if phase == s.PHASE_STEP and before.categories is not None:
             extra["categories_before"] = before.categories
+        first = self.step if self._first_step is None else self._first_step
+        if phase == s.PHASE_STEP and self.step > first + 1:
+            # born after the first step, in an earlier step than this one, still live
+            kept = self.backend.survivors(first + 1, self.step - 1)
+            if kept:
+                extra["survivors"] = kept
         if self._peak_context:
             extra["peak_context"] = self.backend.peak_context()
             extra["peak_categories"] = self.backend.peak_categories()
@@ -392,6 +399,8 @@ class MemoryTracer:
     def step_start(self, step: int, notes: str = "") -> None:
         if self._stack:
             self._stack.clear()
+        if self._first_step is None:
+            self._first_step = step
         self.step = step
         self.phase = s.PHASE_FORWARD_BACKWARD
         self.in_window = self.config.in_step_window(step) and (

@@ -118,6 +118,9 @@ class MemoryEvent:
     #: Whole-step events of a backend that classifies memory: the bytes per category when
     #: the step began (what ``categories`` are compared with to explain the step's growth).
     categories_before: tuple[int, ...] | None = None
+    #: Whole-step events of a backend that keeps a ledger: activations and other memory born
+    #: after the first step, in an earlier step than this one, and still live (largest first).
+    survivors: tuple[Survivor, ...] | None = None
 
     @property
     def delta_allocated(self) -> int:
@@ -173,6 +176,8 @@ class MemoryEvent:
             out["timeline"] = self.timeline.to_dict()
         if self.categories_before is not None:
             out["categories_before"] = dict(zip(CATEGORIES, self.categories_before, strict=True))
+        if self.survivors is not None:
+            out["survivors"] = [item.to_dict() for item in self.survivors]
         return out
 
     @classmethod
@@ -218,6 +223,9 @@ class MemoryEvent:
             timeline=TimelineSummary.from_dict(d["timeline"]) if d.get("timeline") else None,
             categories_before=_category_tuple(d["categories_before"])
             if d.get("categories_before") is not None
+            else None,
+            survivors=tuple(Survivor.from_dict(i) for i in d["survivors"])
+            if d.get("survivors") is not None
             else None,
         )
 
@@ -337,6 +345,43 @@ class TimelineSummary:
             active_memory=ActiveMemory.from_dict(active)
             if (active := d.get("active_memory"))
             else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Survivor:
+    """Bytes allocated in one context and step that are still live steps later (what a leak
+    is made of): the creation context, the step they were born in, how many storages."""
+
+    phase: str
+    module: str
+    microbatch: int | None
+    virtual_chunk: int | None
+    birth_step: int
+    nbytes: int
+    count: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "phase": self.phase,
+            "module": self.module,
+            "microbatch": self.microbatch,
+            "virtual_chunk": self.virtual_chunk,
+            "birth_step": self.birth_step,
+            "bytes": self.nbytes,
+            "count": self.count,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Survivor:
+        return cls(
+            str(d["phase"]),
+            str(d["module"]),
+            _opt_int(d.get("microbatch")),
+            _opt_int(d.get("virtual_chunk")),
+            int(d["birth_step"]),
+            int(d["bytes"]),
+            int(d["count"]),
         )
 
 

@@ -184,6 +184,13 @@ def _transition_lines(section: dict[str, Any] | None, max_rows: int) -> list[str
             f"allocated grew {format_bytes(leak['bytes_per_step'])} per step "
             f"({format_bytes(leak['bytes_added'])} in all)"
         )
+        for s in leak.get("suspects") or []:
+            mb = "" if s["microbatch"] is None else f", microbatch {t(s['microbatch'])}"
+            lines.append(
+                f"  - suspect {md_code(s['module'] or '(no module)')} ({t(s['phase'])}{mb}): "
+                f"{format_bytes(s['bytes_per_step'])} per step born in steps "
+                f"{t(', '.join(str(b) for b in s['birth_steps']))}, still live"
+            )
     if section.get("leaks"):
         lines.append("")
     lines += _table(

@@ -10,7 +10,7 @@ import abc
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from memscope.events.schema import CompositionItem, PeakContext
+from memscope.events.schema import CompositionItem, PeakContext, Survivor
 
 
 @dataclass(slots=True)
@@ -132,6 +132,11 @@ class MemoryBackend(abc.ABC):
 
     def peak_composition(self) -> tuple[CompositionItem, ...] | None:
         """What was live at the current window's peak by category and creation context."""
+        return None
+
+    def survivors(self, born_from: int, born_until: int) -> tuple[Survivor, ...] | None:
+        """Activations and other memory born in steps ``born_from..born_until`` and still
+        live, by creation context and step (None: the backend cannot tell)."""
         return None
 
     def describe(self) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from memscope.events.schema import (
     FREE_CATEGORY,
     CompositionItem,
     PeakContext,
+    Survivor,
 )
 
 
@@ -85,13 +86,14 @@ class _Entry(weakref.ref):
     """A ledger entry: a weak reference to a live storage, its size, category and the
     context (an index into the ledger's context table) it was created in."""
 
-    __slots__ = ("addr", "category", "context", "key", "nbytes", "saved")
+    __slots__ = ("addr", "born", "category", "context", "key", "nbytes", "saved")
     key: int
     nbytes: int
     category: int
     context: int
     addr: int
     saved: bool  # autograd saved it for backward (else a temporary, as far as seen)
+    born: int  # the training step it was created in (-1: before the first)
 
     def __new__(
         cls, storage: Any, callback: Any, key: int, nbytes: int, category: int, context: int
@@ -100,6 +102,7 @@ class _Entry(weakref.ref):
         self.key, self.nbytes, self.category, self.context = key, nbytes, category, context
         self.addr = 0
         self.saved = False
+        self.born = -1
         return self
 
     def __init__(
@@ -111,6 +114,10 @@ class _Entry(weakref.ref):
 
 # Composition items kept per peak: the largest, and one remainder per category beyond them.
 COMPOSITION_ITEMS = 64
+# Groups of long-lived storages reported per step (see StorageLedgerBackend.survivors).
+SURVIVOR_ITEMS = 32
+# What a step should not keep: model state (parameters, gradients, optimizer) is meant to.
+_TRANSIENT = frozenset({CAT_ACTIVATIONS, CAT_OTHER})
 _NO_CONTEXT = ("", "", None, None)  # phase, module, microbatch, chunk
 
 
@@ -178,6 +185,7 @@ class StorageLedgerBackend(MemoryBackend):
         self._contexts: dict[tuple[Any, ...], int] = {_NO_CONTEXT: 0}
         self._context_list: list[tuple[Any, ...]] = [_NO_CONTEXT]
         self._context_id = 0
+        self._step = -1  # of the current context: every storage remembers its birth step
         self._composition: dict[tuple[int, int, bool], int] = {}
         self._peak_composition: dict[tuple[int, int, bool], int] = {}
         self._composition_stale = False
@@ -209,6 +217,8 @@ class StorageLedgerBackend(MemoryBackend):
     @context.setter
     def context(self, ctx: PeakContext | None) -> None:
         self._context = ctx
+        if ctx is not None:
+            self._step = ctx.step
         key = (
             _NO_CONTEXT
             if ctx is None
@@ -362,6 +372,7 @@ class StorageLedgerBackend(MemoryBackend):
         key = id(storage)
         context = self._context_id
         entry = self._live[key] = _Entry(storage, self._release, key, nbytes, category, context)
+        entry.born = self._step
         self.storages_seen += 1
         if self._history is not None:
             entry.addr = storage.data_ptr()
@@ -542,6 +553,23 @@ class StorageLedgerBackend(MemoryBackend):
 
     def peak_categories(self) -> tuple[int, ...] | None:
         return self._peak_categories
+
+    def survivors(self, born_from: int, born_until: int) -> tuple[Survivor, ...] | None:
+        """Live activations and other storages born in steps ``born_from..born_until``, by
+        creation context and step: the :data:`SURVIVOR_ITEMS` largest groups."""
+        groups: dict[tuple[int, int], list[int]] = {}
+        with self._lock:
+            for entry in self._live.values():
+                if born_from <= entry.born <= born_until and entry.category in _TRANSIENT:
+                    found = groups.setdefault((entry.context, entry.born), [0, 0])
+                    found[0] += entry.nbytes
+                    found[1] += 1
+        largest = sorted(groups.items(), key=lambda kv: -kv[1][0])[:SURVIVOR_ITEMS]
+        out = []
+        for (context, born), (nbytes, count) in largest:
+            phase, module, microbatch, chunk = self._context_list[context]
+            out.append(Survivor(phase, module, microbatch, chunk, born, nbytes, count))
+        return tuple(out)
 
     def live_bytes_by_category(self) -> dict[str, int]:
         """Current bytes per category name."""
