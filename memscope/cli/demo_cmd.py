@@ -32,6 +32,15 @@ def register(sub: Any) -> None:
     p.set_defaults(run=run)
 
 
+def _history_argv(steps: int) -> list[str]:
+    """Record both ranks' allocation history over two steps after the first (the first only
+    when there is no other), so the rank pages show memory through the peak step."""
+    start = 1 if steps > 2 else 0
+    return ["--memscope-enable-memory-snapshot", "--memscope-snapshot-ranks", "0", "1",
+            "--memscope-snapshot-start-step", str(start), "--memscope-snapshot-steps",
+            str(min(2, steps - start))]  # fmt: skip
+
+
 def run(args: argparse.Namespace) -> int:
     """Train, then write each rank's page and the job page; one line per rank."""
     if args.steps < 1 or args.microbatches < 1:
@@ -63,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         f"TP={cfg.tp} PP={cfg.pp} on 2 CPU processes for {args.steps} "
         f"step{'s' if args.steps != 1 else ''}"
     )
-    argv = ["--memscope", "--memscope-outdir", outdir]
+    argv = ["--memscope", "--memscope-outdir", outdir, *_history_argv(args.steps)]
     t0 = time.perf_counter()
     try:
         results = spawn(2, traced_worker, free_port(), cfg, args.steps, argv)
