@@ -9,6 +9,7 @@ in bf16 and the exact storage ledger.
 from __future__ import annotations
 
 import dataclasses
+import gc
 from typing import Any
 
 import pytest
@@ -227,6 +228,7 @@ def _cross_entropy_peak(rank: int, world: int, port: int, dtype_name: str) -> in
         hidden = torch.randn(S, B, H, dtype=dtype, requires_grad=True)
         weight = torch.randn(V, H, dtype=dtype, requires_grad=True)
         target = torch.randint(0, V, (S, B))
+        gc.collect()  # earlier cases' cyclic garbage must not be freed mid-measurement
         ledger = StorageLedgerBackend("cpu")
         ledger.start()
         try:
@@ -289,6 +291,7 @@ def _attention_held(rank: int, world: int, port: int, fp32_softmax: bool, dropou
         q, k, v = (torch.randn(AS, AB, AA, AD, dtype=torch.bfloat16) for _ in range(3))
         for t in (q, k, v):
             t.requires_grad_()
+        gc.collect()  # earlier cases' cyclic garbage must not be freed mid-measurement
         ledger = StorageLedgerBackend("cpu")
         ledger.start()
         try:

@@ -70,6 +70,7 @@ def _measure(rank: int, world: int, port: int, names: list[str]) -> dict[str, tu
             layer.experts.register_forward_pre_hook(
                 lambda m, a, rows=rows: rows.append(a[0].shape[0])
             )
+            gc.collect()  # earlier cases' cyclic garbage must not be freed mid-measurement
             ledger = StorageLedgerBackend("cpu")
             ledger.start()
             try:

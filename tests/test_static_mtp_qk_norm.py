@@ -12,6 +12,7 @@ model is built (neither holds or shapes an activation).
 from __future__ import annotations
 
 import dataclasses
+import gc
 import types
 from typing import Any
 from unittest import mock
@@ -97,6 +98,7 @@ def _held_after_forward(case: dict[str, Any]) -> int:
     with mock.patch("torch.cuda.current_device", lambda: torch.device("cpu")):
         model(tokens, positions, mask, labels=labels, loss_mask=loss_mask).sum().backward()
         model.zero_grad(set_to_none=True)
+        gc.collect()  # earlier cases' cyclic garbage must not be freed mid-measurement
         ledger = StorageLedgerBackend("cpu")
         ledger.start()
         try:
