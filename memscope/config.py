@@ -167,6 +167,13 @@ class RuntimeConfig:
         "values (off: the counters are left to the host, and only steps that raise the run's "
         "high-water mark have an exact peak)",
     )
+    storage_capacity_mib: float = setting(
+        0.0,
+        "storage backend: raise torch.OutOfMemoryError when live tensor memory would exceed "
+        "this many MiB, as a device of that size would (rehearse an OOM, or check that a "
+        "setting fits, on CPU); 0: no limit",
+        metavar="MIB",
+    )
     # RUF009 waived on list fields: setting() returns a field with a default_factory.
     ranks: list[int] | None = setting(None, "Ranks to trace", shown_default="all", metavar="RANK")  # noqa: RUF009
     step_start: int = setting(0, "First step whose module/grad events are recorded")
@@ -237,6 +244,10 @@ class RuntimeConfig:
                 raise ValueError(f"memscope {s.name} must be one of {s.choices}, not {value!r}")
         if self.top_k < 1:
             raise ValueError(f"memscope top_k must be >= 1, got {self.top_k}")
+        if not self.storage_capacity_mib >= 0:
+            raise ValueError(
+                f"memscope storage_capacity_mib must be >= 0, got {self.storage_capacity_mib}"
+            )
         if self.step_start < 0:
             raise ValueError(f"memscope step_start must be >= 0, got {self.step_start}")
         if self.step_end is not None and self.step_end <= self.step_start:
@@ -268,6 +279,11 @@ class RuntimeConfig:
             )
         if backend != "cuda" and (self.sync_on_module_hooks or self.sync_on_step_boundaries):
             notes.append(f"memscope: CUDA sync options have no effect with the {backend} backend")
+        if backend != "storage" and self.storage_capacity_mib:
+            notes.append(
+                f"memscope: {flag['storage_capacity_mib']} applies to the storage backend only; "
+                f"ignored with the {backend} backend"
+            )
         if backend != "cuda" and self.reset_peak_stats:
             notes.append(
                 f"memscope: {flag['reset_peak_stats']} has no effect with the {backend} backend "

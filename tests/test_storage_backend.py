@@ -1,5 +1,6 @@
 """The exact storage ledger: allocations, frees, views, autograd-saved tensors, true peaks."""
 
+import pytest
 import torch
 
 from memscope.capture.backends.storage import StorageLedgerBackend
@@ -221,4 +222,20 @@ def test_the_saved_tensor_hooks_free_memory_as_without_them():
     finally:
         gc.enable()
         policy.pop_saved_hooks()
+        ledger.stop()
+
+
+def test_a_capacity_limit_fails_an_op_as_a_full_device_would_and_keeps_accounting():
+    ledger = StorageLedgerBackend("cpu", capacity_bytes=3 * 4096)
+    ledger.start()
+    try:
+        a = torch.zeros(1024)  # 4 KiB
+        b = torch.zeros(1024)
+        with pytest.raises(torch.OutOfMemoryError, match=r"Tried to allocate 8192 bytes"):
+            torch.zeros(2048)  # 8 KiB more: over 12 KiB
+        assert ledger.sample().allocated == 8192 and ledger.error is None  # still exact
+        c = torch.zeros(1024)  # what fits still fits
+        assert ledger.sample().allocated == 3 * 4096
+        del a, b, c
+    finally:
         ledger.stop()

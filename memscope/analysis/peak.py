@@ -95,14 +95,17 @@ class PeakAnalyzer:
             "allocated_after_bytes": e.mem_allocated_after,
             "attribution": "interval",
         }
-        ctx = self._exact_context
+        # The exact record stands for the run's peak only when it reached it: a step that
+        # never ended (training died in it) leaves a higher reading in its hook events alone.
+        exact = self._exact_bytes >= e.max_mem_allocated
+        ctx = self._exact_context if exact else None
         if ctx is not None:
             out.update(step=ctx.step, phase=ctx.phase, module=ctx.module, microbatch=ctx.microbatch)
             out["virtual_chunk"] = ctx.virtual_chunk
             out["attribution"] = "exact"
-        if self._exact_categories is not None:
+        if exact and self._exact_categories is not None:
             out["categories"] = dict(zip(CATEGORIES, self._exact_categories, strict=True))
-        if self._exact_composition is not None:
+        if exact and self._exact_composition is not None:
             out["composition"] = composition_section(
                 self._exact_composition, self._exact_bytes, SOURCE_LEDGER
             )

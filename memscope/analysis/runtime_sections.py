@@ -5,6 +5,7 @@ from __future__ import annotations
 from memscope.analysis.base import Analyzer
 from memscope.analysis.hot_spots import HotSpotAnalyzer
 from memscope.analysis.modules import ModuleAnalyzer
+from memscope.analysis.oom import OomAnalyzer
 from memscope.analysis.peak import PeakAnalyzer
 from memscope.analysis.phases import PhaseAnalyzer
 from memscope.analysis.static_comparison import StaticComparisonAnalyzer, StaticEstimate
@@ -22,6 +23,7 @@ RUNTIME_SECTIONS = (
     "steps",
     "step_transitions",
     "comparisons",
+    "oom",
 )
 
 
@@ -36,4 +38,5 @@ def runtime_analyzers(top_k: int, static: StaticEstimate) -> list[Analyzer]:
         StepAnalyzer(),
         StepTransitionAnalyzer(),
         StaticComparisonAnalyzer(static),
+        OomAnalyzer(static),
     ]

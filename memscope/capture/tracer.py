@@ -225,6 +225,7 @@ class MemoryTracer:
             microbatch=microbatch,
             virtual_chunk=chunk,
             notes=reason,
+            peak_composition=self.backend.composition_at_failure(),
         )
 
     # -- training-loop regions -------------------------------------------------------------

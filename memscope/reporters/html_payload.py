@@ -117,6 +117,7 @@ def runtime_payload(
         "tool_version": (report.get("tool") or {}).get("version"),
         "metadata": meta,
         "config": config or {},
+        "oom": report.get("oom"),
         "peak": report.get("peak") or {},
         "active_memory": (report.get("allocator_timeline") or {}).get("active_memory"),
         "comparisons": report.get("comparisons") or {},

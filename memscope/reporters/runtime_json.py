@@ -30,6 +30,15 @@ class RuntimeReportInputs:
     artifacts: dict[str, str] = field(default_factory=dict)
 
 
+def document_identity(report_type: str) -> dict[str, Any]:
+    """The keys every file MemScope writes starts with: schema version, type, tool."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "report_type": report_type,
+        "tool": {"name": "memscope", "version": __version__},
+    }
+
+
 def build_runtime_report(inputs: RuntimeReportInputs) -> dict[str, Any]:
     """The report as a JSON-ready dict; keys of the original format keep their names."""
     if inputs.status not in STATUSES:
@@ -45,15 +54,14 @@ def build_runtime_report(inputs: RuntimeReportInputs) -> dict[str, Any]:
         )
     ]
     return {
-        "schema_version": SCHEMA_VERSION,
-        "report_type": REPORT_TYPE_RUNTIME,
-        "tool": {"name": "memscope", "version": __version__},
+        **document_identity(REPORT_TYPE_RUNTIME),
         "rank": meta.get("rank"),
         "world_size": meta.get("world_size"),
         "status": inputs.status,
         "complete": inputs.status == "complete",
         "status_reason": inputs.status_reason,
         "metadata": meta,
+        "oom": sections.get("oom"),
         "peak": sections["peak"],
         "allocator_timeline": sections.get("allocator_timeline"),
         "comparisons": sections["comparisons"],

@@ -85,6 +85,8 @@ StaticEstimateProvider = Callable[[], dict[str, Any] | None]
 NO_ESTIMATOR_REASON = "static estimation is off (static_estimate_provider=None)"
 REPORT_JSON = "runtime_report.json"
 REPORT_MD = "runtime_report.md"
+OOM_REPORT_JSON = "oom_report.json"
+OOM_REPORT_MD = "oom_report.md"
 TRACE_JSONL = "trace.jsonl"
 
 
@@ -281,7 +283,11 @@ class TracingSession:
             self.static_estimate_provider, self.no_estimate_reason
         )
         backend = self.backend = create_backend(
-            self.backend_name, BackendOptions(reset_peak_stats=cfg.reset_peak_stats)
+            self.backend_name,
+            BackendOptions(
+                reset_peak_stats=cfg.reset_peak_stats,
+                capacity_bytes=int(cfg.storage_capacity_mib * 2**20),
+            ),
         )
         consumers: list[EventConsumer] = []
         self.store = BoundedTraceStore(cfg.detail_steps, cfg.max_trace_events)
@@ -558,6 +564,15 @@ class TracingSession:
         self._dump_oom_snapshot()
         self.write_report()
 
+    def _write_oom_report(self, report: dict[str, Any]) -> None:
+        """``oom_report.json`` and ``.md`` beside the runtime report (see analysis/oom.py)."""
+        from memscope.reporters.oom_report import oom_document, render_oom_markdown
+
+        doc = oom_document(report)
+        atomic_write_json(os.path.join(self.report_dir, OOM_REPORT_JSON), doc)
+        atomic_write_text(os.path.join(self.report_dir, OOM_REPORT_MD), render_oom_markdown(doc))
+        self.artifacts["oom_report"] = OOM_REPORT_JSON
+
     def _record_failure(self, oom: bool) -> None:
         """The failure as an event in the trace (once: the allocator's OOM observer fires
         before the exception reaches the excepthook)."""
@@ -642,6 +657,8 @@ class TracingSession:
             atomic_write_text(
                 os.path.join(self.report_dir, REPORT_MD), render_runtime_markdown(report)
             )
+            if report.get("oom"):
+                self._write_oom_report(report)
             self.report_path = path
             touch_lock(self.report_dir)
             return path

@@ -194,10 +194,13 @@ def estimate_for_runtime(args: Any, parallel: Any, device: str = "cuda") -> dict
         pp_rank=int(getattr(parallel, "pp_rank", None) or 0),
     )
     est = estimate_rank(spec, position)
+    from memscope.analysis.static.remedies import rank_remedies  # remedies builds on this
+
     return {
         "peak_memory_bytes": est.peak_memory_bytes,
         "components": est.components(),
         "source": SOURCE,
         "peak_stage": est.peak_stage,
         "peak_moment": est.activations.peak_moment,
+        "remedies": [r.to_dict() for r in rank_remedies(spec, position)],
     }

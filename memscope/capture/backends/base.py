@@ -38,6 +38,8 @@ class BackendOptions:
     #: Reset the device's process-wide peak counters at every step start (exact per-step
     #: peaks from the counter, at the cost of the host's own "max allocated" figures).
     reset_peak_stats: bool = False
+    #: Storage backend: live bytes beyond which an allocation raises ``OutOfMemoryError``.
+    capacity_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +135,15 @@ class MemoryBackend(abc.ABC):
     def peak_composition(self) -> tuple[CompositionItem, ...] | None:
         """What was live at the current window's peak by category and creation context."""
         return None
+
+    def live_composition(self) -> tuple[CompositionItem, ...] | None:
+        """What is live now by category and creation context (None: cannot tell)."""
+        return None
+
+    def composition_at_failure(self) -> tuple[CompositionItem, ...] | None:
+        """What was live when an allocation failed (backends that see the failure keep it;
+        by default: what is live now)."""
+        return self.live_composition()
 
     def survivors(self, born_from: int, born_until: int) -> tuple[Survivor, ...] | None:
         """Activations and other memory born in steps ``born_from..born_until`` and still

@@ -27,6 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from memscope.capture.backends.base import (
     BackendCapabilities,
+    BackendOptions,
     Categorizer,
     MemoryBackend,
     MemorySample,
@@ -50,7 +51,8 @@ def register() -> None:
         BackendSpec(
             name="storage",
             factory=lambda options: StorageLedgerBackend(
-                "cuda" if torch.cuda.is_available() else "cpu"
+                "cuda" if torch.cuda.is_available() else "cpu",
+                capacity_bytes=(options or BackendOptions()).capacity_bytes,
             ),
             is_available=lambda: True,
             auto_priority=10,
@@ -136,6 +138,24 @@ def _classify(func: Any) -> int:
     return _SKIP if all(r.alias_info is not None for r in returns) else _NEW_OUTPUTS
 
 
+class CapacityExceeded(Exception):
+    """An allocation beyond the ledger's capacity (raised as ``torch.OutOfMemoryError``, with
+    the wording of the CUDA allocator's message so that the same parsing reads both)."""
+
+    def __init__(self, requested: int, capacity: int, allocated: int) -> None:
+        self.requested, self.capacity, self.allocated = requested, capacity, allocated
+        super().__init__(
+            f"Tried to allocate {requested} bytes. MemScope's storage ledger has a capacity "
+            f"of {capacity} bytes ({_mib(capacity)}, --memscope-storage-capacity-mib) of which "
+            f"{capacity - allocated} bytes is free. Of the allocated memory {allocated} bytes "
+            "is allocated by PyTorch."
+        )
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.2f} MiB"
+
+
 class _LedgerMode(TorchDispatchMode):
     """Forwards every op unchanged and reports its outputs to the ledger."""
 
@@ -154,6 +174,8 @@ class _LedgerMode(TorchDispatchMode):
                     kind = self._kinds[func] = _classify(func)
                 if kind:
                     ledger.observe(out, kind == _RESIZE)
+            except CapacityExceeded as full:  # asked for: fail as the device would
+                raise torch.OutOfMemoryError(str(full)) from None
             except Exception as exc:
                 ledger.fail(exc)
         return out
@@ -164,8 +186,10 @@ class StorageLedgerBackend(MemoryBackend):
 
     name = "storage"
 
-    def __init__(self, device_type: str = "cpu") -> None:
+    def __init__(self, device_type: str = "cpu", capacity_bytes: int = 0) -> None:
         self.device_type = device_type
+        #: Live bytes beyond which an allocation fails as on a device that size (0: none).
+        self.capacity_bytes = capacity_bytes
         self._capabilities = BackendCapabilities(
             device_type=device_type,
             exact_categories=True,
@@ -189,6 +213,7 @@ class StorageLedgerBackend(MemoryBackend):
         self._composition: dict[tuple[int, int, bool], int] = {}
         self._peak_composition: dict[tuple[int, int, bool], int] = {}
         self._composition_stale = False
+        self._at_failure: tuple[CompositionItem, ...] | None = None
         # allocation history in the CUDA snapshot's trace format (start_history), oldest
         # entries dropped past the limit as the allocator's ring does
         self._history: collections.deque[dict[str, Any]] | None = None
@@ -349,9 +374,12 @@ class StorageLedgerBackend(MemoryBackend):
         with self._lock:
             entry = self._live.get(id(storage))
             if entry is None:
+                self._check_capacity(storage.nbytes())  # only an op's new output can fail
                 self._add(storage, category)
             elif resized:
                 diff = storage.nbytes() - entry.nbytes
+                if diff > 0:
+                    self._check_capacity(diff)
                 if diff:
                     if diff < 0:
                         self._keep_peak_composition()
@@ -366,6 +394,11 @@ class StorageLedgerBackend(MemoryBackend):
                     if self._history is not None:
                         self._log("alloc", entry)
                     self._note_peak()
+
+    def _check_capacity(self, nbytes: int) -> None:
+        if self.capacity_bytes and self._current + nbytes > self.capacity_bytes:
+            self._at_failure = self._items(self._composition)  # before anything unwinds
+            raise CapacityExceeded(nbytes, self.capacity_bytes, self._current)
 
     def _add(self, storage: torch.UntypedStorage, category: int) -> None:
         nbytes = storage.nbytes()
@@ -534,7 +567,19 @@ class StorageLedgerBackend(MemoryBackend):
         (module ``"(rest)"``). The bytes sum to the peak."""
         with self._lock:
             self._keep_peak_composition()
-            live = sorted(self._peak_composition.items(), key=lambda kv: -kv[1])
+            return self._items(self._peak_composition)
+
+    def live_composition(self) -> tuple[CompositionItem, ...] | None:
+        """What is live now, as :meth:`peak_composition` gives the peak's."""
+        with self._lock:
+            return self._items(self._composition)
+
+    def composition_at_failure(self) -> tuple[CompositionItem, ...] | None:
+        """What was live when the capacity limit failed an allocation (else: now)."""
+        return self._at_failure if self._at_failure is not None else self.live_composition()
+
+    def _items(self, composition: dict[tuple[int, int, bool], int]) -> tuple[CompositionItem, ...]:
+        live = sorted(composition.items(), key=lambda kv: -kv[1])
         items = []
         for (category, context, saved), nbytes in live[:COMPOSITION_ITEMS]:
             phase, module, microbatch, chunk = self._context_list[context]

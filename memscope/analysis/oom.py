@@ -1,0 +1,151 @@
+"""Why a rank ran out of memory (the ``oom`` section, also written as ``oom_report.json``).
+
+From the ``oom`` event MemScope records when training raises ``torch.OutOfMemoryError`` (see
+:meth:`~memscope.capture.tracer.MemoryTracer.record_failure`) and the sections built before:
+
+* **where**: step, phase, module, microbatch and VPP chunk the failing request was made in;
+* **the request**: bytes asked for, free and allocated when it failed, read from the error
+  message (the CUDA allocator's wording, which the storage backend's capacity limit reuses;
+  else MemScope's reading at the failure); reserved; memory outside PyTorch from the last
+  step's device reading;
+* **verdict**: *fragmentation* when the allocator held at least the requested bytes cached
+  but free (reserved - allocated): no block was large enough, and ``expandable_segments``
+  would have let it grow one; else *capacity*: the live tensors themselves did not fit;
+* **what was live**: the composition at the failure (backends that keep a ledger);
+* **growth or spike**: the last steps' peaks and the step-to-step verdict: memory that grew
+  step after step (a leak candidate) is not fixed by the same remedies as one step's spike;
+* **the static estimate**, term by term, and **remedies**: settings ranked by the saving the
+  estimator predicts for this rank (computed with the estimate, from the run's own args).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from memscope.analysis.static_comparison import StaticEstimate
+from memscope.events.schema import OOM, CompositionItem, MemoryEvent
+
+#: Steps whose peaks are shown before the failure.
+RECENT_STEPS = 10
+EXPANDABLE_SEGMENTS = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+_SIZE = r"([\d.]+) ?(B|KiB|MiB|GiB|TiB|bytes)"
+_REQUESTED = re.compile(r"Tried to allocate " + _SIZE)
+_FREE = re.compile(r"of which " + _SIZE + " (?:is )?free")
+_ALLOCATED = re.compile(r"Of the allocated memory " + _SIZE + " is allocated by PyTorch")
+
+
+def _bytes(match: re.Match[str] | None) -> int | None:
+    if match is None:
+        return None
+    number, unit = match.groups()
+    return int(float(number) * _UNITS.get(unit, 1))
+
+
+def parse_oom_message(message: str) -> tuple[int | None, int | None, int | None]:
+    """(requested, free, allocated by PyTorch) bytes from an out-of-memory message, as the
+    allocator saw them when it failed; None where absent."""
+    return (
+        _bytes(_REQUESTED.search(message)),
+        _bytes(_FREE.search(message)),
+        _bytes(_ALLOCATED.search(message)),
+    )
+
+
+class OomAnalyzer:
+    """Keeps the ``oom`` event and explains it with the sections built before it."""
+
+    def __init__(self, static: StaticEstimate) -> None:
+        self.static = static
+        self.event: MemoryEvent | None = None
+
+    def consume(self, e: MemoryEvent) -> None:
+        if e.event_type == OOM and self.event is None:
+            self.event = e
+
+    def sections(self, prior: Mapping[str, Any]) -> dict[str, Any]:
+        e = self.event
+        if e is None:
+            return {"oom": None}
+        requested, free, allocated = parse_oom_message(e.notes)
+        if allocated is None:  # the reading MemScope took (after the stack unwound)
+            allocated = e.mem_allocated_after
+        cached_free = max(0, e.mem_reserved_after - e.mem_allocated_after)
+        fragmentation = requested is not None and cached_free >= requested
+        steps = list(prior.get("steps") or [])
+        last_device: Mapping[str, Any] = next(
+            (s["device_end"] for s in reversed(steps) if s.get("device_end")), {}
+        )
+        used = last_device.get("device_used_bytes")
+        transitions = prior.get("step_transitions") or {}
+        growing = bool(transitions.get("leaks"))
+        estimate = self.static.estimate or {}
+        remedies = list(estimate.get("remedies") or [])
+        if fragmentation:
+            remedies.insert(0, _expandable_segments(cached_free))
+        return {
+            "oom": {
+                "where": {
+                    "step": e.step,
+                    "phase": e.phase,
+                    "module": e.module,
+                    "microbatch": e.microbatch,
+                    "virtual_chunk": e.virtual_chunk,
+                },
+                "message": e.notes,
+                "requested_bytes": requested,
+                "free_bytes": free,
+                "allocated_bytes": allocated,
+                "reserved_bytes": max(e.mem_reserved_after, allocated),
+                "cached_free_bytes": cached_free,
+                "outside_pytorch_bytes": None
+                if used is None
+                else int(used) - int(steps[-1].get("reserved_end") or 0),
+                "verdict": "fragmentation" if fragmentation else "capacity",
+                "verdict_reason": _reason(fragmentation, requested, cached_free),
+                "composition": _composition(e.peak_composition),
+                "recent_steps": [
+                    {k: s.get(k) for k in ("step", "peak_allocated", "allocated_end")}
+                    for s in steps[-RECENT_STEPS:]
+                ],
+                "trend": "growth" if growing else "spike",
+                "trend_reason": "allocated grew step after step before the failure (a leak "
+                "candidate: see step_transitions)"
+                if growing
+                else "no step-to-step growth: the failing step's own peak is too high",
+                "static": (prior.get("comparisons") or {}).get("components") or [],
+                "remedies": remedies,
+            }
+        }
+
+
+def _reason(fragmentation: bool, requested: int | None, cached_free: int) -> str:
+    if requested is None:
+        return "the error message gives no requested size"
+    if fragmentation:
+        return (
+            f"the allocator held {cached_free} bytes cached but free, at least the "
+            f"{requested} requested, yet no block that large: fragmentation"
+        )
+    return (
+        f"{requested} bytes were requested and only {cached_free} were cached free: the live "
+        "tensors do not fit"
+    )
+
+
+def _expandable_segments(cached_free: int) -> dict[str, Any]:
+    return {
+        "name": "expandable segments",
+        "flags": EXPANDABLE_SEGMENTS,
+        "args": {},
+        "predicted_peak_bytes": None,
+        "saving_bytes": cached_free,
+        "note": "lets the allocator grow a segment instead of needing one free block; "
+        "recovers up to the cached-free bytes",
+    }
+
+
+def _composition(items: tuple[CompositionItem, ...] | None) -> list[dict[str, Any]]:
+    return [i.to_dict() for i in items or ()]

@@ -1,0 +1,119 @@
+"""What to change so that a rank fits: candidate settings, each estimated for this rank.
+
+Every remedy is a change of the training settings that Megatron supports, estimated by the
+same per-rank estimator as the run itself (:func:`.estimate_rank`), so its predicted peak
+follows the terms Megatron allocates (selective recompute drops the attention core's saved
+tensors, full recompute keeps one input per layer, the distributed optimizer shards the
+optimizer state over data-parallel ranks, a smaller micro-batch scales activations, one
+more pipeline stage moves layers away). Remedies that change the parallel layout are
+judged by the worst rank of the new layout, since a rank's position moves with it.
+Ranked by predicted saving, largest first; those that save nothing are left out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from memscope.analysis.static.config import TrainingSpec
+from memscope.analysis.static.estimator import estimate_all_ranks, estimate_rank
+from memscope.analysis.static.params import RankPosition
+
+
+@dataclass(frozen=True)
+class Remedy:
+    """One change of settings and what the estimator predicts for it."""
+
+    name: str
+    flags: str  # Megatron-LM command-line flags
+    args: dict[str, Any]  # the same as Megatron args (FlagScale's YAML keys)
+    predicted_peak_bytes: int
+    saving_bytes: int
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "flags": self.flags,
+            "args": dict(self.args),
+            "predicted_peak_bytes": self.predicted_peak_bytes,
+            "saving_bytes": self.saving_bytes,
+            "note": self.note,
+        }
+
+
+#: (name, flags, args, the changed spec, whether the parallel layout changes).
+Candidate = tuple[str, str, dict[str, Any], TrainingSpec, bool]
+
+
+def _candidates(spec: TrainingSpec) -> Iterator[Candidate]:
+    p, r = spec.parallel, dataclasses.replace
+    if spec.recompute is None:
+        yield (
+            "selective recompute of the attention core",
+            "--recompute-granularity selective",
+            {"recompute_granularity": "selective"},
+            r(spec, recompute="selective"),
+            False,
+        )
+    if spec.recompute != "full":
+        yield (
+            "full recompute, one layer per checkpoint",
+            "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1",
+            {"recompute_granularity": "full", "recompute_method": "uniform",
+             "recompute_num_layers": 1},
+            r(spec, recompute="full", recompute_method="uniform", recompute_num_layers=1),
+            False,
+        )  # fmt: skip
+    if p.dp > 1 and not spec.precision.distributed_optimizer:
+        yield ("distributed optimizer", "--use-distributed-optimizer",
+               {"use_distributed_optimizer": True},
+               r(spec, precision=r(spec.precision, distributed_optimizer=True)), False)  # fmt: skip
+    if spec.micro_batch_size > 1:
+        half = spec.micro_batch_size // 2
+        yield (f"micro-batch size {half}", f"--micro-batch-size {half}",
+               {"micro_batch_size": half},
+               r(spec, micro_batch_size=half, num_microbatches=spec.num_microbatches * 2),
+               False)  # fmt: skip
+    if p.tp > 1 and not p.sequence_parallel:
+        yield ("sequence parallelism", "--sequence-parallel", {"sequence_parallel": True},
+               r(spec, parallel=r(p, sequence_parallel=True)), False)  # fmt: skip
+    stages = p.pp + 1
+    if (
+        p.dp % stages == 0
+        and spec.model.num_layers % (stages * (p.vpp or 1)) == 0
+        and not (p.stage_layers or p.first_stage_layers or p.last_stage_layers)
+    ):
+        yield (f"{stages} pipeline stages", f"--pipeline-model-parallel-size {stages}",
+               {"pipeline_model_parallel_size": stages},
+               r(spec, parallel=r(p, pp=stages, dp=p.dp * p.pp // stages)), True)  # fmt: skip
+
+
+def rank_remedies(
+    spec: TrainingSpec,
+    position: RankPosition,
+    estimate: Callable[[TrainingSpec, RankPosition], int] | None = None,
+) -> list[Remedy]:
+    """The remedies for the rank at ``position``, largest predicted saving first."""
+    peak = _peak if estimate is None else estimate
+    now = peak(spec, position)
+    out = []
+    for name, flags, args, changed, relayout in _candidates(spec):
+        try:
+            after = _worst(changed) if relayout else peak(changed, position)
+        except ValueError:
+            continue  # a combination the estimator does not support
+        if after < now:
+            note = "worst rank of the new layout" if relayout else ""
+            out.append(Remedy(name, flags, args, after, now - after, note))
+    return sorted(out, key=lambda r: -r.saving_bytes)
+
+
+def _peak(spec: TrainingSpec, position: RankPosition) -> int:
+    return estimate_rank(spec, position).peak_memory_bytes
+
+
+def _worst(spec: TrainingSpec) -> int:
+    return max(e.peak_memory_bytes for e in estimate_all_ranks(spec))

@@ -1,0 +1,100 @@
+"""OOM forensics on a real megatron-core GPT: the storage backend's capacity limit makes the
+run fail exactly where its peak would be (mid-backward); the OOM report names that step,
+phase, module and microbatch, says it is a capacity OOM, holds what was live, and ranks
+remedies whose predicted saving is checked by re-running with the top one: it then fits."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+import torch
+from conftest import load_json, run_in_process
+
+from memscope.analysis.oom import parse_oom_message
+from memscope.demo.tiny_gpt import TinyGPTConfig
+
+pytestmark = pytest.mark.integration
+
+STEPS = 3
+
+
+def _apply(cfg: TinyGPTConfig, args: dict[str, Any]) -> TinyGPTConfig:
+    """A remedy's Megatron args on the tiny GPT harness's settings."""
+    if "micro_batch_size" in args:
+        factor = cfg.micro_batch_size // args["micro_batch_size"]
+        return dataclasses.replace(cfg, micro_batch_size=args["micro_batch_size"],
+                                   num_microbatches=cfg.num_microbatches * factor)  # fmt: skip
+    if "recompute_granularity" in args:
+        return dataclasses.replace(cfg, recompute=args["recompute_granularity"])
+    raise AssertionError(f"no harness setting for {args}")
+
+
+def _argv(outdir, capacity: int | None = None) -> list[str]:
+    argv = ["--memscope", "--memscope-outdir", str(outdir)]
+    if capacity is not None:
+        argv += ["--memscope-storage-capacity-mib", repr(capacity / 2**20)]
+    return argv
+
+
+@pytest.fixture(scope="module")
+def oom_run(tmp_path_factory, small_cfg) -> tuple[dict[str, Any], int, Any]:
+    """The run without a limit (its report), the capacity one byte short of its peak, and the
+    rank folder of the same run under that capacity (which fails)."""
+    root = tmp_path_factory.mktemp("oom")
+    free = load_json(run_in_process(small_cfg, STEPS, _argv(root / "free")).report_path)
+    capacity = free["peak"]["memory_bytes"] - 1
+    with pytest.raises(torch.OutOfMemoryError):
+        run_in_process(small_cfg, STEPS, _argv(root / "oom", capacity))
+    return free, capacity, root / "oom" / "rank00000"
+
+
+def test_an_oom_report_names_where_it_failed_and_its_top_remedy_fits(oom_run, tmp_path, small_cfg):
+    free, capacity, rank = oom_run
+    peak = free["peak"]
+    doc = load_json(str(rank / "oom_report.json"))
+    assert doc["report_type"] == "oom" and doc["rank"] == 0 and doc["world_size"] == 1
+    # it failed at the allocation that sets the peak of the run without the limit
+    where = doc["where"]
+    assert (where["step"], where["phase"], where["module"], where["microbatch"]) == (
+        peak["step"], peak["phase"], peak["module"], peak["microbatch"])  # fmt: skip
+    assert where["phase"] == "backward"
+    assert doc["verdict"] == "capacity" and doc["cached_free_bytes"] == 0
+    assert doc["requested_bytes"] > 0
+    assert doc["allocated_bytes"] + doc["requested_bytes"] > capacity >= doc["allocated_bytes"]
+    assert sum(i["bytes"] for i in doc["composition"]) == doc["allocated_bytes"]
+    assert doc["trend"] == "spike"
+    runtime = load_json(str(rank / "runtime_report.json"))
+    assert runtime["status"] == "oom" and runtime["oom"]["where"] == where
+    assert "capacity OOM" in (rank / "oom_report.md").read_text()
+    # remedies, largest predicted saving first; the top one applied, the run fits
+    remedies = doc["remedies"]
+    assert remedies and [r["saving_bytes"] for r in remedies] == sorted(
+        (r["saving_bytes"] for r in remedies), reverse=True)  # fmt: skip
+    top = remedies[0]
+    fixed_cfg = _apply(small_cfg, top["args"])
+    fixed = run_in_process(fixed_cfg, STEPS, _argv(tmp_path / "fixed", capacity))
+    report = load_json(fixed.report_path)
+    assert report["status"] == "complete" and report["oom"] is None
+    measured = peak["memory_bytes"] - report["peak"]["memory_bytes"]
+    assert measured == pytest.approx(top["saving_bytes"], rel=0.03)  # the estimator's claim
+
+
+def test_oom_messages_are_read_in_the_cuda_allocators_wording():
+    cuda = (
+        "CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of "
+        "79.10 GiB of which 3.19 MiB is free. Process 1 has 79.09 GiB memory in use. Of the "
+        "allocated memory 78.50 GiB is allocated by PyTorch, and 120.00 MiB is reserved by "
+        "PyTorch but unallocated."
+    )
+    assert parse_oom_message(cuda) == (20 * 2**20, int(3.19 * 2**20), int(78.5 * 2**30))
+    assert parse_oom_message("boom") == (None, None, None)
+
+
+def test_the_peak_of_a_step_that_never_ended_is_not_given_an_older_steps_context(oom_run):
+    report = load_json(str(oom_run[2] / "runtime_report.json"))
+    peak = report["peak"]
+    # the highest reading is in step 1, where training died: attributed to its own event
+    assert peak["step"] == 1 and peak["attribution"] == "interval"
+    assert "categories" not in peak and "composition" not in peak
