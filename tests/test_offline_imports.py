@@ -102,13 +102,25 @@ def test_offline_modules_and_commands_run_without_torch(tmp_path):
     trace = _real_trace(tmp_path / "traced")
     calls = [
         ["--help"],
-        *[[c, "--help"] for c in ("summarize", "visualize-runtime", "analyze-static", "analyze")],
+        *[
+            [c, "--help"]
+            for c in (
+                "summarize",
+                "visualize-runtime",
+                "analyze-static",
+                "analyze",
+                "export",
+                "diff",
+                "analyze-snapshot",
+            )
+        ],
         ["demo", "--help"],
         ["summarize", "--report", EXAMPLE_REPORT],
         ["visualize-runtime", "--report", EXAMPLE_REPORT, "--out", str(tmp_path / "rank.html")],
         ["visualize-runtime", "--report", EXAMPLE, "--out", str(tmp_path / "job.html")],
         ["analyze-static", "--config", STATIC_CONFIG, "--outdir", str(tmp_path / "static")],
         ["analyze", "--trace", trace, "--out", str(tmp_path / "replayed.json")],
+        ["diff", EXAMPLE, EXAMPLE, "--out", str(tmp_path / "diff")],
     ]
     path = [os.path.dirname(PACKAGE), os.environ.get("PYTHONPATH", "")]  # this memscope
     res = subprocess.run(

@@ -22,6 +22,7 @@ from memscope.cli import (
     analyze_cmd,
     analyze_static_cmd,
     demo_cmd,
+    diff_cmd,
     export_cmd,
     snapshot_cmd,
     summarize_cmd,
@@ -38,6 +39,7 @@ COMMANDS = (
     analyze_static_cmd,
     snapshot_cmd,
     export_cmd,
+    diff_cmd,
 )
 
 

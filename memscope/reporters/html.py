@@ -90,3 +90,8 @@ def render_runtime_html(payload: dict[str, Any]) -> str:
 def render_job_html(payload: dict[str, Any]) -> str:
     """A job's page from :func:`memscope.reporters.html_payload.job_payload`."""
     return _render("job.html.j2", payload, f"MemScope — job of {payload.get('world_size')} ranks")
+
+
+def render_diff_html(payload: dict[str, Any]) -> str:
+    """The ``memscope diff`` page from its document (see :mod:`memscope.analysis.diff`)."""
+    return _render("diff.html.j2", payload, "MemScope — diff")

@@ -1,0 +1,173 @@
+"""What changed between two steps of a run, or between two runs (``memscope diff``).
+
+Two sides, each a runtime report and optionally one of its steps:
+
+* **the peak**: bytes, and whether the moment moved (step, phase, module, microbatch);
+* **composition**: what was live at each side's peak by category x module x microbatch, the
+  difference per item, *new* (only on B) and *vanished* (only on A) items first by size;
+  available where the report has one (the storage backend, or a replayed allocator history);
+* **the step**: with a step on each side, its peak, start and end allocated, per-phase
+  high-water marks and bytes per category at its end;
+* **per category**: at each side's peak (or step end).
+
+Plain dicts in, a plain dict out; nothing here reads files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+#: Composition rows listed (largest change first).
+MAX_ROWS = 200
+_MOMENT = ("step", "phase", "module", "microbatch")
+_STEP_TOTALS = ("allocated_start", "allocated_end", "peak_allocated", "reserved_end")
+
+
+def _composition(report: Mapping[str, Any]) -> dict[tuple[str, str, int | None], int]:
+    peak = report.get("peak") or {}
+    comp = peak.get("composition") or (report.get("allocator_timeline") or {}).get("composition")
+    out: dict[tuple[str, str, int | None], int] = {}
+    for item in (comp or {}).get("items") or []:
+        key = (str(item["category"]), str(item["module"]), item.get("microbatch"))
+        out[key] = out.get(key, 0) + int(item["bytes"])
+    return out
+
+
+def diff_compositions(
+    a: Mapping[tuple[str, str, int | None], int],
+    b: Mapping[tuple[str, str, int | None], int],
+    limit: int = MAX_ROWS,
+) -> list[dict[str, Any]]:
+    """Rows per (category, module, microbatch): bytes on each side, B - A, and whether the
+    item is new on B, vanished from A or changed; largest change first, equal ones left out."""
+    rows: list[dict[str, Any]] = []
+    for key in set(a) | set(b):
+        before, after = a.get(key, 0), b.get(key, 0)
+        if before == after:
+            continue
+        category, module, microbatch = key
+        status = "new" if key not in a else "vanished" if key not in b else "changed"
+        rows.append(
+            {
+                "category": category,
+                "module": module,
+                "microbatch": microbatch,
+                "a_bytes": before,
+                "b_bytes": after,
+                "delta_bytes": after - before,
+                "status": status,
+            }
+        )
+    rows.sort(key=lambda r: (-abs(int(r["delta_bytes"])), str(r["category"]), str(r["module"])))
+    return rows[:limit]
+
+
+def _by_category(items: Mapping[tuple[str, str, int | None], int]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for (category, _, _), nbytes in items.items():
+        out[category] = out.get(category, 0) + nbytes
+    return out
+
+
+def _step_row(report: Mapping[str, Any], step: int) -> Mapping[str, Any]:
+    for row in report.get("steps") or []:
+        if row.get("step") == step:
+            return row
+    known = [r.get("step") for r in report.get("steps") or []]
+    raise ValueError(f"step {step} is not in the report (its steps: {known[:20]})")
+
+
+def _step_peak(
+    report: Mapping[str, Any], step: int
+) -> tuple[dict[str, Any], dict[tuple[str, str, int | None], int]]:
+    """A step's peak (bytes and phase) and, when the run's peak is in that step, what was
+    live there (a report holds the composition of its peak only)."""
+    row = _step_row(report, step)
+    peak = report.get("peak") or {}
+    here = peak.get("step") == step and peak.get("memory_bytes") == row.get("peak_allocated")
+    moment = {k: peak.get(k) for k in _MOMENT} if here else {"step": step,
+              "phase": row.get("peak_phase"), "module": None, "microbatch": None}  # fmt: skip
+    return {"memory_bytes": row.get("peak_allocated"), **moment}, (
+        _composition(report) if here else {}
+    )
+
+
+def _delta_maps(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, dict[str, int]]:
+    return {
+        k: {"a": int(a.get(k) or 0), "b": int(b.get(k) or 0),
+            "delta": int(b.get(k) or 0) - int(a.get(k) or 0)}
+        for k in sorted(set(a) | set(b))
+    }  # fmt: skip
+
+
+def diff_reports(
+    a: Mapping[str, Any],
+    b: Mapping[str, Any],
+    step_a: int | None = None,
+    step_b: int | None = None,
+) -> dict[str, Any]:
+    """The difference B - A of two runtime reports (the same report twice with two steps:
+    two steps of one run). Raises ``ValueError`` for a step a report does not have."""
+    stepped = step_a is not None or step_b is not None
+    if stepped:
+        sa = step_a if step_a is not None else int(step_b or 0)
+        sb = step_b if step_b is not None else int(step_a or 0)
+        peak_a, comp_a = _step_peak(a, sa)
+        peak_b, comp_b = _step_peak(b, sb)
+    else:
+        peak_a, peak_b = a.get("peak") or {}, b.get("peak") or {}
+        comp_a, comp_b = _composition(a), _composition(b)
+    moved = {k: [peak_a.get(k), peak_b.get(k)] for k in _MOMENT if peak_a.get(k) != peak_b.get(k)}
+    out: dict[str, Any] = {
+        "peak": {
+            "a_bytes": peak_a.get("memory_bytes"),
+            "b_bytes": peak_b.get("memory_bytes"),
+            "delta_bytes": int(peak_b.get("memory_bytes") or 0)
+            - int(peak_a.get("memory_bytes") or 0),
+            "a_moment": {k: peak_a.get(k) for k in _MOMENT},
+            "b_moment": {k: peak_b.get(k) for k in _MOMENT},
+            "moved": moved,
+        },
+        "composition": {
+            "available": bool(comp_a) and bool(comp_b),
+            "reason": ""
+            if comp_a and comp_b
+            else "a report holds what was live at its run's peak only, and a step other than "
+            "the peak's has none"
+            if stepped
+            else "what was live at the peak is recorded by the storage backend, or by "
+            "allocator history over the peak step",
+            "rows": diff_compositions(comp_a, comp_b) if comp_a and comp_b else [],
+            "by_category": _delta_maps(_by_category(comp_a), _by_category(comp_b)),
+        },
+        "steps": None,
+    }
+    if stepped:
+        row_a, row_b = _step_row(a, sa), _step_row(b, sb)
+        out["steps"] = {
+            "a_step": row_a.get("step"),
+            "b_step": row_b.get("step"),
+            "totals": _delta_maps(
+                {k: row_a.get(k) for k in _STEP_TOTALS}, {k: row_b.get(k) for k in _STEP_TOTALS}
+            ),
+            "phase_peaks": _delta_maps(
+                row_a.get("phase_peaks") or {}, row_b.get("phase_peaks") or {}
+            ),
+            "categories_end": _delta_maps(
+                row_a.get("categories_end") or {}, row_b.get("categories_end") or {}
+            ),
+        }
+    return out
+
+
+def pair_ranks(
+    a: Sequence[tuple[int, T]], b: Sequence[tuple[int, T]]
+) -> tuple[list[tuple[int, T, T]], list[int]]:
+    """The reports (or their paths) of two jobs paired by rank; and the ranks only one side
+    has."""
+    left, right = dict(a), dict(b)
+    both = sorted(set(left) & set(right))
+    return [(r, left[r], right[r]) for r in both], sorted(set(left) ^ set(right))

@@ -1,0 +1,102 @@
+"""``memscope diff`` on real reports: a run with a planted leak against a clean one names the
+leaked module and microbatch; two steps of the leaking run differ by the leak; job
+directories are paired by rank; bad input is one line and exit code 2."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from conftest import load_json, run_in_process
+
+from memscope.cli import main
+
+pytestmark = pytest.mark.integration
+
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, small_cfg):
+    """(clean rank folder, leaking rank folder): the leak keeps one MLP output per step from
+    step 1 on."""
+    root = tmp_path_factory.mktemp("diff")
+    argv = ["--memscope", "--memscope-outdir"]
+    clean = run_in_process(small_cfg, STEPS, [*argv, str(root / "clean")])
+    leak = run_in_process(small_cfg, STEPS, [*argv, str(root / "leak")], leak_from_step=1)
+    return root / "clean" / "rank00000", root / "leak" / "rank00000", clean, leak
+
+
+def _leaked(cfg) -> int:
+    return cfg.seq_length * cfg.micro_batch_size * cfg.hidden_size * 4
+
+
+def test_a_leaking_run_against_a_clean_one_names_what_it_keeps(runs, tmp_path, small_cfg, capsys):
+    clean, leak, _, _ = runs
+    assert main(["diff", str(clean), str(leak), "--out", str(tmp_path)]) == 0
+    doc = load_json(str(tmp_path / "diff.json"))
+    (pair,) = doc["ranks"]
+    diff = pair["diff"]
+    a, b = (
+        load_json(str(clean / "runtime_report.json")),
+        load_json(str(leak / "runtime_report.json")),
+    )
+    assert diff["peak"]["delta_bytes"] == b["peak"]["memory_bytes"] - a["peak"]["memory_bytes"] > 0
+    rows = diff["composition"]["rows"]
+    top = max(rows, key=lambda r: r["delta_bytes"])
+    # the peak is in step 3's last backward: the MLP outputs of microbatch 0 born in steps 1,
+    # 2 and 3 are still live (the clean run has freed step 3's by then)
+    assert (top["category"], top["module"], top["microbatch"]) == (
+        "activations", "decoder.layers.0.mlp.linear_fc2", 0)  # fmt: skip
+    assert top["delta_bytes"] == 3 * _leaked(small_cfg)
+    assert sum(r["delta_bytes"] for r in rows) == diff["peak"]["delta_bytes"]
+    md = (tmp_path / "diff.md").read_text()
+    assert "`decoder.layers.0.mlp.linear_fc2`" in md
+    page = (tmp_path / "diff.html").read_text()
+    data = json.loads(page.split('id="memscope-data">', 1)[1].split("</script>", 1)[0])
+    assert data == doc
+
+
+def test_two_steps_of_one_run_differ_by_what_leaked_between_them(runs, tmp_path, small_cfg):
+    _, leak, _, _ = runs
+    assert main(["diff", str(leak), "--step-a", "1", "--step-b", "3", "--out", str(tmp_path)]) == 0
+    (pair,) = load_json(str(tmp_path / "diff.json"))["ranks"]
+    steps = pair["diff"]["steps"]
+    assert steps["totals"]["allocated_end"]["delta"] == 2 * _leaked(small_cfg)
+    assert steps["categories_end"]["activations"]["delta"] == 2 * _leaked(small_cfg)
+    assert steps["categories_end"]["optimizer_state"]["delta"] == 0
+    assert pair["diff"]["peak"]["moved"]["step"] == [1, 3]
+
+
+def test_job_directories_are_paired_by_rank(runs, tmp_path, capsys):
+    clean, leak, _, _ = runs
+    job_a, job_b = tmp_path / "a", tmp_path / "b"
+    for rank in (0, 1):
+        shutil.copytree(clean, job_a / f"rank{rank:05d}")
+    for rank in (0, 2):
+        shutil.copytree(leak, job_b / f"rank{rank:05d}")
+    assert main(["diff", str(job_a), str(job_b), "--out", str(tmp_path / "out")]) == 0
+    doc = load_json(str(tmp_path / "out" / "diff.json"))
+    assert [p["diff"]["peak"]["delta_bytes"] > 0 for p in doc["ranks"]] == [True]
+    assert doc["unpaired"] == [1, 2]
+    assert "not compared" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["{clean}"], "give --step-a and --step-b"),
+        (["{clean}", "--step-a", "1", "--step-b", "99"], "step 99 is not in the report"),
+        (["{clean}", "{tmp}/missing"], "no such report"),
+        (["{clean}", "{tmp}/bad.json"], "bad.json"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_line_and_exit_code_2(runs, tmp_path, capsys, args, message):
+    clean = runs[0]
+    (tmp_path / "bad.json").write_text('{"schema_version": "1.1", "report_ty')
+    argv = [a.format(clean=clean, tmp=tmp_path) for a in args]
+    assert main(["diff", *argv, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "out" / "diff.json").exists()
