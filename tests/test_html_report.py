@@ -203,6 +203,12 @@ def test_job_summary_is_plain_and_needs_no_reporter():
         "missing": 0,
         "incomplete": 0,
         "imbalance": {},
+        "oom": {
+            "ranks": [],
+            "tightest_rank": None,
+            "tightest_headroom": None,
+            "ranks_with_headroom": 0,
+        },
         "runs": [],
         "runs_warning": "",
     }

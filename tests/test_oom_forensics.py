@@ -60,6 +60,7 @@ def test_an_oom_report_names_where_it_failed_and_its_top_remedy_fits(oom_run, tm
     assert (where["step"], where["phase"], where["module"], where["microbatch"]) == (
         peak["step"], peak["phase"], peak["module"], peak["microbatch"])  # fmt: skip
     assert where["phase"] == "backward"
+    assert doc["op"].startswith("aten.")  # the op whose output did not fit
     assert doc["verdict"] == "capacity" and doc["cached_free_bytes"] == 0
     assert doc["requested_bytes"] > 0
     assert doc["allocated_bytes"] + doc["requested_bytes"] > capacity >= doc["allocated_bytes"]
@@ -98,3 +99,28 @@ def test_the_peak_of_a_step_that_never_ended_is_not_given_an_older_steps_context
     # the highest reading is in step 1, where training died: attributed to its own event
     assert peak["step"] == 1 and peak["attribution"] == "interval"
     assert "categories" not in peak and "composition" not in peak
+
+
+def test_the_job_page_lists_the_ranks_that_ran_out_and_the_others_headroom(
+    oom_run, tmp_path, small_cfg
+):
+    import shutil
+
+    from memscope.analysis.job import RankEntry, summarize_job
+    from memscope.cli import main
+
+    _, capacity, oom_rank = oom_run
+    roomy = 2 * capacity
+    fits = run_in_process(small_cfg, STEPS, _argv(tmp_path / "fits", roomy))
+    job = tmp_path / "job"
+    shutil.copytree(oom_rank, job / "rank00000")
+    shutil.copytree(tmp_path / "fits" / "rank00000", job / "rank00001")
+    reports = [load_json(str(job / f"rank0000{r}" / "runtime_report.json")) for r in (0, 1)]
+    summary = summarize_job([RankEntry(r, rep) for r, rep in enumerate(reports)])["oom"]
+    assert [o["rank"] for o in summary["ranks"]] == [0]
+    assert summary["ranks"][0]["where"]["phase"] == "backward"
+    peak = load_json(fits.report_path)["peak"]
+    assert (summary["tightest_rank"], summary["tightest_headroom"]) == (
+        1, roomy - peak["reserved_bytes"])  # fmt: skip
+    assert main(["visualize-runtime", "--report", str(job)]) == 0
+    assert '"tightest_rank":1' in (job / "job_report.html").read_text()

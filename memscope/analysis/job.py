@@ -63,6 +63,37 @@ def rank_row(rank: int, report: dict[str, Any]) -> dict[str, Any]:
         "static_peak": comp.get("static_peak_memory_bytes"),
         "static_diff": comp.get("peak_diff_bytes"),
         "static_ratio": comp.get("peak_diff_ratio"),
+        **_oom_and_headroom(report),
+    }
+
+
+def _oom_and_headroom(report: dict[str, Any]) -> dict[str, Any]:
+    """Where an OOMed rank failed; for the others, the device memory their peak left free
+    (the device's total, or the storage backend's capacity, from ``metadata.backend_info``,
+    minus the reserved peak)."""
+    oom = report.get("oom") or {}
+    if oom:
+        return {"oom_where": oom.get("where"), "oom_verdict": oom.get("verdict")}
+    peak = report.get("peak") or {}
+    device = (report.get("metadata") or {}).get("backend_info") or {}
+    total = _count(device.get("device_total_bytes")) or _count(device.get("capacity_bytes"))
+    reserved = _count(peak.get("reserved_bytes"))
+    if not total or reserved is None:
+        return {}
+    return {"capacity": total, "headroom": total - reserved}
+
+
+def oom_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Which ranks ran out of memory (and where), and the tightest headroom among the rest."""
+    ooms = [{"rank": r["rank"], "where": r.get("oom_where"), "verdict": r.get("oom_verdict")}
+            for r in rows if r.get("status") == "oom"]  # fmt: skip
+    room = [r for r in rows if isinstance(r.get("headroom"), int)]
+    tightest = min(room, key=lambda r: r["headroom"]) if room else None
+    return {
+        "ranks": ooms,
+        "tightest_rank": None if tightest is None else tightest["rank"],
+        "tightest_headroom": None if tightest is None else tightest["headroom"],
+        "ranks_with_headroom": len(room),
     }
 
 
@@ -143,6 +174,7 @@ def summarize_job(entries: Sequence[RankEntry]) -> dict[str, Any]:
         "missing": missing,
         "incomplete": sum(row["status"] not in ("complete", "missing") for row in rows),
         "imbalance": imbalance(rows),
+        "oom": oom_summary(rows),
         "runs": runs,
         "runs_warning": warning,
     }

@@ -34,6 +34,7 @@ _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 _SIZE = r"([\d.]+) ?(B|KiB|MiB|GiB|TiB|bytes)"
 _REQUESTED = re.compile(r"Tried to allocate " + _SIZE)
 _FREE = re.compile(r"of which " + _SIZE + " (?:is )?free")
+_OP = re.compile(r"Failing op: ([\w.:]+?)\.?$", re.M)
 _ALLOCATED = re.compile(r"Of the allocated memory " + _SIZE + " is allocated by PyTorch")
 
 
@@ -94,6 +95,7 @@ class OomAnalyzer:
                     "microbatch": e.microbatch,
                     "virtual_chunk": e.virtual_chunk,
                 },
+                "op": m.group(1) if (m := _OP.search(e.notes)) else None,
                 "message": e.notes,
                 "requested_bytes": requested,
                 "free_bytes": free,

@@ -27,7 +27,7 @@ JOB_PAGE_NAME = "job_report.html"
 MAX_JOB_RANKS = 100_000
 #: What the job page keeps of each rank's report (the events and tables are dropped).
 JOB_KEYS = ("schema_version", "report_type", "rank", "world_size", "status", "status_reason",
-            "metadata", "peak", "comparisons", "steps")  # fmt: skip
+            "metadata", "peak", "comparisons", "steps", "oom")  # fmt: skip
 _MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError)
 
 

@@ -152,6 +152,7 @@ def job_payload(
         "missing": summary["missing"],
         "incomplete": summary["incomplete"],
         "imbalance": summary["imbalance"],
+        "oom": summary.get("oom") or {},
         "runs_warning": summary.get("runs_warning", ""),
         "timelines": {
             str(rank): _step_series(steps, max_points)

@@ -43,7 +43,8 @@ def render_oom_markdown(doc: dict[str, Any], max_rows: int = 15) -> str:
         f"- coordinates: {coords or 'n/a'}",
         f"- failed in step {t(where.get('step'))}, phase {md_code(where.get('phase'))}, "
         f"module {md_code(where.get('module') or '(none)')}, microbatch "
-        f"{t(where.get('microbatch'))}, chunk {t(where.get('virtual_chunk'))}",
+        f"{t(where.get('microbatch'))}, chunk {t(where.get('virtual_chunk'))}"
+        + (f", op {md_code(doc['op'])}" if doc.get("op") else ""),
         f"- requested {format_bytes(doc.get('requested_bytes'))}, free "
         f"{format_bytes(doc.get('free_bytes'))}; allocated "
         f"{format_bytes(doc.get('allocated_bytes'))}, reserved "

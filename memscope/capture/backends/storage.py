@@ -175,7 +175,7 @@ class _LedgerMode(TorchDispatchMode):
                 if kind:
                     ledger.observe(out, kind == _RESIZE)
             except CapacityExceeded as full:  # asked for: fail as the device would
-                raise torch.OutOfMemoryError(str(full)) from None
+                raise torch.OutOfMemoryError(f"{full} Failing op: {func}.") from None
             except Exception as exc:
                 ledger.fail(exc)
         return out
@@ -622,8 +622,11 @@ class StorageLedgerBackend(MemoryBackend):
             return dict(zip(CATEGORIES, self._totals, strict=True))
 
     def describe(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "backend": self.name,
             "device_type": self.device_type,
             "accounting": "exact live tensor storages (aten op outputs); reserved == allocated",
         }
+        if self.capacity_bytes:
+            out["capacity_bytes"] = self.capacity_bytes
+        return out
