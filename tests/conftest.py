@@ -21,13 +21,16 @@ def run_in_process(
     memscope_argv: list[str] | None,
     fault: str | None = None,
     leak_from_step: int | None = None,
+    late_free: bool = False,
 ) -> InstrumentedResult:
     """One real megatron-core training run in this process (world size 1, gloo), instrumented.
     Garbage earlier tests left in reference cycles (tensors held by tracebacks, models) is
     collected first: the storage backend would rightly count it as live until the collector
     runs, which it may do in the middle of the run."""
     gc.collect()
-    return instrumented_worker(0, 1, free_port(), cfg, steps, memscope_argv, fault, leak_from_step)
+    return instrumented_worker(
+        0, 1, free_port(), cfg, steps, memscope_argv, fault, leak_from_step, late_free
+    )
 
 
 def load_json(path: str) -> dict[str, Any]:

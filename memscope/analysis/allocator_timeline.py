@@ -43,6 +43,7 @@ from memscope.events.schema import (
     ActiveMemory,
     CompositionItem,
     ContextMarker,
+    IdleFinding,
     PeakContext,
     TimelineSummary,
 )
@@ -82,7 +83,11 @@ class TimelinePeak:
     peak_marker: ContextMarker | None = None
 
     def summary(
-        self, snapshot: str, source: str, active_memory: ActiveMemory | None = None
+        self,
+        snapshot: str,
+        source: str,
+        active_memory: ActiveMemory | None = None,
+        idle: tuple[int, tuple[IdleFinding, ...]] | None = None,
     ) -> TimelineSummary:
         """The plain record an ``allocator_timeline`` event carries (with the timeline of the
         peak's step, when given)."""
@@ -104,6 +109,8 @@ class TimelinePeak:
             coverage=self.coverage,
             step_peaks=dict(self.step_peaks),
             active_memory=active_memory,
+            idle_at_peak_bytes=None if idle is None else idle[0],
+            idle_at_peak=() if idle is None else idle[1],
         )
 
 

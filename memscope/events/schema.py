@@ -312,6 +312,9 @@ class TimelineSummary:
     step_peaks: dict[int, int]  # allocated high-water mark of each recorded step
     #: Live bytes through the peak's step, by who holds them (None: not computed).
     active_memory: ActiveMemory | None = None
+    #: Bytes live at the peak whose last use came before it, and the largest findings.
+    idle_at_peak_bytes: int | None = None
+    idle_at_peak: tuple[IdleFinding, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -326,6 +329,8 @@ class TimelineSummary:
             "coverage": round(self.coverage, 6),
             "step_peaks": {str(k): v for k, v in sorted(self.step_peaks.items())},
             "active_memory": None if self.active_memory is None else self.active_memory.to_dict(),
+            "idle_at_peak_bytes": self.idle_at_peak_bytes,
+            "idle_at_peak": [f.to_dict() for f in self.idle_at_peak],
         }
 
     @classmethod
@@ -345,6 +350,54 @@ class TimelineSummary:
             active_memory=ActiveMemory.from_dict(active)
             if (active := d.get("active_memory"))
             else None,
+            idle_at_peak_bytes=_opt_int(d.get("idle_at_peak_bytes")),
+            idle_at_peak=tuple(IdleFinding.from_dict(f) for f in d.get("idle_at_peak") or ()),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class IdleFinding:
+    """A block live at the peak that no op used since ``last_use_us``, and how much lower the
+    peak would have been had it been freed then (see :mod:`memscope.analysis.lifetimes`)."""
+
+    category: str
+    label: str  # the phase · module that allocated it, or its owner
+    nbytes: int
+    alloc_us: int
+    last_use_us: int
+    free_us: int | None  # None: still live when the history was dumped
+    idle_us: int  # from its last use to the peak
+    peak_drop: int
+    pattern: str = ""  # a Megatron pattern it matches
+    count: int = 1  # blocks of this holder idle at the peak (the times above: the largest)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "category": self.category,
+            "label": self.label,
+            "bytes": self.nbytes,
+            "alloc_us": self.alloc_us,
+            "last_use_us": self.last_use_us,
+            "free_us": self.free_us,
+            "idle_us": self.idle_us,
+            "peak_drop": self.peak_drop,
+            "pattern": self.pattern,
+            "count": self.count,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> IdleFinding:
+        return cls(
+            str(d["category"]),
+            str(d["label"]),
+            int(d["bytes"]),
+            int(d["alloc_us"]),
+            int(d["last_use_us"]),
+            _opt_int(d.get("free_us")),
+            int(d["idle_us"]),
+            int(d["peak_drop"]),
+            str(d.get("pattern", "")),
+            int(d.get("count", 1)),
         )
 
 

@@ -120,6 +120,7 @@ def runtime_payload(
         "oom": report.get("oom"),
         "peak": report.get("peak") or {},
         "active_memory": (report.get("allocator_timeline") or {}).get("active_memory"),
+        "idle_at_peak": (report.get("allocator_timeline") or {}).get("idle_at_peak") or [],
         "comparisons": report.get("comparisons") or {},
         "phase_summary": (report.get("phase_summary") or [])[:max_rows],
         "top_events": (report.get("top_events") or [])[:max_rows],

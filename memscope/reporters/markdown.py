@@ -146,6 +146,24 @@ def _history_lines(history: dict[str, Any] | None, max_rows: int) -> list[str]:
         ["step", "allocated high-water mark"],
         [[t(k), format_bytes(v)] for k, v in list(peaks.items())[:max_rows]],
     )
+    idle = history.get("idle_at_peak") or []
+    if history.get("idle_at_peak_bytes") is not None:
+        lines += [
+            f"Idle at the peak: {format_bytes(history['idle_at_peak_bytes'])} live there had "
+            "not been used since earlier; freeing each holder's memory right after its last "
+            "use would lower the window's peak by:",
+            "",
+        ]
+        lines += _table(
+            ["holder", "category", "idle bytes at the peak", "blocks", "idle for",
+             "peak drop", "pattern"],
+            [
+                [code(f["label"]), t(f["category"]), format_bytes(f["bytes"]), t(f["count"]),
+                 f"{f['idle_us'] / 1000:.1f} ms", format_bytes(f["peak_drop"]),
+                 t(f["pattern"]) or "—"]
+                for f in idle[:max_rows]
+            ],
+        )  # fmt: skip
     active = history.get("active_memory")
     if active and active.get("bands"):
         at = int(active["peak_index"])

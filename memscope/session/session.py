@@ -432,13 +432,17 @@ class TracingSession:
         peak, its composition and the active-memory timeline of the peak's step."""
         from memscope.analysis.active_memory import active_memory
         from memscope.analysis.allocator_timeline import peak_composition
+        from memscope.analysis.lifetimes import idle_at_peak
 
         assert self.tracer is not None and self.snapshot is not None
         device = torch.cuda.current_device() if self.snapshot.source == "cuda_allocator" else 0
         peak = peak_composition(snapshot, device, owners, markers)
         step = None if peak.peak_marker is None else peak.peak_marker.step
         timeline = active_memory(snapshot, device, owners, markers, step)
-        summary = peak.summary(os.path.basename(snapshot_path), self.snapshot.source, timeline)
+        idle = idle_at_peak(snapshot, device, owners, markers)
+        summary = peak.summary(
+            os.path.basename(snapshot_path), self.snapshot.source, timeline, idle
+        )
         self.tracer.record_timeline(summary, peak.composition)
 
     def _stop_snapshot(self) -> None:

@@ -108,6 +108,8 @@ class Instrumentation:
     #: Plant a leak: from this step on, keep one decoder-layer MLP output per step forever.
     leak_from_step: int | None = None
     microbatches: int = 1  # per step (the leak keeps one output per step)
+    #: Plant a late free: keep decoder layer 0's output of microbatch 0 until the next step.
+    late_free: bool = False
     leaked: list[torch.Tensor] = field(default_factory=list)
     injected: bool = False
     hooks_before: int = 0
@@ -121,6 +123,22 @@ class Instrumentation:
         self.hooks_before = count_hooks(chunks)
         if self.leak_from_step is not None:
             self._plant_leak(chunks, self.leak_from_step)
+        if self.late_free:
+            self._plant_late_free(chunks)
+
+    def _plant_late_free(self, chunks: list[torch.nn.Module]) -> None:
+        """A test-only bug: a layer's output held (e.g. for logging) until the next step, long
+        after backward last read it."""
+        layer = chunks[0].get_submodule("decoder.layers.0")
+        calls = [0]
+        held: list[torch.Tensor] = []
+
+        def keep(module: torch.nn.Module, args: Any, output: Any) -> None:
+            if calls[0] % self.microbatches == 0:
+                held[:] = [(output[0] if isinstance(output, tuple) else output).detach()]
+            calls[0] += 1
+
+        self.late_free_handle = layer.register_forward_hook(keep)
 
     def _plant_leak(self, chunks: list[torch.nn.Module], first_step: int) -> None:
         """A test-only bug of the kind users hit: an output appended to a global list."""
@@ -171,7 +189,8 @@ class Instrumentation:
             ),
             "handles_left": count_hooks(chunks)
             - self.hooks_before
-            - (self.leak_from_step is not None),  # the planted leak's own hook
+            - (self.leak_from_step is not None)  # the planted leak's own hook
+            - self.late_free,
         }
 
 
@@ -184,6 +203,7 @@ def instrumented_worker(
     memscope_argv: list[str] | None,
     fault: str | None = None,
     leak_from_step: int | None = None,
+    late_free: bool = False,
 ) -> InstrumentedResult:
     """``traced_worker`` with :class:`Instrumentation`; same arguments plus ``fault`` and
     ``leak_from_step``.
@@ -192,7 +212,7 @@ def instrumented_worker(
     unaffected; ``leak_from_step`` plants a leak in the model (see
     :meth:`Instrumentation._plant_leak`). Picklable by reference, so it runs under ``spawn``.
     """
-    observer = Instrumentation(fault, leak_from_step, cfg.num_microbatches)
+    observer = Instrumentation(fault, leak_from_step, cfg.num_microbatches, late_free)
     result = traced_worker(rank, world_size, port, cfg, steps, memscope_argv, observer)
     plain = {f.name: getattr(result, f.name) for f in fields(WorkerResult)}
     return InstrumentedResult(**plain, **observer.measured)

@@ -20,6 +20,7 @@ import threading
 import time
 import warnings
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -88,7 +89,7 @@ class _Entry(weakref.ref):
     """A ledger entry: a weak reference to a live storage, its size, category and the
     context (an index into the ledger's context table) it was created in."""
 
-    __slots__ = ("addr", "born", "category", "context", "key", "nbytes", "saved")
+    __slots__ = ("addr", "born", "category", "context", "key", "last_use", "nbytes", "saved")
     key: int
     nbytes: int
     category: int
@@ -96,6 +97,7 @@ class _Entry(weakref.ref):
     addr: int
     saved: bool  # autograd saved it for backward (else a temporary, as far as seen)
     born: int  # the training step it was created in (-1: before the first)
+    last_use: int  # when an op last read it (µs since the epoch; 0: not seen), with history on
 
     def __new__(
         cls, storage: Any, callback: Any, key: int, nbytes: int, category: int, context: int
@@ -105,6 +107,7 @@ class _Entry(weakref.ref):
         self.addr = 0
         self.saved = False
         self.born = -1
+        self.last_use = 0
         return self
 
     def __init__(
@@ -152,6 +155,17 @@ class CapacityExceeded(Exception):
         )
 
 
+def _tensor_args(args: Any, kwargs: Any) -> Iterator[torch.Tensor]:
+    """The tensors among an op's arguments (and in lists of them, as ``cat`` takes)."""
+    for value in (*args, *(kwargs or {}).values()):
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                if isinstance(item, torch.Tensor):
+                    yield item
+
+
 def _mib(nbytes: int) -> str:
     return f"{nbytes / 2**20:.2f} MiB"
 
@@ -174,6 +188,8 @@ class _LedgerMode(TorchDispatchMode):
                     kind = self._kinds[func] = _classify(func)
                 if kind:
                     ledger.observe(out, kind == _RESIZE)
+                if ledger._history is not None:  # deep mode: when each storage was last read
+                    ledger.note_uses(args, kwargs)
             except CapacityExceeded as full:  # asked for: fail as the device would
                 raise torch.OutOfMemoryError(f"{full} Failing op: {func}.") from None
             except Exception as exc:
@@ -465,6 +481,17 @@ class StorageLedgerBackend(MemoryBackend):
             self.fail(exc)
 
     # -- allocation history ----------------------------------------------------------------
+    def note_uses(self, args: Any, kwargs: Any) -> None:
+        """The storages an op read are in use now (kept while the history is recorded)."""
+        now = time.time_ns() // 1000
+        live = self._live
+        for tensor in _tensor_args(args, kwargs):
+            storage = self._storage_of(tensor)
+            if storage is not None:
+                entry = live.get(id(storage))
+                if entry is not None:
+                    entry.last_use = now
+
     def start_history(self, max_entries: int) -> None:
         """Log every allocation and free from now on (the last ``max_entries`` kept)."""
         with self._lock:
@@ -486,7 +513,9 @@ class StorageLedgerBackend(MemoryBackend):
         that created the storage."""
         with self._lock:
             trace = [dict(e) for e in self._history or ()]
-            live = [(e.addr, e.nbytes, e.category, e.context) for e in self._live.values()]
+            live = [
+                (e.addr, e.nbytes, e.category, e.context, e.last_use) for e in self._live.values()
+            ]
         segments = [
             {
                 "device": 0,
@@ -508,10 +537,11 @@ class StorageLedgerBackend(MemoryBackend):
                         "state": "active_allocated",
                         "category": CATEGORIES[category],
                         "frames": self._frames(context),
+                        "last_use_us": last_use or None,
                     }
                 ],
             }
-            for addr, size, category, context in live
+            for addr, size, category, context, last_use in live
             if addr
         ]
         return {"segments": segments, "device_traces": [trace], "allocator_settings": {}}
@@ -541,6 +571,7 @@ class StorageLedgerBackend(MemoryBackend):
                 "time_us": time.time_ns() // 1000,
                 "category": FREE_CATEGORY if action != "alloc" else CATEGORIES[entry.category],
                 "frames": self._frames(entry.context),
+                **({"last_use_us": entry.last_use or None} if action == "free_requested" else {}),
             }
         )
 
