@@ -1,0 +1,55 @@
+"""The estimator's in-flight microbatches against megatron-core's own schedule arithmetic
+(megatron/core/pipeline_parallel/schedules.py), for PP in {2, 4, 8} and VPP in {none, 2, 4}:
+``get_pp_rank_microbatches`` gives each stage's warm-up forwards, ``get_schedule_table`` the
+order of chunk-microbatches; at a stage's first backward every warm-up forward and the
+steady phase's first forward hold their saved tensors, which is the stage's in-flight peak."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+from megatron.core.pipeline_parallel.schedules import get_pp_rank_microbatches, get_schedule_table
+
+from memscope.analysis.static.activations import in_flight_microbatches, schedule_states
+from memscope.analysis.static.sources import spec_from_megatron_args
+from memscope.demo.tiny_gpt import TinyGPTConfig
+from memscope.demo.traced_training import megatron_like_args
+
+
+def _communicator(pp: int, rank: int, vpp: int | None) -> SimpleNamespace:
+    """The three values get_pp_rank_microbatches reads from its communicator (no process
+    group is needed for the arithmetic)."""
+    group = SimpleNamespace(size=lambda: pp, rank=lambda: rank)
+    return SimpleNamespace(pp_group=group, virtual_pipeline_model_parallel_size=vpp)
+
+
+def _spec(pp: int, vpp: int | None, microbatches: int):
+    layers = pp * (vpp or 1)
+    cfg = TinyGPTConfig(pp=pp, vpp=vpp, num_layers=layers, num_microbatches=microbatches)
+    args = megatron_like_args(cfg, [])
+    args.world_size = pp
+    return dataclasses.replace(spec_from_megatron_args(args), device="cpu")
+
+
+@pytest.mark.parametrize("pp", [2, 4, 8])
+@pytest.mark.parametrize("vpp", [None, 2, 4])
+@pytest.mark.parametrize("per_stage", [1, 2, 3])
+def test_in_flight_microbatches_follow_megatrons_schedule(pp, vpp, per_stage):
+    microbatches = pp * per_stage  # interleaving needs a multiple of pp
+    spec = _spec(pp, vpp, microbatches)
+    chunks = vpp or 1
+    table = get_schedule_table(microbatches, chunks, pp)
+    for rank in range(pp):
+        total, all_warmup, warmup, remaining = get_pp_rank_microbatches(
+            microbatches, chunks, pp, p2p_communicator=_communicator(pp, rank, vpp)
+        )
+        assert total == len(table) == microbatches * chunks and remaining == total - warmup
+        expected = total if all_warmup else warmup + 1
+        assert in_flight_microbatches(spec, rank) == expected, (pp, vpp, rank)
+        # and per chunk: the forwards run before the first backward, by Megatron's table
+        first_backward_chunk, alive = schedule_states(spec, rank)[0]
+        started = table[: min(total, warmup + (0 if all_warmup else 1))]
+        assert list(alive) == [sum(1 for _, c in started if c == k) for k in range(chunks)]
+        assert first_backward_chunk == chunks - 1 - table[0][1]
