@@ -23,8 +23,10 @@ from typing import Any
 from memscope.analysis.allocator_timeline import (
     Markers,
     PartKey,
+    allocated_delta,
     block_parts,
     device_trace,
+    event_time,
     window_start,
 )
 from memscope.downsample import downsample_indices
@@ -66,25 +68,12 @@ def band_label(key: PartKey) -> Band:
 def _steps(trace: Sequence[Mapping[str, Any]], markers: Markers) -> list[int | None]:
     """The step each event happened in (an event without a time stays in the last one)."""
     out: list[int | None] = []
-    marker = markers.at(_time(trace[0])) if trace else None
+    marker = markers.at(event_time(trace[0])) if trace else None
     for event in trace:
         if event.get("time_us") is not None:
-            marker = markers.at(_time(event))
+            marker = markers.at(event_time(event))
         out.append(None if marker is None else marker.step)
     return out
-
-
-def _time(event: Mapping[str, Any]) -> int | None:
-    value = event.get("time_us")
-    return None if value is None else int(value)
-
-
-def _delta(event: Mapping[str, Any]) -> int:
-    """How an event moves the allocated total."""
-    action = event.get("action")
-    if action == "alloc":
-        return int(event["size"])
-    return -int(event["size"]) if action == "free_requested" else 0
 
 
 class _Holders:
@@ -105,7 +94,7 @@ class _Holders:
             self.held[band] = self.held.get(band, 0) + n
 
     def apply(self, event: Mapping[str, Any]) -> None:
-        time_us = _time(event)
+        time_us = event_time(event)
         action = event.get("action")
         if action == "alloc":
             self.alloc(int(event["addr"]), int(event["size"]), time_us, in_window=True)
@@ -154,10 +143,10 @@ def active_memory(
         return None
     start, _ = window_start(snapshot, device, trace)
     # pass 1: the allocated total before the step and after each change in it
-    total = sum(start.values()) + sum(_delta(event) for event in trace[:lo])
+    total = sum(start.values()) + sum(allocated_delta(event) for event in trace[:lo])
     totals = [total]
     for i in changes:
-        total += _delta(trace[i])
+        total += allocated_delta(trace[i])
         totals.append(total)
     kept = downsample_indices(totals, max_points)  # sample k: after change k-1 (0: before)
     # pass 2: each holder's bytes at the kept samples
@@ -166,7 +155,7 @@ def active_memory(
         holders.alloc(addr, size, None, in_window=False)
     for event in trace[:lo]:
         holders.apply(event)
-    step_start = next((t for e in trace[lo:hi] if (t := _time(e)) is not None), holders.time)
+    step_start = next((t for e in trace[lo:hi] if (t := event_time(e)) is not None), holders.time)
     wanted = set(kept)
     if 0 in wanted:
         holders.sample(0)

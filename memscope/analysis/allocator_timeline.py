@@ -184,12 +184,12 @@ def replay(
     best, best_index = current, -1
     index = Markers(markers)
     step_peaks: dict[int, int] = {}
-    marker = peak_marker = index.at(_opt_int(trace[0].get("time_us"))) if trace else None
+    marker = peak_marker = index.at(event_time(trace[0])) if trace else None
     for i, event in enumerate(trace):
         action = event.get("action")
         if action not in ("alloc", "free_requested"):
             continue
-        time_us = _opt_int(event.get("time_us"))
+        time_us = event_time(event)
         if time_us is not None:  # an event without a time stays in the last context
             marker = index.at(time_us)
         step = None if marker is None else marker.step
@@ -208,13 +208,12 @@ def replay(
     for i, event in enumerate(trace[: best_index + 1]):
         action, addr = event.get("action"), int(event.get("addr", 0))
         if action == "alloc":
-            time_us = event.get("time_us")
-            blocks[addr] = LiveBlock(addr, int(event["size"]), _opt_int(time_us), i)
+            blocks[addr] = LiveBlock(addr, int(event["size"]), event_time(event), i)
         elif action == "free_requested":
             blocks.pop(addr, None)
     peak_blocks = tuple(sorted(blocks.values(), key=lambda b: b.addr))
     seen = sum(b.size for b in peak_blocks if b.index is not None)
-    time_us = _opt_int(trace[best_index].get("time_us")) if best_index >= 0 else None
+    time_us = event_time(trace[best_index]) if best_index >= 0 else None
     return TimelinePeak(
         allocated_bytes=best,
         time_us=time_us,
@@ -285,6 +284,20 @@ def _opt_int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
+def event_time(event: Mapping[str, Any]) -> int | None:
+    """An allocator event's ``time_us`` (None when it has none)."""
+    return _opt_int(event.get("time_us"))
+
+
+def allocated_delta(event: Mapping[str, Any]) -> int:
+    """How an allocator event moves the allocated total (``alloc`` up, ``free_requested``
+    down; the other actions not at all)."""
+    action = event.get("action")
+    if action == "alloc":
+        return int(event["size"])
+    return -int(event["size"]) if action == "free_requested" else 0
+
+
 def peak_composition(
     snapshot: Mapping[str, Any],
     device: int = 0,
@@ -347,9 +360,7 @@ def allocation_labels(
     for i, event in enumerate(device_trace(snapshot, device)):
         if event.get("action") == "alloc":
             addr = int(event["addr"])
-            label = _label_allocation(
-                addr, int(event["size"]), _opt_int(event.get("time_us")), index, by_time
-            )
+            label = _label_allocation(addr, int(event["size"]), event_time(event), index, by_time)
             events[i] = latest[addr] = label
     blocks = {
         addr: latest.get(addr) or _label_allocation(addr, size, None, index, by_time)

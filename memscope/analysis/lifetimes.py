@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from memscope.analysis.active_memory import band_label
 from memscope.analysis.allocator_timeline import (
-    LiveBlock,
     Markers,
+    allocated_delta,
     block_parts,
     device_trace,
+    event_time,
     replay,
 )
 from memscope.events.ownership import OwnershipIndex
@@ -48,6 +49,18 @@ def _pattern(category: str, label: str) -> str:
     return ""
 
 
+class _Lifetime(NamedTuple):
+    """One allocation of the window whose last use is known."""
+
+    addr: int
+    size: int
+    born: int  # µs
+    last_use: int  # µs, never before its birth (an allocation never read is idle from then)
+    alloc: int  # its event's position in the trace
+    end: int  # the sample that no longer holds it: after its free, or past the end
+    free_us: int | None  # None: still live when the history was dumped
+
+
 def idle_at_peak(
     snapshot: Mapping[str, Any],
     device: int = 0,
@@ -61,98 +74,86 @@ def idle_at_peak(
     peak = replay(snapshot, device, kept)
     if peak.index < 0 or peak.time_us is None:
         return 0, ()
+    peak_time = peak.time_us
     totals, times = _series(trace, peak.start_bytes)
-    frees = _free_events(trace)
-    live_last_use = _live_last_use(snapshot, device)
-    idle: list[tuple[LiveBlock, int, int, int | None]] = []  # block, birth, last use, free
-    for block in peak.live:
-        if block.index is None or block.time_us is None:
-            continue
-        born = block.time_us
-        free_index = _next_free(frees, block.addr, block.index)
-        if free_index is None:
-            last_use = live_last_use.get(block.addr)
-        else:
-            last_use = trace[free_index].get("last_use_us")
-        if last_use is None:
-            continue
-        last_use = max(int(last_use), born)  # never used: idle from its birth
-        if last_use < peak.time_us:
-            idle.append((block, born, last_use, free_index))
-    idle_bytes = sum(b.size for b, _, _, _ in idle)
+    lifetimes = _window_lifetimes(trace, _live_last_use(snapshot, device))
+    # live at the peak (allocated at or before its event, not yet freed) and unused since
+    idle = [
+        life
+        for life in lifetimes
+        if life.alloc <= peak.index < life.end - 1 and life.last_use < peak_time
+    ]
     by_time = Markers(kept)
     index = owners or OwnershipIndex()
 
-    def label_of(addr: int, size: int, born: int) -> tuple[str, str]:
-        parts = block_parts(addr, size, born, True, index, by_time)
+    def label_of(life: _Lifetime) -> tuple[str, str]:
+        parts = block_parts(life.addr, life.size, life.born, True, index, by_time)
         return band_label(max(parts, key=lambda kn: kn[1])[0])
 
-    groups: dict[tuple[str, str], list[tuple[LiveBlock, int, int, int | None]]] = {}
-    for item in idle:
-        groups.setdefault(label_of(item[0].addr, item[0].size, item[1]), []).append(item)
-    ranked = sorted(groups.items(), key=lambda kv: -sum(i[0].size for i in kv[1]))[:limit]
+    groups: dict[tuple[str, str], list[_Lifetime]] = {}
+    for life in idle:
+        groups.setdefault(label_of(life), []).append(life)
+    ranked = sorted(groups.items(), key=lambda kv: -sum(life.size for life in kv[1]))[:limit]
     wanted = {key for key, _ in ranked}
-    members_of: dict[tuple[str, str], list[tuple[int, int, int]]] = {key: [] for key in wanted}
-    for addr, size, born, last_use, end in _window_lifetimes(trace, live_last_use):
-        key = label_of(addr, size, born)
+    members_of: dict[tuple[str, str], list[_Lifetime]] = {key: [] for key in wanted}
+    for life in lifetimes:
+        key = label_of(life)
         if key in wanted:
-            members_of[key].append((size, last_use, end))
+            members_of[key].append(life)
     findings = []
     for (category, label), items in ranked:
         # every allocation this holder made in the window, freed right after its last use
-        members = members_of[(category, label)]
-        new_peak = _peak_without(totals, times, members)
-        block, born, last_use, free_index = max(items, key=lambda i: i[0].size)
+        new_peak = _peak_without(totals, times, members_of[(category, label)])
+        largest = max(items, key=lambda life: life.size)
         findings.append(
             IdleFinding(
                 category=category,
                 label=label,
-                nbytes=sum(i[0].size for i in items),
-                alloc_us=born,
-                last_use_us=last_use,
-                free_us=None if free_index is None else _time(trace[free_index]),
-                idle_us=peak.time_us - min(i[2] for i in items),
+                nbytes=sum(life.size for life in items),
+                alloc_us=largest.born,
+                last_use_us=largest.last_use,
+                free_us=largest.free_us,
+                idle_us=peak_time - min(life.last_use for life in items),
                 peak_drop=max(0, peak.allocated_bytes - new_peak),
                 pattern=_pattern(category, label),
                 count=len(items),
             )
         )
     findings.sort(key=lambda f: (-f.peak_drop, -f.nbytes))
-    return idle_bytes, tuple(findings)
+    return sum(life.size for life in idle), tuple(findings)
 
 
 def _window_lifetimes(
     trace: Sequence[Mapping[str, Any]], live_last_use: Mapping[int, int]
-) -> list[tuple[int, int, int, int, int]]:
-    """(address, size, birth, last use, sample index of its free or the end) of every
-    allocation in the window whose last use is known."""
+) -> list[_Lifetime]:
+    """Every allocation in the window with a time and a known last use (from its free, or
+    from the block still live at the dump)."""
     out = []
-    open_: dict[int, tuple[int, int, int]] = {}  # addr -> size, birth, alloc index
+    open_: dict[int, tuple[int, int | None, int]] = {}  # addr -> size, birth, alloc index
     for i, event in enumerate(trace):
         action, addr = event.get("action"), int(event.get("addr", 0))
         if action == "alloc":
-            open_[addr] = (int(event["size"]), _time(event) or 0, i)
+            open_[addr] = (int(event["size"]), event_time(event), i)
         elif action == "free_requested" and addr in open_:
-            size, born, _ = open_.pop(addr)
-            if event.get("last_use_us") is not None:
-                out.append((addr, size, born, max(born, int(event["last_use_us"])), i + 1))
-    for addr, (size, born, _) in open_.items():
-        if addr in live_last_use:
-            out.append((addr, size, born, max(born, live_last_use[addr]), len(trace) + 1))
+            size, born, at = open_.pop(addr)
+            if born is not None and event.get("last_use_us") is not None:
+                last_use = max(born, int(event["last_use_us"]))
+                out.append(_Lifetime(addr, size, born, last_use, at, i + 1, event_time(event)))
+    for addr, (size, born, at) in open_.items():
+        if born is not None and addr in live_last_use:
+            last_use = max(born, live_last_use[addr])
+            out.append(_Lifetime(addr, size, born, last_use, at, len(trace) + 1, None))
     return out
 
 
-def _peak_without(
-    totals: Sequence[int], times: Sequence[int], members: Sequence[tuple[int, int, int]]
-) -> int:
-    """The highest allocated total had each (size, last use, end sample) been freed right
-    after its last use."""
+def _peak_without(totals: Sequence[int], times: Sequence[int], members: Sequence[_Lifetime]) -> int:
+    """The highest allocated total had each member been freed right after its last use."""
     diff = [0] * (len(totals) + 1)
-    for size, last_use, end in members:
-        first = bisect.bisect_right(times, last_use) + 1  # the first event after it frees it
-        if first < end:
-            diff[first] -= size
-            diff[min(end, len(totals))] += size
+    for life in members:
+        first = bisect.bisect_right(times, life.last_use) + 1  # the first event after it
+        if first < life.end:
+            diff[first] -= life.size
+            diff[min(life.end, len(totals))] += life.size
     best, shift = 0, 0
     for k, total in enumerate(totals):
         shift += diff[k]
@@ -160,39 +161,16 @@ def _peak_without(
     return best
 
 
-def _time(event: Mapping[str, Any]) -> int | None:
-    value = event.get("time_us")
-    return None if value is None else int(value)
-
-
 def _series(trace: Sequence[Mapping[str, Any]], start: int) -> tuple[list[int], list[int]]:
     """Allocated bytes at the window start and after each event; each event's time (an event
     without one takes the previous)."""
     totals, times, current, last = [start], [], start, 0
     for event in trace:
-        action = event.get("action")
-        if action == "alloc":
-            current += int(event["size"])
-        elif action == "free_requested":
-            current -= int(event["size"])
+        current += allocated_delta(event)
         totals.append(current)
-        last = _time(event) or last
+        last = event_time(event) or last
         times.append(last)
     return totals, times
-
-
-def _free_events(trace: Sequence[Mapping[str, Any]]) -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    for i, event in enumerate(trace):
-        if event.get("action") == "free_requested":
-            out.setdefault(int(event.get("addr", 0)), []).append(i)
-    return out
-
-
-def _next_free(frees: Mapping[int, list[int]], addr: int, after: int) -> int | None:
-    found = frees.get(addr) or []
-    i = bisect.bisect_right(found, after)
-    return found[i] if i < len(found) else None
 
 
 def _live_last_use(snapshot: Mapping[str, Any], device: int) -> dict[int, int]:

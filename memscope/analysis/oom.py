@@ -25,11 +25,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from memscope.analysis.static_comparison import StaticEstimate
+from memscope.analysis.step_transitions import EXPANDABLE_SEGMENTS
 from memscope.events.schema import OOM, CompositionItem, MemoryEvent
 
 #: Steps whose peaks are shown before the failure.
 RECENT_STEPS = 10
-EXPANDABLE_SEGMENTS = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 _SIZE = r"([\d.]+) ?(B|KiB|MiB|GiB|TiB|bytes)"
 _REQUESTED = re.compile(r"Tried to allocate " + _SIZE)
