@@ -16,21 +16,15 @@ from memscope.demo.tiny_gpt import TinyGPTConfig
 
 
 def run_in_process(
-    cfg: TinyGPTConfig,
-    steps: int,
-    memscope_argv: list[str] | None,
-    fault: str | None = None,
-    leak_from_step: int | None = None,
-    late_free: bool = False,
+    cfg: TinyGPTConfig, steps: int, memscope_argv: list[str] | None, **plants: Any
 ) -> InstrumentedResult:
-    """One real megatron-core training run in this process (world size 1, gloo), instrumented.
+    """One real megatron-core training run in this process (world size 1, gloo), instrumented
+    (``plants``: the faults and bugs :func:`harness.instrumented_worker` can plant).
     Garbage earlier tests left in reference cycles (tensors held by tracebacks, models) is
     collected first: the storage backend would rightly count it as live until the collector
     runs, which it may do in the middle of the run."""
     gc.collect()
-    return instrumented_worker(
-        0, 1, free_port(), cfg, steps, memscope_argv, fault, leak_from_step, late_free
-    )
+    return instrumented_worker(0, 1, free_port(), cfg, steps, memscope_argv, **plants)
 
 
 def load_json(path: str) -> dict[str, Any]:

@@ -59,7 +59,7 @@ def test_comparisons_hold_this_ranks_static_estimate(traced_run):
 
 def test_failing_estimator_still_writes_the_report_and_says_why(tmp_path, small_cfg):
     result = run_in_process(
-        small_cfg, 2, ["--memscope", "--memscope-outdir", str(tmp_path)], "static_estimator"
+        small_cfg, 2, ["--memscope", "--memscope-outdir", str(tmp_path)], fault="static_estimator"
     )
     report = load_json(result.report_path)
     comp = report["comparisons"]

@@ -205,12 +205,12 @@ def instrumented_worker(
     leak_from_step: int | None = None,
     late_free: bool = False,
 ) -> InstrumentedResult:
-    """``traced_worker`` with :class:`Instrumentation`; same arguments plus ``fault`` and
-    ``leak_from_step``.
+    """``traced_worker`` with :class:`Instrumentation`; same arguments plus what to plant.
 
     ``fault`` (one of :data:`FAULTS`) injects an error inside MemScope to show training is
-    unaffected; ``leak_from_step`` plants a leak in the model (see
-    :meth:`Instrumentation._plant_leak`). Picklable by reference, so it runs under ``spawn``.
+    unaffected; ``leak_from_step`` and ``late_free`` plant memory bugs in the model (see
+    :meth:`Instrumentation._plant_leak`, :meth:`Instrumentation._plant_late_free`).
+    Picklable by reference, so it runs under ``spawn``.
     """
     observer = Instrumentation(fault, leak_from_step, cfg.num_microbatches, late_free)
     result = traced_worker(rank, world_size, port, cfg, steps, memscope_argv, observer)
