@@ -102,11 +102,42 @@ def test_a_planted_leak_is_flagged_within_three_steps_with_its_size(tmp_path, sm
     assert suspect["module"] == "decoder.layers.0.mlp.linear_fc2"
     assert (suspect["phase"], suspect["microbatch"]) == ("forward", 0)
     assert suspect["birth_steps"] == [2, 3, 4] and suspect["bytes_per_step"] == leaked
+    assert "stack" not in suspect  # stacks cost a frame walk per allocation: only when asked
     text = (tmp_path / "rank00000" / "runtime_report.md").read_text()
     assert "suspect `decoder.layers.0.mlp.linear_fc2` (forward, microbatch 0)" in text
     kinds = {t["step"]: t for t in section["transitions"]}
     assert all(kinds[s]["category_deltas"] == {"activations": leaked} for s in (2, 3, 4, 5))
     assert "activations grew most" in kinds[2]["cause"]
+
+
+@pytest.mark.integration
+def test_deep_mode_names_the_python_frames_that_created_a_leak_suspect(tmp_path, small_cfg):
+    history = ["--memscope-enable-memory-snapshot", "--memscope-snapshot-steps", "6"]
+    argv = ["--memscope", "--memscope-outdir", str(tmp_path), *history]
+    argv += ["--memscope-snapshot-stacks", "python"]
+    result = run_in_process(small_cfg, 6, argv, leak_from_step=2)
+    (leak,) = load_json(result.report_path)["step_transitions"]["leaks"]
+    (suspect,) = leak["suspects"]
+    stack = suspect["stack"]
+    # innermost first: megatron-core's row-parallel linear made the tensor, called from its
+    # MLP's forward; torch's and MemScope's own frames are left out
+    assert "megatron/core/tensor_parallel/layers.py" in stack[0]
+    assert any("megatron/core/transformer/mlp.py" in f and " in forward" in f for f in stack)
+    assert not any("/torch/" in f or "/memscope/capture/" in f for f in stack)
+    text = (tmp_path / "rank00000" / "runtime_report.md").read_text()
+    assert f"    - at `{stack[0]}`" in text
+    # the recorded history carries the same frames after MemScope's label frame
+    (pickle_path,) = (tmp_path / "rank00000").glob("memory_snapshot_steps*.pickle")
+    import pickle
+
+    snapshot = pickle.loads(pickle_path.read_bytes())
+    framed = [e["frames"] for e in snapshot["device_traces"][0] if e["action"] == "alloc"]
+    assert any(
+        f[0]["filename"] == "memscope"
+        and f"{f[1]['filename']}:{f[1]['line']} in {f[1]['name']}" == stack[0]
+        for f in framed
+        if len(f) > 1
+    )
 
 
 def test_markdown_and_the_page_payload_show_the_leak_and_the_changes():

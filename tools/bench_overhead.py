@@ -15,6 +15,8 @@ The "on" configurations, chosen with ``--modes`` (default: all of them):
 * ``storage``: the composition mode, backend ``storage`` (exact per-storage ledger).
 * ``deep``: backend ``storage`` recording the allocation history on every rank over the timed
   steps (``--memscope-enable-memory-snapshot``; the history is dumped in the last timed step).
+* ``deep-stacks``: ``deep`` with each storage's Python creation stack recorded
+  (``--memscope-snapshot-stacks python``), which names leak suspects' code.
 
 Each mode keeps every other setting at its default.  A mode whose backend is not available
 on this machine is skipped with a note (an error when named in ``--modes``).
@@ -92,6 +94,7 @@ MODES: dict[str, tuple[str, str]] = {
     "always-on": ("cuda (always-on)", "cuda"),
     "storage": ("storage (composition)", "storage"),
     "deep": ("storage + allocation history (deep)", "storage"),
+    "deep-stacks": ("deep + Python creation stacks", "storage"),
 }
 MODE_CHOICES = (HOOKS, *MODES)
 
@@ -164,7 +167,9 @@ def build_configs(
     ]
     for mode, (name, mode_backend) in MODES.items():
         if mode in modes:
-            extra = history_argv(warmup, steps, world_size) if mode == "deep" else []
+            extra = history_argv(warmup, steps, world_size) if mode.startswith("deep") else []
+            if mode == "deep-stacks":
+                extra += ["--memscope-snapshot-stacks", "python"]
             configs.append(Config(name, mode, mode_backend, tuple(extra)))
     return configs
 
@@ -393,7 +398,7 @@ def row_notes(rows: list[dict[str, Any]]) -> list[str]:
         used = row["backend_used"]
         if row["mode"] not in (OFF, HOOKS) and used != [row["backend"]]:
             notes.append(f"note: '{row['name']}' asked for backend {row['backend']}, ran {used}")
-        if row["mode"] == "deep" and not row["snapshots"]:
+        if row["mode"].startswith("deep") and not row["snapshots"]:
             notes.append(f"note: '{row['name']}' wrote no allocator snapshot")
     return notes
 

@@ -238,18 +238,20 @@ def leak_suspects(survivors: Sequence[Survivor], limit: int = MAX_SUSPECTS) -> l
     for (phase, module, microbatch, chunk), items in groups.items():
         total = sum(i.nbytes for i in items)
         births = sorted({i.birth_step for i in items})
-        out.append(
-            {
-                "module": module,
-                "phase": phase,
-                "microbatch": microbatch,
-                "virtual_chunk": chunk,
-                "birth_steps": births,
-                "bytes": total,
-                "bytes_per_step": total // len(births),
-                "count": sum(i.count for i in items),
-            }
-        )
+        suspect: dict[str, Any] = {
+            "module": module,
+            "phase": phase,
+            "microbatch": microbatch,
+            "virtual_chunk": chunk,
+            "birth_steps": births,
+            "bytes": total,
+            "bytes_per_step": total // len(births),
+            "count": sum(i.count for i in items),
+        }
+        with_stack = [i for i in items if i.stack]
+        if with_stack:  # where in the code: the frames of its largest recorded storage
+            suspect["stack"] = list(max(with_stack, key=lambda i: i.nbytes).stack)
+        out.append(suspect)
     return sorted(out, key=lambda d: -int(d["bytes"]))[:limit]
 
 

@@ -154,7 +154,7 @@ class LedgerSnapshotController(SnapshotController):
         self.backend = backend
 
     def _begin(self) -> None:
-        self.backend.start_history(self.max_entries)
+        self.backend.start_history(self.max_entries, stacks=self.stacks != "none")
 
     def _take(self) -> dict[str, Any]:
         snapshot: dict[str, Any] = self.backend.history_snapshot()

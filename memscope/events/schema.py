@@ -404,7 +404,9 @@ class IdleFinding:
 @dataclass(frozen=True, slots=True)
 class Survivor:
     """Bytes allocated in one context and step that are still live steps later (what a leak
-    is made of): the creation context, the step they were born in, how many storages."""
+    is made of): the creation context, the step they were born in, how many storages, and
+    (when the history recorded stacks) the Python frames that created the largest of them,
+    innermost first, each ``file:line in function``."""
 
     phase: str
     module: str
@@ -413,9 +415,10 @@ class Survivor:
     birth_step: int
     nbytes: int
     count: int
+    stack: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "phase": self.phase,
             "module": self.module,
             "microbatch": self.microbatch,
@@ -424,6 +427,9 @@ class Survivor:
             "bytes": self.nbytes,
             "count": self.count,
         }
+        if self.stack:
+            out["stack"] = list(self.stack)
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Survivor:
@@ -435,6 +441,7 @@ class Survivor:
             int(d["birth_step"]),
             int(d["bytes"]),
             int(d["count"]),
+            tuple(str(f) for f in d.get("stack") or ()),
         )
 
 

@@ -14,6 +14,8 @@ from typing import Any
 from memscope.units import format_bytes, format_ratio, printable
 
 _MD_SPECIAL = re.compile(r"([\\`*\[\]<>&])")
+# Frames of a leak suspect's creation stack listed (innermost first; the JSON has them all).
+SHOWN_FRAMES = 4
 
 
 def md_text(value: object) -> str:
@@ -209,6 +211,8 @@ def _transition_lines(section: dict[str, Any] | None, max_rows: int) -> list[str
                 f"{format_bytes(s['bytes_per_step'])} per step born in steps "
                 f"{t(', '.join(str(b) for b in s['birth_steps']))}, still live"
             )
+            frames = (s.get("stack") or [])[:SHOWN_FRAMES]
+            lines += [f"    - at {md_code(frame)}" for frame in frames]
     if section.get("leaks"):
         lines.append("")
     lines += _table(

@@ -35,6 +35,7 @@ from memscope.capture.backends.base import (
 )
 from memscope.capture.backends.registry import BackendSpec, register_backend
 from memscope.capture.dispatch_stack import remove_dispatch_mode
+from memscope.capture.python_stack import Frame, caller_frames, format_frame
 from memscope.events.schema import (
     CAT_ACTIVATIONS,
     CAT_OTHER,
@@ -89,7 +90,17 @@ class _Entry(weakref.ref):
     """A ledger entry: a weak reference to a live storage, its size, category and the
     context (an index into the ledger's context table) it was created in."""
 
-    __slots__ = ("addr", "born", "category", "context", "key", "last_use", "nbytes", "saved")
+    __slots__ = (
+        "addr",
+        "born",
+        "category",
+        "context",
+        "key",
+        "last_use",
+        "nbytes",
+        "saved",
+        "stack",
+    )
     key: int
     nbytes: int
     category: int
@@ -98,6 +109,7 @@ class _Entry(weakref.ref):
     saved: bool  # autograd saved it for backward (else a temporary, as far as seen)
     born: int  # the training step it was created in (-1: before the first)
     last_use: int  # when an op last read it (µs since the epoch; 0: not seen), with history on
+    stack: int  # the Python frames that created it (index into the ledger's stack table; 0: none)
 
     def __new__(
         cls, storage: Any, callback: Any, key: int, nbytes: int, category: int, context: int
@@ -108,6 +120,7 @@ class _Entry(weakref.ref):
         self.saved = False
         self.born = -1
         self.last_use = 0
+        self.stack = 0
         return self
 
     def __init__(
@@ -233,6 +246,10 @@ class StorageLedgerBackend(MemoryBackend):
         # allocation history in the CUDA snapshot's trace format (start_history), oldest
         # entries dropped past the limit as the allocator's ring does
         self._history: collections.deque[dict[str, Any]] | None = None
+        # with stacks asked for, the Python frames creating each storage, interned
+        self._record_stacks = False
+        self._stacks: dict[tuple[Frame, ...], int] = {(): 0}
+        self._stack_list: list[tuple[Frame, ...]] = [()]
         self.error: str | None = None
         self._lock = threading.RLock()
         self._live: dict[int, _Entry] = {}  # id(storage) -> entry
@@ -422,6 +439,8 @@ class StorageLedgerBackend(MemoryBackend):
         context = self._context_id
         entry = self._live[key] = _Entry(storage, self._release, key, nbytes, category, context)
         entry.born = self._step
+        if self._record_stacks:
+            entry.stack = self._stack_id(caller_frames())
         self.storages_seen += 1
         if self._history is not None:
             entry.addr = storage.data_ptr()
@@ -492,10 +511,12 @@ class StorageLedgerBackend(MemoryBackend):
                 if entry is not None:
                     entry.last_use = now
 
-    def start_history(self, max_entries: int) -> None:
-        """Log every allocation and free from now on (the last ``max_entries`` kept)."""
+    def start_history(self, max_entries: int, stacks: bool = False) -> None:
+        """Log every allocation and free from now on (the last ``max_entries`` kept); with
+        ``stacks``, each storage created from now on also remembers its Python frames."""
         with self._lock:
             self._history = collections.deque(maxlen=max(1, max_entries))
+            self._record_stacks = stacks
             for entry in self._live.values():  # live now: known by address for the frees
                 storage = entry()
                 if storage is not None:
@@ -504,6 +525,14 @@ class StorageLedgerBackend(MemoryBackend):
     def stop_history(self) -> None:
         with self._lock:
             self._history = None
+            self._record_stacks = False
+
+    def _stack_id(self, frames: tuple[Frame, ...]) -> int:
+        found = self._stacks.get(frames)
+        if found is None:
+            found = self._stacks[frames] = len(self._stack_list)
+            self._stack_list.append(frames)
+        return found
 
     def history_snapshot(self) -> dict[str, Any]:
         """The history and the live storages as a CUDA allocator snapshot would hold them
@@ -514,7 +543,8 @@ class StorageLedgerBackend(MemoryBackend):
         with self._lock:
             trace = [dict(e) for e in self._history or ()]
             live = [
-                (e.addr, e.nbytes, e.category, e.context, e.last_use) for e in self._live.values()
+                (e.addr, e.nbytes, e.category, e.context, e.last_use, e.stack)
+                for e in self._live.values()
             ]
         segments = [
             {
@@ -536,17 +566,17 @@ class StorageLedgerBackend(MemoryBackend):
                         "requested_size": size,
                         "state": "active_allocated",
                         "category": CATEGORIES[category],
-                        "frames": self._frames(context),
+                        "frames": self._frames(context, stack),
                         "last_use_us": last_use or None,
                     }
                 ],
             }
-            for addr, size, category, context, last_use in live
+            for addr, size, category, context, last_use, stack in live
             if addr
         ]
         return {"segments": segments, "device_traces": [trace], "allocator_settings": {}}
 
-    def _frames(self, context: int) -> list[dict[str, Any]]:
+    def _frames(self, context: int, stack: int = 0) -> list[dict[str, Any]]:
         phase, module, microbatch, chunk = self._context_list[context]
         where = " ".join(
             str(x)
@@ -558,7 +588,8 @@ class StorageLedgerBackend(MemoryBackend):
             )
             if x is not None
         )
-        return [{"filename": "memscope", "line": 0, "name": where}]
+        own = [{"filename": f, "line": n, "name": fn} for f, n, fn in self._stack_list[stack]]
+        return [{"filename": "memscope", "line": 0, "name": where}, *own]
 
     def _log(self, action: str, entry: _Entry) -> None:
         assert self._history is not None
@@ -570,7 +601,7 @@ class StorageLedgerBackend(MemoryBackend):
                 "stream": 0,
                 "time_us": time.time_ns() // 1000,
                 "category": FREE_CATEGORY if action != "alloc" else CATEGORIES[entry.category],
-                "frames": self._frames(entry.context),
+                "frames": self._frames(entry.context, entry.stack),
                 **({"last_use_us": entry.last_use or None} if action == "free_requested" else {}),
             }
         )
@@ -632,19 +663,24 @@ class StorageLedgerBackend(MemoryBackend):
 
     def survivors(self, born_from: int, born_until: int) -> tuple[Survivor, ...] | None:
         """Live activations and other storages born in steps ``born_from..born_until``, by
-        creation context and step: the :data:`SURVIVOR_ITEMS` largest groups."""
+        creation context and step: the :data:`SURVIVOR_ITEMS` largest groups, each with the
+        Python stack of its largest storage when stacks were recorded at its birth."""
+        # (context, born) -> [bytes, count, largest storage's bytes, its stack]
         groups: dict[tuple[int, int], list[int]] = {}
         with self._lock:
             for entry in self._live.values():
                 if born_from <= entry.born <= born_until and entry.category in _TRANSIENT:
-                    found = groups.setdefault((entry.context, entry.born), [0, 0])
+                    found = groups.setdefault((entry.context, entry.born), [0, 0, -1, 0])
                     found[0] += entry.nbytes
                     found[1] += 1
+                    if entry.nbytes > found[2]:
+                        found[2], found[3] = entry.nbytes, entry.stack
         largest = sorted(groups.items(), key=lambda kv: -kv[1][0])[:SURVIVOR_ITEMS]
         out = []
-        for (context, born), (nbytes, count) in largest:
+        for (context, born), (nbytes, count, _, stack) in largest:
             phase, module, microbatch, chunk = self._context_list[context]
-            out.append(Survivor(phase, module, microbatch, chunk, born, nbytes, count))
+            frames = tuple(format_frame(f) for f in self._stack_list[stack])
+            out.append(Survivor(phase, module, microbatch, chunk, born, nbytes, count, frames))
         return tuple(out)
 
     def live_bytes_by_category(self) -> dict[str, int]:
