@@ -67,6 +67,20 @@ def test_two_steps_of_one_run_differ_by_what_leaked_between_them(runs, tmp_path,
     assert steps["categories_end"]["activations"]["delta"] == 2 * _leaked(small_cfg)
     assert steps["categories_end"]["optimizer_state"]["delta"] == 0
     assert pair["diff"]["peak"]["moved"]["step"] == [1, 3]
+    # each hooked step keeps its own peak's composition: step 3's holds two more leaked MLP
+    # outputs than step 1's, and the rows add up to the difference of the two steps' peaks
+    composition = pair["diff"]["composition"]
+    assert composition["available"]
+    top = max(composition["rows"], key=lambda r: r["delta_bytes"])
+    assert (top["category"], top["module"], top["microbatch"], top["delta_bytes"]) == (
+        "activations", "decoder.layers.0.mlp.linear_fc2", 0, 2 * _leaked(small_cfg))  # fmt: skip
+    peak = pair["diff"]["peak"]
+    assert sum(r["delta_bytes"] for r in composition["rows"]) == peak["delta_bytes"]
+    report = load_json(str(leak / "runtime_report.json"))
+    kept = {c["step"]: c for c in report["step_compositions"]}
+    assert sorted(kept) == list(range(STEPS))
+    assert all(sum(i["bytes"] for i in c["items"]) == c["peak_bytes"] for c in kept.values())
+    assert [kept[s]["peak_bytes"] for s in kept] == [r["peak_allocated"] for r in report["steps"]]
 
 
 def test_job_directories_are_paired_by_rank(runs, tmp_path, capsys):

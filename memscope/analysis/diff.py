@@ -29,8 +29,12 @@ _STEP_TOTALS = ("allocated_start", "allocated_end", "peak_allocated", "reserved_
 def _composition(report: Mapping[str, Any]) -> dict[tuple[str, str, int | None], int]:
     peak = report.get("peak") or {}
     comp = peak.get("composition") or (report.get("allocator_timeline") or {}).get("composition")
+    return _by_key((comp or {}).get("items") or [])
+
+
+def _by_key(items: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str, int | None], int]:
     out: dict[tuple[str, str, int | None], int] = {}
-    for item in (comp or {}).get("items") or []:
+    for item in items:
         key = (str(item["category"]), str(item["module"]), item.get("microbatch"))
         out[key] = out.get(key, 0) + int(item["bytes"])
     return out
@@ -83,9 +87,14 @@ def _step_row(report: Mapping[str, Any], step: int) -> Mapping[str, Any]:
 def _step_peak(
     report: Mapping[str, Any], step: int
 ) -> tuple[dict[str, Any], dict[tuple[str, str, int | None], int]]:
-    """A step's peak (bytes and phase) and, when the run's peak is in that step, what was
-    live there (a report holds the composition of its peak only)."""
+    """A step's peak (bytes and phase) and what was live there: the step's own composition
+    (``step_compositions``, kept for hooked steps), else the run's when its peak is in that
+    step."""
     row = _step_row(report, step)
+    for kept in report.get("step_compositions") or []:
+        if kept.get("step") == step and kept.get("items"):
+            moment = {k: kept.get(k) for k in _MOMENT}
+            return {"memory_bytes": kept.get("peak_bytes"), **moment}, _by_key(kept["items"])
     peak = report.get("peak") or {}
     here = peak.get("step") == step and peak.get("memory_bytes") == row.get("peak_allocated")
     moment = {k: peak.get(k) for k in _MOMENT} if here else {"step": step,
@@ -135,8 +144,8 @@ def diff_reports(
             "available": bool(comp_a) and bool(comp_b),
             "reason": ""
             if comp_a and comp_b
-            else "a report holds what was live at its run's peak only, and a step other than "
-            "the peak's has none"
+            else "this step's composition is not in the report: it is kept for the first "
+            "and latest hooked steps (storage backend), and for the run's peak"
             if stepped
             else "what was live at the peak is recorded by the storage backend, or by "
             "allocator history over the peak step",

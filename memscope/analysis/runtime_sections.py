@@ -9,6 +9,7 @@ from memscope.analysis.oom import OomAnalyzer
 from memscope.analysis.peak import PeakAnalyzer
 from memscope.analysis.phases import PhaseAnalyzer
 from memscope.analysis.static_comparison import StaticComparisonAnalyzer, StaticEstimate
+from memscope.analysis.step_compositions import StepCompositionAnalyzer
 from memscope.analysis.step_transitions import StepTransitionAnalyzer
 from memscope.analysis.steps import StepAnalyzer
 from memscope.analysis.timeline import AllocatorTimelineAnalyzer
@@ -22,6 +23,7 @@ RUNTIME_SECTIONS = (
     "module_summary",
     "steps",
     "step_transitions",
+    "step_compositions",
     "comparisons",
     "oom",
 )
@@ -37,6 +39,7 @@ def runtime_analyzers(top_k: int, static: StaticEstimate) -> list[Analyzer]:
         ModuleAnalyzer(),
         StepAnalyzer(),
         StepTransitionAnalyzer(),
+        StepCompositionAnalyzer(),
         StaticComparisonAnalyzer(static),
         OomAnalyzer(static),
     ]

@@ -97,6 +97,7 @@ class MemoryTracer:
         self._peak_context = caps.peak_context
         self._shapes = config.record_tensor_shapes
         self._composed_peak = -1
+        self._step_hooked = False  # the running step records module/grad events
         self._step_started = self._phase_started = 0.0  # seconds since tracing started
         self._first_step: int | None = None  # the first traced step
         #: The training-loop region running outside every module (see :meth:`enter_region`).
@@ -378,10 +379,12 @@ class MemoryTracer:
         if self._peak_context:
             extra["peak_context"] = self.backend.peak_context()
             extra["peak_categories"] = self.backend.peak_categories()
-            if after.peak_allocated > self._composed_peak:
-                # only a new high of the run carries its composition (the report's peak is
-                # the highest; this keeps trace.jsonl small over long runs)
-                self._composed_peak = after.peak_allocated
+            new_high = after.peak_allocated > self._composed_peak
+            if new_high or (phase == s.PHASE_STEP and self._step_hooked):
+                # a new high of the run carries its composition (the report's peak is the
+                # highest), and so does each hooked step's end (its own peak, for step
+                # diffs); other steps' do not, which keeps trace.jsonl small over long runs
+                self._composed_peak = max(self._composed_peak, after.peak_allocated)
                 extra["peak_composition"] = self.backend.peak_composition()
         self._emit(
             s.STEP_PHASE,
@@ -408,6 +411,7 @@ class MemoryTracer:
             self.config.hook_steps == 0 or self.hooked_steps < self.config.hook_steps
         )
         self.hooked_steps += self.in_window
+        self._step_hooked = self.in_window
         self._microbatches.clear()
         self.current_microbatch = None
         self._backward_microbatch = None

@@ -70,6 +70,7 @@ def build_runtime_report(inputs: RuntimeReportInputs) -> dict[str, Any]:
         "module_summary": sections["module_summary"],
         "steps": sections["steps"],
         "step_transitions": sections.get("step_transitions"),
+        "step_compositions": sections.get("step_compositions"),
         "trace": inputs.trace_info,
         "errors": inputs.errors,
         "warnings": inputs.warnings,
