@@ -174,6 +174,18 @@ class RuntimeConfig:
         "setting fits, on CPU); 0: no limit",
         metavar="MIB",
     )
+    job_summary: bool = setting(
+        True,
+        "At the end (and at an OOM or crash), send this rank's summary to the lowest traced "
+        "rank through torch.distributed's store; that rank writes OUTDIR/job_summary.json "
+        "(no shared file system needed; no collective, so a dead rank cannot hang the others)",
+    )
+    job_summary_timeout: float = setting(
+        60.0,
+        "Seconds the rank writing job_summary.json waits for the other ranks' summaries; "
+        "those not in by then are named as missing",
+        metavar="SECONDS",
+    )
     # RUF009 waived on list fields: setting() returns a field with a default_factory.
     ranks: list[int] | None = setting(None, "Ranks to trace", shown_default="all", metavar="RANK")  # noqa: RUF009
     step_start: int = setting(0, "First step whose module/grad events are recorded")
@@ -247,6 +259,10 @@ class RuntimeConfig:
         if not self.storage_capacity_mib >= 0:
             raise ValueError(
                 f"memscope storage_capacity_mib must be >= 0, got {self.storage_capacity_mib}"
+            )
+        if not self.job_summary_timeout >= 0:
+            raise ValueError(
+                f"memscope job_summary_timeout must be >= 0, got {self.job_summary_timeout}"
             )
         if self.step_start < 0:
             raise ValueError(f"memscope step_start must be >= 0, got {self.step_start}")

@@ -113,3 +113,28 @@ def test_markup_in_names_reaches_plotly_as_text(tmp_path, traced_run):
     shown = dom.split('id="memscope-data"')[0]
     assert "&lt;a href=" in shown  # the legend label is the name as text
     assert not re.search(r"<a[\s>]", shown) and "<b>bold" not in shown  # no link, no bold
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None, reason="no chromium binary (.ci/run installs Debian chromium)"
+)
+def test_job_page_explains_stages_and_draws_the_rank_grid(tmp_path, traced_run):
+    _, report, _ = traced_run
+    entries = []
+    for rank in range(4):  # a PP=2 x DP=2 job made of the real report, stage 0 heavier
+        meta = dict(report["metadata"], pp_rank=rank // 2, dp_rank=rank % 2, tp_rank=0)
+        extra = 4096 if rank // 2 == 0 else 0
+        categories = dict(report["peak"]["categories"])
+        categories["activations"] += extra
+        peak = dict(report["peak"], memory_bytes=report["peak"]["memory_bytes"] + extra,
+                    categories=categories)  # fmt: skip
+        entries.append(RankEntry(rank, dict(report, metadata=meta, peak=peak, world_size=4)))
+    payload = job_payload(summarize_job(entries), rank_steps(entries))
+    assert payload["imbalance_by_term"]["sentence"].startswith("stage 0 (rank 0) peaks 4.00 KiB")
+    page = tmp_path / "job.html"
+    page.write_text(render_job_html(payload), encoding="utf-8")
+    res = _dump_dom(tmp_path, page)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "<th>in flight: measured / predicted</th>" in res.stdout
+    assert payload["imbalance_by_term"]["sentence"] in res.stdout
+    assert 'class="hm' in res.stdout or "heatmaplayer" in res.stdout  # the grid was drawn

@@ -209,6 +209,10 @@ def test_job_summary_is_plain_and_needs_no_reporter():
             "tightest_headroom": None,
             "ranks_with_headroom": 0,
         },
+        "stages": [],
+        "imbalance_by_term": {},
+        "outliers": [],
+        "grid": {"stages": [], "columns": [], "cells": []},
         "runs": [],
         "runs_warning": "",
     }

@@ -97,6 +97,11 @@ def test_each_rank_has_its_own_peak_composition(fixture, request):
             for r in reports
         ]  # fmt: skip
         assert len(flight[0]) > len(flight[1])
+        # and as many as Megatron's 1F1B arithmetic predicts for each stage (4 microbatches:
+        # stage 0 holds 2, the last stage 1)
+        counts = [r["comparisons"]["in_flight"] for r in reports]
+        assert [c["predicted"] for c in counts] == [2, 1]
+        assert [c["measured"]["microbatches"] for c in counts] == [2, 1]
 
 
 def test_tp2_shards_parameters_and_labels_ranks(tp2):
@@ -151,6 +156,9 @@ def test_interleaved_pipeline_hooks_every_virtual_chunk(tmp_path_factory):
             if i["category"] == "activations" and i["module"].startswith("chunk")
         }
         assert chunks == {0, 1}
+        # the interleaved schedule's (chunk-)microbatches in flight at the peak, as predicted
+        in_flight = report["comparisons"]["in_flight"]
+        assert in_flight["measured"]["microbatches"] == in_flight["predicted"] > 1
 
 
 def test_failing_output_grad_hooks_do_not_change_pipeline_training(tmp_path_factory, pp2):

@@ -10,9 +10,25 @@ per-rank step series is the reporters'.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from memscope.analysis.cross_rank import explain_job
+from memscope.downsample import downsample_indices
+
+#: What the job view keeps of a rank's runtime report (its events and tables are dropped):
+#: a rank summary, as a job directory's reports give it or as ranks exchange it in-run.
+SUMMARY_KEYS = ("schema_version", "report_type", "rank", "world_size", "status", "status_reason",
+                "metadata", "peak", "comparisons", "steps", "oom")  # fmt: skip
+#: Step rows a rank summary keeps (min/max per bucket of the per-step peak, the peak kept),
+#: and the columns of each.
+SUMMARY_STEPS = 64
+SUMMARY_STEP_KEYS = ("step", "allocated_start", "allocated_end", "reserved_end",
+                     "peak_allocated", "peak_reserved", "peak_phase")  # fmt: skip
+#: Items of the peak's composition a rank summary keeps (the largest; per-category totals
+#: stay in ``peak.categories``).
+SUMMARY_ITEMS = 16
 
 
 @dataclass
@@ -22,6 +38,34 @@ class RankEntry:
     rank: int
     report: dict[str, Any] | None
     problem: str = ""
+
+
+def rank_summary(report: Mapping[str, Any], max_steps: int = SUMMARY_STEPS) -> dict[str, Any]:
+    """What the job view needs of one rank's report, small enough to send between ranks:
+    :data:`SUMMARY_KEYS`, with the step rows thinned to ``max_steps`` (``steps_total`` says
+    how many there were) and to :data:`SUMMARY_STEP_KEYS`, and the peak's composition to its
+    :data:`SUMMARY_ITEMS` largest items (``items_total``)."""
+    out = {k: report[k] for k in SUMMARY_KEYS if k in report}
+    peak = out.get("peak")
+    if isinstance(peak, dict) and isinstance(peak.get("composition"), dict):
+        composition = peak["composition"]
+        items = composition.get("items")
+        if isinstance(items, list) and len(items) > SUMMARY_ITEMS:
+            kept = {**composition, "items": items[:SUMMARY_ITEMS], "items_total": len(items)}
+            out["peak"] = {**peak, "composition": kept}
+    steps = report.get("steps")
+    if isinstance(steps, list) and all(isinstance(row, dict) for row in steps):
+        if len(steps) > max_steps:
+            peaks = [_number(row.get("peak_allocated")) for row in steps]
+            out["steps_total"] = len(steps)
+            steps = [steps[i] for i in downsample_indices(peaks, max_steps)]
+        out["steps"] = [{k: row[k] for k in SUMMARY_STEP_KEYS if k in row} for row in steps]
+    return out
+
+
+def _number(value: Any) -> float:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    return float(value) if ok else 0.0
 
 
 def _count(value: Any) -> int | None:
@@ -47,6 +91,7 @@ def rank_row(rank: int, report: dict[str, Any]) -> dict[str, Any]:
     """One rank's line: status, parallel coordinates, peak and where, static estimate."""
     meta, peak = report.get("metadata") or {}, report.get("peak") or {}
     comp = report.get("comparisons") or {}
+    in_flight = comp.get("in_flight") or {}
     return {
         "rank": rank,
         "run_id": meta.get("run_id"),
@@ -55,6 +100,8 @@ def rank_row(rank: int, report: dict[str, Any]) -> dict[str, Any]:
         "tp_rank": meta.get("tp_rank"),
         "pp_rank": meta.get("pp_rank"),
         "dp_rank": meta.get("dp_rank"),
+        "cp_rank": meta.get("cp_rank"),
+        "ep_rank": meta.get("ep_rank"),
         "peak_allocated": peak.get("memory_bytes"),
         "peak_reserved": peak.get("reserved_bytes"),
         "peak_step": peak.get("step"),
@@ -63,6 +110,9 @@ def rank_row(rank: int, report: dict[str, Any]) -> dict[str, Any]:
         "static_peak": comp.get("static_peak_memory_bytes"),
         "static_diff": comp.get("peak_diff_bytes"),
         "static_ratio": comp.get("peak_diff_ratio"),
+        "terms": peak.get("categories"),
+        "in_flight_measured": (in_flight.get("measured") or {}).get("microbatches"),
+        "in_flight_predicted": in_flight.get("predicted"),
         **_oom_and_headroom(report),
     }
 
@@ -175,6 +225,7 @@ def summarize_job(entries: Sequence[RankEntry]) -> dict[str, Any]:
         "incomplete": sum(row["status"] not in ("complete", "missing") for row in rows),
         "imbalance": imbalance(rows),
         "oom": oom_summary(rows),
+        **explain_job(rows),
         "runs": runs,
         "runs_warning": warning,
     }

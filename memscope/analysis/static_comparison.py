@@ -36,10 +36,29 @@ def _diff(static: int | None, runtime: int | None) -> tuple[int | None, float | 
     return diff, (diff / runtime if runtime else None)
 
 
+def measured_in_flight(composition: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """(Chunk-)microbatches whose saved activations were live at the peak, from its
+    composition: how many, and the bytes of each (by ``chunk:microbatch``). ``None`` without a
+    composition that names microbatches."""
+    per: dict[str, int] = {}
+    for item in (composition or {}).get("items") or []:
+        if item.get("category") != "activations" or item.get("microbatch") is None:
+            continue
+        if item.get("saved") is False:  # a temporary of the running op, not a kept tensor
+            continue
+        chunk = item.get("virtual_chunk")
+        key = f"{0 if chunk is None else chunk}:{item['microbatch']}"
+        per[key] = per.get(key, 0) + int(item.get("bytes") or 0)
+    if not per:
+        return None
+    return {"microbatches": len(per), "bytes_by_microbatch": dict(sorted(per.items()))}
+
+
 def compare_with_static(
     runtime_peak_bytes: int,
     runtime_categories: Mapping[str, int] | None,
     static: StaticEstimate,
+    in_flight: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``comparisons`` section; ``diff = static - runtime`` (positive: overestimate).
 
@@ -78,6 +97,11 @@ def compare_with_static(
         )
     return {
         "status": "ok",
+        "in_flight": {
+            "predicted": estimate.get("in_flight_microbatches"),
+            "predicted_per_chunk": estimate.get("in_flight_per_chunk") or None,
+            "measured": in_flight,
+        },
         "static_peak_memory_bytes": static_peak,
         "runtime_peak_memory_bytes": runtime_peak_bytes,
         "peak_diff_bytes": diff,
@@ -99,6 +123,9 @@ class StaticComparisonAnalyzer:
     def sections(self, prior: Mapping[str, Any]) -> dict[str, Any]:
         peak = prior.get("peak") or {}
         runtime_peak = int(peak.get("memory_bytes") or 0)
+        in_flight = measured_in_flight(peak.get("composition"))
         return {
-            "comparisons": compare_with_static(runtime_peak, peak.get("categories"), self.static)
+            "comparisons": compare_with_static(
+                runtime_peak, peak.get("categories"), self.static, in_flight
+            )
         }

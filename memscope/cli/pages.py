@@ -12,11 +12,12 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from memscope.analysis.job import RankEntry, rank_steps, summarize_job
+from memscope.analysis.job import RankEntry, rank_steps, rank_summary, summarize_job
 from memscope.cli.common import CliError, check_output, progress, write_output
 from memscope.io.report_reader import ReportError, load_report
 from memscope.reporters.html import render_job_html, render_runtime_html
-from memscope.reporters.html_payload import job_payload, runtime_payload
+from memscope.reporters.html_payload import MAX_POINTS, job_payload, runtime_payload
+from memscope.reporters.job_summary_json import JOB_SUMMARY_JSON, REPORT_TYPE_JOB_SUMMARY
 from memscope.reporters.runtime_json import REPORT_TYPE_RUNTIME
 
 #: A rank folder: ``rank`` and up to 15 digits (a rank JavaScript still holds exactly).
@@ -25,9 +26,6 @@ REPORT_NAME = "runtime_report.json"
 JOB_PAGE_NAME = "job_report.html"
 #: Most rank folders a job directory may hold (more is refused: one line, exit code 2).
 MAX_JOB_RANKS = 100_000
-#: What the job page keeps of each rank's report (the events and tables are dropped).
-JOB_KEYS = ("schema_version", "report_type", "rank", "world_size", "status", "status_reason",
-            "metadata", "peak", "comparisons", "steps", "oom")  # fmt: skip
 _MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError)
 
 
@@ -118,15 +116,56 @@ def job_entries(directory: str) -> list[RankEntry]:
         except ReportError as exc:
             entries.append(RankEntry(rank, None, str(exc)))
             continue
-        report = {k: report[k] for k in JOB_KEYS if k in report}
-        try:  # the same analysis and payload as the page, on this rank alone
-            one = [RankEntry(rank, report)]
-            job_payload(summarize_job(one), rank_steps(one), max_points=16)
-        except _MALFORMED as exc:
-            entries.append(RankEntry(rank, None, f"{name}/{REPORT_NAME}: malformed ({exc})"))
-            continue
-        entries.append(RankEntry(rank, report))
+        summary = rank_summary(report, max_steps=MAX_POINTS)  # no more than a page plots
+        entries.append(_checked_entry(rank, summary, f"{name}/{REPORT_NAME}"))
     return entries
+
+
+def _checked_entry(rank: int, summary: dict[str, Any], where: str) -> RankEntry:
+    """The rank's entry, or one saying why its summary can't be used: the same analysis and
+    payload as the page, on this rank alone, must go through."""
+    try:
+        one = [RankEntry(rank, summary)]
+        job_payload(summarize_job(one), rank_steps(one), max_points=16)
+    except _MALFORMED as exc:
+        return RankEntry(rank, None, f"{where}: malformed ({exc})")
+    return RankEntry(rank, summary)
+
+
+def load_page_input(path: str) -> dict[str, Any]:
+    """A runtime report or a ``job_summary.json``; anything else is a :class:`CliError`."""
+    try:
+        doc = load_report(path)
+    except ReportError as exc:
+        raise CliError(str(exc)) from None
+    kind = doc.get("report_type")
+    if kind not in (REPORT_TYPE_RUNTIME, REPORT_TYPE_JOB_SUMMARY):
+        raise CliError(
+            f"{path}: is a {kind!r:.40} report; visualize-runtime takes a runtime report, a "
+            f"{JOB_SUMMARY_JSON} or a job directory"
+        )
+    return doc
+
+
+def job_summary_entries(doc: dict[str, Any], path: str) -> list[RankEntry]:
+    """One entry per rank of a ``job_summary.json``: its summary, or why it has none."""
+    ranks, missing = doc.get("ranks"), doc.get("missing_ranks")
+    if not isinstance(ranks, list) or not isinstance(missing, list):
+        raise CliError(f"{path}: malformed job summary (ranks and missing_ranks must be lists)")
+    entries = []
+    for i, summary in enumerate(ranks):
+        rank = summary.get("rank") if isinstance(summary, dict) else None
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+            raise CliError(f"{path}: malformed job summary (ranks[{i}] has no valid rank)")
+        entries.append(_checked_entry(rank, summary, f"{path}: rank {rank}"))
+    for i, item in enumerate(missing):
+        rank = item.get("rank") if isinstance(item, dict) else None
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+            raise CliError(f"{path}: malformed job summary (missing_ranks[{i}] has no rank)")
+        entries.append(RankEntry(rank, None, str(item.get("reason") or "no summary")))
+    if len(entries) > MAX_JOB_RANKS:
+        raise CliError(f"{path}: more than {MAX_JOB_RANKS} ranks")
+    return sorted(entries, key=lambda e: e.rank)
 
 
 def job_page_path(directory: str) -> str:

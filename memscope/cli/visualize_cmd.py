@@ -17,10 +17,15 @@ def register(sub: Any) -> None:
         help="make a self-contained HTML page from a runtime report or a job directory",
         description=(
             "Build one self-contained HTML page (works offline) from a runtime_report.json, or "
-            "from a directory of rankNNNNN/ folders for a whole-job view."
+            "a whole-job view from job_summary.json (gathered in-run) or a directory of "
+            "rankNNNNN/ folders."
         ),
     )
-    p.add_argument("--report", required=True, help="runtime_report.json or a job output directory")
+    p.add_argument(
+        "--report",
+        required=True,
+        help="runtime_report.json, job_summary.json, or a job output directory",
+    )
     p.add_argument(
         "--out",
         help="output .html (default: the report's path with .html, or job_report.html in "
@@ -43,9 +48,20 @@ def run(args: argparse.Namespace) -> int:
         progress(f"building the job page from {len(entries)} rank folder(s)")
         out = pages.write_job_page(entries, out, inputs)
     else:
+        doc = pages.load_page_input(args.report)
+        if doc.get("report_type") == pages.REPORT_TYPE_JOB_SUMMARY:
+            out = args.out or os.path.join(
+                os.path.dirname(os.path.abspath(args.report)), pages.JOB_PAGE_NAME
+            )
+            check_output(out, [args.report])
+            entries = pages.job_summary_entries(doc, args.report)
+            progress(f"building the job page from the summaries of {len(entries)} rank(s)")
+            out = pages.write_job_page(entries, out, [args.report])
+            print(printable(out))
+            return 0
         out = args.out or pages.rank_page_path(args.report)
         check_output(out, [args.report])
-        report = pages.load_runtime_report(args.report)
+        report = doc
         events = report.get("runtime_trace")
         if isinstance(events, list) and len(events) > 100_000:
             progress(f"downsampling {len(events)} events")

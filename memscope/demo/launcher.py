@@ -56,11 +56,17 @@ def _spawn_entry(
     results.put((rank, True, out))
 
 
-def spawn(world_size: int, fn: Callable[..., Any], *args: Any, timeout: float = 600.0) -> list[Any]:
+def spawn(
+    world_size: int,
+    fn: Callable[..., Any],
+    *args: Any,
+    timeout: float = 600.0,
+    grace: float = 5.0,
+) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` spawned processes.
 
-    Returns the per-rank results (index = rank).  If a worker raises or dies, the others get a
-    short grace period and are then terminated, and :class:`WorkerError` is raised with every
+    Returns the per-rank results (index = rank).  If a worker raises or dies, the others get
+    ``grace`` seconds and are then terminated, and :class:`WorkerError` is raised with every
     collected traceback.  ``fn``, ``args`` and the results must be picklable.
 
     The workers are one job, as a launcher's ranks are: unless ``MEMSCOPE_RUN_ID`` is set
@@ -106,14 +112,14 @@ def spawn(world_size: int, fn: Callable[..., Any], *args: Any, timeout: float = 
                     if now - dead_since.setdefault(r, now) > 2.0:
                         errors[r] = f"worker exited with code {proc.exitcode} without reporting"
                 if errors and grace_end is None:
-                    grace_end = time.monotonic() + 5.0
+                    grace_end = time.monotonic() + grace
                 continue
             if ok:
                 outputs[rank] = payload
             else:
                 errors[rank] = str(payload)
                 if grace_end is None:
-                    grace_end = time.monotonic() + 5.0
+                    grace_end = time.monotonic() + grace
     finally:
         for proc in procs:
             proc.join(timeout=1.0 if errors else 30.0)

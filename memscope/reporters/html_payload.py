@@ -17,6 +17,8 @@ from memscope.events.schema import HOOK_EVENTS
 MAX_POINTS = 2000  # per plotted series
 MAX_ROWS = 500
 MAX_DETAIL_STEPS = 10
+#: Ranks whose step timeline the job page plots (a chart of thousands of lines helps nobody).
+MAX_TIMELINES = 16
 
 
 def _pick(rows: list[dict[str, Any]], keys: Sequence[str]) -> dict[str, list[Any]]:
@@ -143,9 +145,9 @@ def job_payload(
     max_points: int = MAX_POINTS,
 ) -> dict[str, Any]:
     """The job page from :func:`memscope.analysis.job.summarize_job` and each rank's step rows
-    (:func:`memscope.analysis.job.rank_steps`): the summary as is, plus one downsampled step
-    timeline per rank that has a report."""
-    reported = {row["rank"] for row in summary["ranks"] if row["status"] != "missing"}
+    (:func:`memscope.analysis.job.rank_steps`): the summary as is, plus downsampled step
+    timelines of at most :data:`MAX_TIMELINES` ranks (see :func:`timeline_ranks`)."""
+    plotted = timeline_ranks(summary["ranks"])
     return {
         "kind": "job",
         "world_size": summary["world_size"],
@@ -154,10 +156,40 @@ def job_payload(
         "incomplete": summary["incomplete"],
         "imbalance": summary["imbalance"],
         "oom": summary.get("oom") or {},
+        "stages": summary.get("stages") or [],
+        "imbalance_by_term": summary.get("imbalance_by_term") or {},
+        "outliers": summary.get("outliers") or [],
+        "grid": summary.get("grid") or {},
         "runs_warning": summary.get("runs_warning", ""),
         "timelines": {
             str(rank): _step_series(steps, max_points)
             for rank, steps in sorted(steps_by_rank.items())
-            if rank in reported
+            if rank in plotted
         },
+        "timelines_total": sum(row["status"] != "missing" for row in summary["ranks"]),
     }
+
+
+def timeline_ranks(rows: Sequence[Mapping[str, Any]], limit: int = MAX_TIMELINES) -> set[int]:
+    """The ranks worth a line: every rank with a report when they are few; else those that
+    failed, then the highest peak of each pipeline stage, then the highest peaks overall."""
+    reported = [r for r in rows if r.get("status") != "missing"]
+    if len(reported) <= limit:
+        return {int(r["rank"]) for r in reported}
+
+    def peak(row: Mapping[str, Any]) -> float:
+        value = row.get("peak_allocated")
+        return float(value) if isinstance(value, int | float) else -1.0
+
+    by_peak = sorted(reported, key=lambda r: (-peak(r), r["rank"]))
+    failed = [r for r in by_peak if r.get("status") in ("oom", "crashed")]
+    stage_max: dict[Any, Mapping[str, Any]] = {}
+    for row in by_peak:
+        stage_max.setdefault(row.get("pp_rank"), row)
+    chosen: list[int] = []
+    for row in (*failed, *stage_max.values(), *by_peak):
+        if len(chosen) == limit:
+            break
+        if row["rank"] not in chosen:
+            chosen.append(int(row["rank"]))
+    return set(chosen)

@@ -43,6 +43,7 @@ import torch
 
 from memscope._version import __version__
 from memscope.analysis.base import Analyzer, build_sections
+from memscope.analysis.job import rank_summary
 from memscope.analysis.runtime_sections import runtime_analyzers
 from memscope.analysis.static_comparison import StaticEstimate
 from memscope.analysis.steps import StepAnalyzer
@@ -68,6 +69,7 @@ from memscope.io.atomic import atomic_write_json, atomic_write_text
 from memscope.reporters.markdown import render_runtime_markdown
 from memscope.reporters.runtime_json import RuntimeReportInputs, build_runtime_report
 from memscope.session.crash_guard import CrashGuard
+from memscope.session.job_exchange import share_job_summary
 from memscope.session.report_assembly import runtime_metadata, trace_info
 from memscope.session.run_identity import (
     claim_rank_dir,
@@ -163,6 +165,9 @@ class TracingSession:
         self.warnings: list[str] = []
         self.artifacts: dict[str, str] = {}
         self.report_path: str | None = None
+        self.job_summary_path: str | None = None
+        self._summary: dict[str, Any] | None = None  # of the last report written
+        self._job_shared = False
         self.chunks: list[torch.nn.Module] = []
         self.optimizers: list[torch.optim.Optimizer] = []
         self.backend: MemoryBackend | None = None
@@ -474,6 +479,32 @@ class TracingSession:
     def _write_final_report(self) -> None:
         if self.state is SessionState.STOPPING:
             self.write_report()
+            self._share_job_summary()
+
+    def _share_job_summary(self) -> None:
+        """Send this rank's summary towards ``job_summary.json`` (once: at the end, or at the
+        failure that ends the run); a failure is reported once and changes nothing else."""
+        cfg = self.config
+        if not cfg.job_summary or self._summary is None or self._job_shared:
+            return
+        self._job_shared = True
+        world = self.parallel.world_size
+        try:
+            path = share_job_summary(
+                self._summary,
+                rank=self.rank,
+                world_size=world,
+                expected=[r for r in range(world) if cfg.traces_rank(r)],
+                outdir=cfg.outdir,
+                run_id=self.run.run_id,
+                timeout_s=cfg.job_summary_timeout,
+            )
+        except Exception as exc:
+            self._failed("job_summary", exc)
+            return
+        if path is not None:
+            self.job_summary_path = path
+            logger.info("memscope rank %d: wrote %s", self.rank, path)
 
     # -- training-loop callbacks -----------------------------------------------------------
     @_isolated("on_train_step_start")
@@ -550,6 +581,7 @@ class TracingSession:
             if is_oom:
                 self._dump_oom_snapshot()
             self.write_report()
+            self._share_job_summary()
         except Exception as inner:
             logger.warning(
                 "memscope rank %d: could not write the crash report: %s", self.rank, inner
@@ -656,6 +688,7 @@ class TracingSession:
         self._flush_trace()
         try:
             report = self.build_report()
+            self._summary = rank_summary(report)
             path = os.path.join(self.report_dir, REPORT_JSON)
             atomic_write_json(path, report)
             atomic_write_text(

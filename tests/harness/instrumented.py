@@ -10,6 +10,8 @@ MemScope finalized, and, with ``fault``, an error injected inside MemScope.
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -110,6 +112,8 @@ class Instrumentation:
     microbatches: int = 1  # per step (the leak keeps one output per step)
     #: Plant a late free: keep decoder layer 0's output of microbatch 0 until the next step.
     late_free: bool = False
+    #: Kill this process (SIGKILL: no handler, no report) at the first forward of this step.
+    die_at_step: int | None = None
     leaked: list[torch.Tensor] = field(default_factory=list)
     injected: bool = False
     hooks_before: int = 0
@@ -125,6 +129,19 @@ class Instrumentation:
             self._plant_leak(chunks, self.leak_from_step)
         if self.late_free:
             self._plant_late_free(chunks)
+        if self.die_at_step is not None:
+            self._plant_death(chunks, self.die_at_step)
+
+    def _plant_death(self, chunks: list[torch.nn.Module], step: int) -> None:
+        """A rank lost mid-run, as a node failure or the OOM killer would lose it."""
+        calls = [0]
+
+        def die(module: torch.nn.Module, args: Any) -> None:
+            if calls[0] == step * self.microbatches:
+                os.kill(os.getpid(), signal.SIGKILL)
+            calls[0] += 1
+
+        chunks[0].register_forward_pre_hook(die)
 
     def _plant_late_free(self, chunks: list[torch.nn.Module]) -> None:
         """A test-only bug: a layer's output held (e.g. for logging) until the next step, long
@@ -204,15 +221,18 @@ def instrumented_worker(
     fault: str | None = None,
     leak_from_step: int | None = None,
     late_free: bool = False,
+    kill_rank_at_step: tuple[int, int] | None = None,
 ) -> InstrumentedResult:
     """``traced_worker`` with :class:`Instrumentation`; same arguments plus what to plant.
 
     ``fault`` (one of :data:`FAULTS`) injects an error inside MemScope to show training is
     unaffected; ``leak_from_step`` and ``late_free`` plant memory bugs in the model (see
-    :meth:`Instrumentation._plant_leak`, :meth:`Instrumentation._plant_late_free`).
+    :meth:`Instrumentation._plant_leak`, :meth:`Instrumentation._plant_late_free`);
+    ``kill_rank_at_step=(rank, step)`` kills that rank at that step's first forward.
     Picklable by reference, so it runs under ``spawn``.
     """
-    observer = Instrumentation(fault, leak_from_step, cfg.num_microbatches, late_free)
+    die = kill_rank_at_step[1] if kill_rank_at_step and kill_rank_at_step[0] == rank else None
+    observer = Instrumentation(fault, leak_from_step, cfg.num_microbatches, late_free, die)
     result = traced_worker(rank, world_size, port, cfg, steps, memscope_argv, observer)
     plain = {f.name: getattr(result, f.name) for f in fields(WorkerResult)}
     return InstrumentedResult(**plain, **observer.measured)

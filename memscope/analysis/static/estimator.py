@@ -202,5 +202,9 @@ def estimate_for_runtime(args: Any, parallel: Any, device: str = "cuda") -> dict
         "source": SOURCE,
         "peak_stage": est.peak_stage,
         "peak_moment": est.activations.peak_moment,
+        # the pipeline schedule's arithmetic (activations.py): (chunk-)microbatches whose
+        # saved tensors coexist at the peak, and per virtual chunk
+        "in_flight_microbatches": est.activations.in_flight,
+        "in_flight_per_chunk": list(est.activations.in_flight_per_chunk),
         "remedies": [r.to_dict() for r in rank_remedies(spec, position)],
     }

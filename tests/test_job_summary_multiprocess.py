@@ -1,0 +1,81 @@
+"""``job_summary.json`` gathered through gloo's own store by a real 2-process PP=2 job: with
+both ranks alive, and with one rank killed mid-run (the survivor is not held, and the summary
+names the missing rank)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from conftest import load_json
+from harness import instrumented_worker
+
+from memscope.demo.launcher import WorkerError, free_port, spawn
+from memscope.demo.tiny_gpt import TinyGPTConfig
+from memscope.reporters.job_summary_json import JOB_SUMMARY_JSON
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.integration]
+
+PP2 = TinyGPTConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_microbatches=2, pp=2)
+TIMEOUT_S = 4.0
+
+
+def _argv(outdir: str) -> list[str]:
+    return ["--memscope", "--memscope-outdir", outdir,
+            "--memscope-job-summary-timeout", str(TIMEOUT_S)]  # fmt: skip
+
+
+def test_both_ranks_summaries_reach_rank_0_through_the_process_groups_store(tmp_path):
+    results = spawn(2, instrumented_worker, free_port(), PP2, 3, _argv(str(tmp_path)))
+    doc = load_json(str(tmp_path / JOB_SUMMARY_JSON))
+    assert (doc["world_size"], doc["ranks_reported"], doc["missing_ranks"]) == (2, 2, [])
+    assert doc["collection"]["waited_s"] < TIMEOUT_S  # nobody was waited for in vain
+    for result, summary in zip(results, doc["ranks"], strict=True):
+        report = load_json(result.report_path)
+        assert summary["rank"] == result.rank and summary["status"] == "complete"
+        assert summary["peak"]["memory_bytes"] == report["peak"]["memory_bytes"]
+        assert summary["metadata"]["pp_rank"] == report["metadata"]["pp_rank"] == result.rank
+    assert doc["run_id"] == doc["ranks"][1]["metadata"]["run_id"]
+    # the job page explains the stages: each one's in-flight microbatches at its peak, as
+    # Megatron's 1F1B arithmetic predicts (2 microbatches: stage 0 holds 2, stage 1 one), and
+    # the imbalance by term
+    from memscope.cli import main
+
+    page = tmp_path / "job.html"
+    assert main(["visualize-runtime", "--report", str(tmp_path / JOB_SUMMARY_JSON),
+                 "--out", str(page)]) == 0  # fmt: skip
+    text = page.read_text()
+    data = json.loads(text.split('id="memscope-data">', 1)[1].split("</script>", 1)[0])
+    stages = data["stages"]
+    assert [(s["pp_rank"], s["in_flight_measured"], s["in_flight_predicted"]) for s in stages] == [
+        (0, 2, 2), (1, 1, 1)]  # fmt: skip
+    for stage, result in zip(stages, results, strict=True):
+        report = load_json(result.report_path)
+        assert stage["max_terms"] == report["peak"]["categories"]
+    heavy = data["imbalance_by_term"]
+    assert heavy["heaviest_stage"] == 0 and "activations" in heavy["sentence"]
+    assert "(2 vs 1 microbatches in flight)" in heavy["sentence"]
+
+
+def test_a_rank_killed_mid_run_is_named_missing_and_the_other_is_not_held(tmp_path):
+    t0 = time.monotonic()
+    with pytest.raises(WorkerError) as failed:
+        # (fault, leak_from_step, late_free, kill_rank_at_step): spawn passes them by position
+        plants = (None, None, False, (1, 2))
+        spawn(2, instrumented_worker, free_port(), PP2, 4, _argv(str(tmp_path)), *plants,
+              grace=3 * TIMEOUT_S, timeout=300)  # fmt: skip
+    elapsed = time.monotonic() - t0
+    # rank 1 vanished without a word; rank 0's pipeline receive failed and training stopped
+    assert "rank 1" in str(failed.value) and "without reporting" in str(failed.value)
+    doc = load_json(str(tmp_path / JOB_SUMMARY_JSON))
+    assert [m["rank"] for m in doc["missing_ranks"]] == [1]
+    assert f"no summary within {TIMEOUT_S:g} s" in doc["missing_ranks"][0]["reason"]
+    (survivor,) = doc["ranks"]
+    assert survivor["rank"] == 0 and survivor["status"] == "crashed"
+    assert survivor["metadata"]["last_step"] == 2  # it got as far as the step rank 1 died in
+    assert TIMEOUT_S <= doc["collection"]["waited_s"] < TIMEOUT_S + 2
+    assert elapsed < 120
+    # the killed rank's own folder keeps the report it last wrote, marked as never finished
+    dead = load_json(str(tmp_path / "rank00001" / "runtime_report.json"))
+    assert dead["status"] == "running" and not dead["complete"]
