@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from memscope.cli.common import CliError, check_output, progress, write_json_output, write_output
+from memscope.cli.world_size_args import add_world_size_args, world_size_from_args
 
 
 def register(sub: Any) -> None:
@@ -55,51 +56,8 @@ def register(sub: Any) -> None:
         default=None,
         help="unpadded vocabulary size when the config leaves it to the tokenizer",
     )
-    world = p.add_argument_group("world size (else the config's world_size / data_parallel_size)")
-    world.add_argument("--world-size", type=int, default=None, help="number of ranks")
-    world.add_argument("--nnodes", type=int, default=None, help="nodes (with --nproc-per-node)")
-    world.add_argument(
-        "--nproc-per-node", type=int, default=None, help="ranks per node (with --nnodes)"
-    )
-    world.add_argument(
-        "--experiment",
-        default=None,
-        help="FlagScale experiment YAML: its runner's hostfile or nnodes x nproc_per_node",
-    )
-    world.add_argument("--hostfile", default=None, help="hostfile of 'host slots=N' lines")
+    add_world_size_args(p)
     p.set_defaults(run=run)
-
-
-def _world_size(args: argparse.Namespace) -> tuple[int | None, str]:
-    """The world size the options give (None: none does) and where it comes from; options
-    that disagree are a one-line error."""
-    from memscope.analysis.static.sources import experiment_world_size, read_hostfile
-
-    given: list[tuple[int, str]] = []
-    if args.world_size is not None:
-        if args.world_size < 1:
-            raise CliError(f"--world-size must be >= 1, got {args.world_size}")
-        given.append((args.world_size, "--world-size"))
-    if (args.nnodes is None) != (args.nproc_per_node is None):
-        raise CliError("--nnodes and --nproc-per-node go together")
-    if args.nnodes is not None:
-        if args.nnodes < 1 or args.nproc_per_node < 1:
-            raise CliError("--nnodes and --nproc-per-node must be >= 1")
-        what = f"--nnodes {args.nnodes} x --nproc-per-node {args.nproc_per_node}"
-        given.append((args.nnodes * args.nproc_per_node, what))
-    try:
-        if args.hostfile is not None:
-            given.append((read_hostfile(args.hostfile), f"hostfile {args.hostfile}"))
-        if args.experiment is not None:
-            found = experiment_world_size(args.experiment)
-            if found is not None:
-                given.append((found[0], f"{args.experiment}: {found[1]}"))
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
-    for size, where in given[1:]:
-        if size != given[0][0]:
-            raise CliError(f"world size {size} ({where}) contradicts {given[0][0]} ({given[0][1]})")
-    return (given[0][0], given[0][1]) if given else (None, "")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -116,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     md_path = os.path.join(args.outdir, "static_report.md")
     for out in (json_path, md_path):  # before any work: regular files, never the config
         check_output(out, [args.config])
-    world, world_source = _world_size(args)
+    world, world_source = world_size_from_args(args)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConfigWarning)
         try:

@@ -1,0 +1,308 @@
+"""Which Megatron settings fit a memory budget, and which of those should train fastest.
+
+:func:`plan` searches the layouts a Megatron job of a given world size can take (tensor,
+pipeline and virtual-pipeline parallel sizes, sequence parallelism, micro-batch size at the
+same global batch, activation recompute, the distributed optimizer), estimates every pipeline
+stage of each with the same per-rank estimator as ``analyze-static`` (:func:`.estimate_rank`:
+every term derived from what megatron-core allocates), keeps those whose worst stage fits the
+budget, and ranks them by :class:`CostModel`, a stated model of the step time. Megatron's
+constraints are the estimator's own validation (heads, query groups and vocabulary divisible by
+TP, layers by PP x VPP, VPP needing PP > 1, ...) plus the schedule's: interleaving needs the
+number of microbatches to be a multiple of PP.
+
+Deterministic: the same inputs give the same plans in the same order.
+
+Known limitations: context, expert and expert-tensor parallelism, uneven first/last stage
+layouts, recompute of chosen modules or a number of layers, activation and optimizer offload
+and the precision-aware optimizer keep the user's setting and are not searched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from memscope.analysis.static.config import TrainingSpec
+from memscope.analysis.static.estimator import RankEstimate, estimate_rank
+from memscope.analysis.static.params import RankPosition
+
+#: The estimator's worst relative error against the GPU memory NVIDIA's Megatron-LM functional
+#: tests publish (``benchmarks/static_gpu_golden.txt``, 115 cases): each predicted peak is
+#: given with this band.
+ESTIMATE_UNCERTAINTY = 0.064
+#: Largest tensor-parallel size searched: one node's GPUs (TP communicates every layer).
+MAX_TP = 8
+RECOMPUTE_CHOICES: tuple[str | None, ...] = (None, "selective", "full")
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """A stated model of one training step's time, relative to the same work with no
+    pipeline bubble, no recompute and free tensor-parallel communication.
+
+    * **Pipeline bubble** (Narayanan et al. 2021, "Efficient Large-Scale Language Model
+      Training on GPU Clusters Using Megatron-LM", section 2.2): idle time ``(p - 1) / (v m)``
+      of the ideal time, for ``p`` stages, ``v`` virtual stages per rank, ``m`` microbatches.
+    * **Recompute** (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+      Transformer Models", section 5): full recompute runs every layer's forward again, 1/3
+      of forward + backward; selective recompute re-runs the attention core only, whose
+      forward is ``4 b s^2 h`` of the layer's ``24 b s h^2 + 4 b s^2 h`` FLOPs.
+    * **Tensor parallelism** (Narayanan et al. 2021, section 3.2): four all-reduces (or
+      reduce-scatter + all-gather pairs with sequence parallelism) of ``b s h`` elements per
+      layer and microbatch, each moving ``2 (t - 1) / t`` of it per GPU, not overlapped;
+      timed at ``link_bytes_per_s`` against the layer's FLOPs at ``gpu_flops_per_s``.
+
+    Data-parallel gradient reduction is taken to overlap with backward (Megatron's
+    ``--overlap-grad-reduce``), and is the same for every layout at one world size up to the
+    DP size, so it is left out. Defaults: an H100 SXM (989 TFLOP/s dense bf16 at 50% model
+    FLOPs utilisation; NVLink 4 at 450 GB/s per direction).
+    """
+
+    gpu_flops_per_s: float = 989e12 * 0.5
+    link_bytes_per_s: float = 450e9
+    activation_bytes: int = 2  # bf16 activations on the wire
+
+    def breakdown(self, spec: TrainingSpec) -> dict[str, float]:
+        """``bubble``, ``recompute`` and ``tp_comm`` as shares of the ideal step time, and
+        their ``total`` (1 + the three)."""
+        m, p = spec.model, spec.parallel
+        b, s, h = spec.micro_batch_size, m.seq_length, m.hidden_size
+        layer_flops = 24 * b * s * h * h + 4 * b * s * s * h  # forward, one layer
+        bubble = (p.pp - 1) / ((p.vpp or 1) * spec.num_microbatches)
+        if spec.recompute == "full":
+            recompute = 1 / 3
+        elif spec.recompute == "selective":
+            recompute = (4 * b * s * s * h) / (3 * layer_flops)
+        else:
+            recompute = 0.0
+        comm_bytes = 4 * 2 * (p.tp - 1) / p.tp * b * s * h * self.activation_bytes
+        compute_s = 3 * layer_flops / p.tp / self.gpu_flops_per_s  # forward + backward
+        tp_comm = (comm_bytes / self.link_bytes_per_s) / compute_s
+        return {
+            "bubble": bubble,
+            "recompute": recompute,
+            "tp_comm": tp_comm,
+            "total": 1 + bubble + recompute + tp_comm,
+        }
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The settings a plan chooses."""
+
+    tp: int
+    pp: int
+    vpp: int | None
+    dp: int
+    sequence_parallel: bool
+    micro_batch_size: int
+    num_microbatches: int
+    recompute: str | None
+    distributed_optimizer: bool
+    layers_per_virtual_stage: int | None = None  # how Megatron-LM's flag spells VPP
+
+    def megatron_args(self) -> dict[str, Any]:
+        """The settings as Megatron argument names (FlagScale's YAML keys)."""
+        out: dict[str, Any] = {
+            "tensor_model_parallel_size": self.tp,
+            "pipeline_model_parallel_size": self.pp,
+            "sequence_parallel": self.sequence_parallel,
+            "micro_batch_size": self.micro_batch_size,
+            "use_distributed_optimizer": self.distributed_optimizer,
+        }
+        if self.vpp:
+            out["num_layers_per_virtual_pipeline_stage"] = self.layers_per_virtual_stage
+        if self.recompute == "selective":
+            out["recompute_granularity"] = "selective"
+        elif self.recompute == "full":
+            out.update(recompute_granularity="full", recompute_method="uniform",
+                       recompute_num_layers=1)  # fmt: skip
+        return {k: v for k, v in out.items() if v is not None}
+
+    def flags(self) -> str:
+        """The exact Megatron-LM command-line flags."""
+        parts = []
+        for key, value in self.megatron_args().items():
+            flag = "--" + key.replace("_", "-")
+            if value is True:
+                parts.append(flag)
+            elif value is not False:
+                parts.append(f"{flag} {value}")
+        return " ".join(parts)
+
+
+@dataclass
+class Plan:
+    """One layout with its per-stage predicted peaks, cost and change against the user's."""
+
+    layout: Layout
+    stage_peaks: list[dict[str, Any]]  # per stage: pp_rank, peak_bytes, components
+    worst_stage: int
+    peak_bytes: int
+    fits: bool
+    cost: dict[str, float]
+    term_changes: dict[str, int] = field(default_factory=dict)  # worst rank, vs the user's
+
+    def to_dict(self, budget_bytes: int) -> dict[str, Any]:
+        return {
+            "layout": dataclasses.asdict(self.layout),
+            "flags": self.layout.flags(),
+            "flagscale_yaml": self.layout.megatron_args(),
+            "peak_bytes": self.peak_bytes,
+            "peak_range_bytes": [
+                int(self.peak_bytes * (1 - ESTIMATE_UNCERTAINTY)),
+                int(self.peak_bytes * (1 + ESTIMATE_UNCERTAINTY)),
+            ],
+            "headroom_bytes": budget_bytes - self.peak_bytes,
+            "binding_stage": self.worst_stage,
+            "binding_term": max(
+                self.stage_peaks[self.worst_stage]["components"].items(), key=lambda kv: kv[1]
+            )[0],
+            "fits": self.fits,
+            "cost": self.cost,
+            "term_changes": self.term_changes,
+            "stages": self.stage_peaks,
+        }
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def layouts(spec: TrainingSpec, world_size: int) -> Iterator[Layout]:
+    """Every layout of ``world_size`` ranks at the user's global batch (deterministic order)."""
+    p = spec.parallel
+    global_batch = spec.micro_batch_size * spec.num_microbatches * p.dp
+    layers = spec.model.num_layers
+    for tp in [d for d in _divisors(world_size) if d <= MAX_TP]:
+        for pp in [d for d in _divisors(world_size // tp) if layers % d == 0]:
+            dp = world_size // (tp * pp)
+            if global_batch % dp:
+                continue
+            per_dp = global_batch // dp
+            vpps: list[int | None] = [None] + [
+                v for v in (2, 4, 8) if pp > 1 and layers % (pp * v) == 0
+            ]
+            for mbs in [b for b in _divisors(per_dp) if b & (b - 1) == 0]:
+                m = per_dp // mbs
+                for vpp in vpps:
+                    if vpp is not None and m % pp:
+                        continue  # interleaving needs microbatches in multiples of PP
+                    for recompute in RECOMPUTE_CHOICES:
+                        for dist_opt in sorted({spec.precision.distributed_optimizer, dp > 1}):
+                            per = layers // (pp * vpp) if vpp else None
+                            yield Layout(tp, pp, vpp, dp, tp > 1, mbs, m, recompute, dist_opt, per)
+
+
+def apply(spec: TrainingSpec, layout: Layout) -> TrainingSpec:
+    """``spec`` with ``layout``'s settings (raises ``ValueError`` where Megatron would)."""
+    r = dataclasses.replace
+    parallel = r(spec.parallel, tp=layout.tp, pp=layout.pp, vpp=layout.vpp, dp=layout.dp,
+                 sequence_parallel=layout.sequence_parallel, dp_assumed=False)  # fmt: skip
+    precision = r(spec.precision, distributed_optimizer=layout.distributed_optimizer)
+    extra: dict[str, Any] = {}
+    if layout.recompute == "full":
+        extra = {"recompute_method": "uniform", "recompute_num_layers": 1}
+    return r(spec, parallel=parallel, precision=precision, recompute=layout.recompute,
+             micro_batch_size=layout.micro_batch_size,
+             num_microbatches=layout.num_microbatches, **extra).validate()  # fmt: skip
+
+
+def _stage_estimates(spec: TrainingSpec, budget: int | None) -> list[RankEstimate] | None:
+    """Each stage's estimate (TP rank 0: TP shards are alike); with ``budget``, ``None`` as
+    soon as a stage exceeds it (the first and last stages, the usual peaks, go first)."""
+    pp = spec.parallel.pp
+    order = list(dict.fromkeys([0, pp - 1, *range(pp)]))
+    found: dict[int, RankEstimate] = {}
+    for stage in order:
+        est = estimate_rank(spec, RankPosition(tp_rank=0, pp_rank=stage))
+        if budget is not None and est.peak_memory_bytes > budget:
+            return None
+        found[stage] = est
+    return [found[s] for s in range(pp)]
+
+
+def evaluate(
+    spec: TrainingSpec, layout: Layout, budget: int | None, cost_model: CostModel
+) -> Plan | None:
+    """The plan of one layout; ``None`` when Megatron refuses it or, with ``budget``, when
+    it does not fit."""
+    try:
+        changed = apply(spec, layout)
+    except ValueError:
+        return None
+    estimates = _stage_estimates(changed, budget)
+    if estimates is None:
+        return None
+    stages: list[dict[str, Any]] = [
+        {"pp_rank": i, "peak_bytes": e.peak_memory_bytes, "components": e.components(),
+         "peak_stage": e.peak_stage}
+        for i, e in enumerate(estimates)
+    ]  # fmt: skip
+    worst = max(range(len(estimates)), key=lambda i: (estimates[i].peak_memory_bytes, -i))
+    peak = estimates[worst].peak_memory_bytes
+    return Plan(layout, stages, worst, peak, budget is None or peak <= budget,
+                cost_model.breakdown(changed))  # fmt: skip
+
+
+def current_layout(spec: TrainingSpec) -> Layout:
+    """The user's own settings as a :class:`Layout`."""
+    p = spec.parallel
+    per = spec.model.num_layers // (p.pp * p.vpp) if p.vpp else None
+    return Layout(p.tp, p.pp, p.vpp, p.dp, p.sequence_parallel, spec.micro_batch_size,
+                  spec.num_microbatches, spec.recompute,
+                  spec.precision.distributed_optimizer, per)  # fmt: skip
+
+
+def plan(
+    spec: TrainingSpec,
+    world_size: int,
+    budget_bytes: int,
+    cost_model: CostModel | None = None,
+    top: int = 10,
+) -> dict[str, Any]:
+    """The user's layout judged against ``budget_bytes``, and the ``top`` layouts that fit,
+    cheapest first (ties: more headroom first, then the layout's own order)."""
+    if world_size < 1 or budget_bytes < 1:
+        raise ValueError("the world size and the memory budget must be positive")
+    model = cost_model or CostModel()
+    mine = evaluate(spec, current_layout(spec), None, model)
+    assert mine is not None, "the user's spec was validated before planning"
+    searched = 0
+    fitting: list[tuple[float, int, int, Plan]] = []
+    for index, layout in enumerate(layouts(spec, world_size)):
+        searched += 1
+        found = evaluate(spec, layout, budget_bytes, model)
+        if found is not None:
+            fitting.append((round(found.cost["total"], 9), found.peak_bytes, index, found))
+    fitting.sort(key=lambda t: t[:3])
+    chosen = [t[3] for t in fitting[:top]]
+    for p in chosen:
+        p.term_changes = _term_changes(mine, p)
+    return {
+        "budget_bytes": budget_bytes,
+        "world_size": world_size,
+        "uncertainty": ESTIMATE_UNCERTAINTY,
+        "cost_model": dataclasses.asdict(model),
+        "searched": searched,
+        "fitting": len(fitting),
+        "current": mine.to_dict(budget_bytes) | {"fits": mine.peak_bytes <= budget_bytes},
+        "plans": [p.to_dict(budget_bytes) for p in chosen],
+    }
+
+
+def _term_changes(mine: Plan, other: Plan) -> dict[str, int]:
+    """Per term, the binding stage's bytes of ``other`` minus the user's binding stage's."""
+    a = mine.stage_peaks[mine.worst_stage]["components"]
+    b = other.stage_peaks[other.worst_stage]["components"]
+    return {k: int(b.get(k, 0)) - int(a.get(k, 0)) for k in sorted(set(a) | set(b))}
+
+
+def describe_changes(changes: Mapping[str, int]) -> str:
+    """``activations -3.2 GiB, optimizer_state -1.1 GiB`` (largest change first)."""
+    from memscope.units import format_bytes
+
+    ranked = sorted((k for k in changes if changes[k]), key=lambda k: -abs(changes[k]))
+    return ", ".join(f"{k} {format_bytes(changes[k], signed=True)}" for k in ranked) or "none"

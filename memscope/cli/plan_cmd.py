@@ -1,0 +1,104 @@
+"""``memscope plan``: the Megatron settings that fit a GPU's memory, cheapest first."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from dataclasses import replace
+from typing import Any
+
+from memscope.cli.common import CliError, check_output, progress, write_json_output, write_output
+from memscope.cli.world_size_args import add_world_size_args, world_size_from_args
+
+_UNITS = {"": None, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str) -> int:
+    """``80GiB``, ``80 GB``, ``81920MiB`` -> bytes; a unit is required."""
+    m = _SIZE.match(text)
+    unit = _UNITS.get(m.group(2).lower(), 0) if m else 0
+    if not m or not unit:
+        raise CliError(f"--gpu-memory {text!r}: give a size with a unit, e.g. 80GiB or 80GB")
+    return int(float(m.group(1)) * unit)
+
+
+def parse_share(text: str) -> float:
+    """``10%`` or ``0.1`` -> 0.1; must be in [0, 1)."""
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise CliError(f"--headroom {text!r}: give a share such as 10% or 0.1") from None
+    if not 0 <= value < 1:
+        raise CliError(f"--headroom {text!r} must be at least 0% and below 100%")
+    return value
+
+
+def register(sub: Any) -> None:
+    """Add the ``plan`` subcommand."""
+    p = sub.add_parser(
+        "plan",
+        help="search Megatron parallel / batch / recompute settings that fit a memory budget",
+        description=(
+            "Search tensor, pipeline and virtual-pipeline parallel sizes, sequence parallelism, "
+            "micro-batch size (same global batch), recompute and the distributed optimizer for "
+            "a training config; keep the layouts whose every pipeline stage's estimated peak "
+            "fits the budget, and rank them by a stated step-time model (docs/planner.md)."
+        ),
+    )
+    p.add_argument("--config", required=True, help="config file (.json, or FlagScale .yaml)")
+    p.add_argument("--gpu-memory", required=True, help="memory per GPU, e.g. 80GiB")
+    p.add_argument("--headroom", default="10%", help="share of it kept free (default 10%%)")
+    p.add_argument("--top", type=int, default=5, help="plans shown (default 5)")
+    p.add_argument("--outdir", default="outputs", help="where plan.json and plan.md go")
+    p.add_argument("--gpu", default=None, help="the GPU (h100, a100, ...), as analyze-static")
+    p.add_argument("--vocab-size", type=int, default=None, help="unpadded vocabulary size")
+    add_world_size_args(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Plan, write plan.json and plan.md, print the user's layout and the best plans."""
+    from memscope.analysis.static.planner import plan
+    from memscope.analysis.static.sources import load_config
+    from memscope.reporters.plan_report import (
+        flagscale_yaml,
+        plan_document,
+        plan_lines,
+        render_plan_markdown,
+    )
+    from memscope.units import printable
+
+    gpu_memory, headroom = parse_size(args.gpu_memory), parse_share(args.headroom)
+    if args.top < 1:
+        raise CliError(f"--top must be >= 1, got {args.top}")
+    json_path = os.path.join(args.outdir, "plan.json")
+    md_path = os.path.join(args.outdir, "plan.md")
+    for out in (json_path, md_path):
+        check_output(out, [args.config])
+    world, _ = world_size_from_args(args)
+    try:
+        # the config's own layout (its world size may differ from the one planned for: the
+        # global batch, micro-batch x microbatches x DP, is what carries over)
+        spec, _keys = load_config(args.config, args.vocab_size, None)
+        spec = replace(spec, device="cuda", gpu=args.gpu).validate()
+        budget = int(gpu_memory * (1 - headroom))
+        result = plan(spec, world or spec.parallel.world_size, budget, top=args.top)
+    except ValueError as exc:
+        raise CliError(f"{args.config}: {exc}") from None
+    doc = plan_document(result, args.config, gpu_memory, headroom)
+    write_json_output(json_path, doc, [args.config])
+    write_output(md_path, render_plan_markdown(doc), [args.config])
+    progress(f"wrote {json_path} and plan.md")
+    for line in plan_lines(doc):
+        print(printable(line))
+    if not doc["plans"]:
+        print(f"no layout of {doc['world_size']} ranks fits; see plan.md for your config's terms")
+        return 1
+    print("FlagScale YAML for plan 1:")
+    for line in flagscale_yaml(doc["plans"][0]["flagscale_yaml"]).splitlines():
+        print(printable(line))
+    return 0

@@ -1,0 +1,167 @@
+"""``memscope plan`` (``memscope.analysis.static.planner``): the layouts it offers fit when a
+real megatron-core GPT trains with them on CPU under the budget as a hard limit, and one it
+rejects does not; Megatron's constraints hold for every layout it searches; the ranking
+follows the stated cost model; the command's output and its bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+from conftest import load_json, run_in_process
+
+from memscope.analysis.static.planner import (
+    ESTIMATE_UNCERTAINTY,
+    CostModel,
+    apply,
+    current_layout,
+    layouts,
+    plan,
+)
+from memscope.analysis.static.sources import load_config, spec_from_megatron_args
+from memscope.cli import main
+from memscope.demo.tiny_gpt import TinyGPTConfig
+from memscope.demo.traced_training import megatron_like_args
+
+ROOT = Path(__file__).resolve().parent.parent
+MiB = 1 << 20
+# the user's config: 4 sequences per microbatch, 2 microbatches, no recompute
+USER = TinyGPTConfig(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=64,
+                     micro_batch_size=4, num_microbatches=2)  # fmt: skip
+
+
+def _spec(cfg: TinyGPTConfig):
+    return dataclasses.replace(
+        spec_from_megatron_args(megatron_like_args(cfg, [])), device="cpu"
+    ).validate()
+
+
+def _train(cfg: TinyGPTConfig, tmp_path: Path, name: str, capacity: int) -> dict:
+    argv = ["--memscope", "--memscope-outdir", str(tmp_path / name),
+            "--memscope-storage-capacity-mib", str(capacity / MiB)]  # fmt: skip
+    try:
+        result = run_in_process(cfg, 3, argv)
+        path = result.report_path
+    except Exception as exc:  # the capacity limit failed an allocation: the run's OOM
+        assert "OutOfMemoryError" in type(exc).__name__ or "out of memory" in str(exc).lower()
+        path = str(tmp_path / name / "rank00000" / "runtime_report.json")
+    return load_json(path)
+
+
+@pytest.mark.integration
+def test_the_top_plan_trains_within_the_budget_and_the_users_config_does_not(tmp_path):
+    spec = _spec(USER)
+    mine = plan(spec, 1, 10**12)["current"]["peak_bytes"]
+    budget = int(mine * 0.8)  # the user's config exceeds it by a quarter
+    result = plan(spec, 1, budget)
+    assert not result["current"]["fits"] and result["plans"], "nothing fits the budget"
+    top = result["plans"][0]
+    layout = top["layout"]
+    cfg = dataclasses.replace(USER, micro_batch_size=layout["micro_batch_size"],
+                              num_microbatches=layout["num_microbatches"],
+                              recompute=layout["recompute"])  # fmt: skip
+    # the budget is a hard limit: the storage backend fails any allocation past it
+    fits = _train(cfg, tmp_path, "top", budget)
+    assert fits["status"] == "complete", fits["status_reason"]
+    assert fits["peak"]["memory_bytes"] <= budget
+    assert abs(fits["peak"]["memory_bytes"] - top["peak_bytes"]) <= 0.02 * top["peak_bytes"]
+    # the user's own config, which the planner rejected, runs out of memory at that limit
+    rejected = _train(USER, tmp_path, "user", budget)
+    assert rejected["status"] == "oom" and rejected["peak"]["memory_bytes"] <= budget
+    assert rejected["oom"]["where"]["step"] == 0
+
+
+def test_every_layout_searched_satisfies_megatrons_constraints():
+    spec, _ = load_config(str(ROOT / "configs/static/llama3_8b_tp4_pp2.json"), None, None)
+    world = 64
+    seen = list(layouts(spec, world))
+    assert len(seen) == len(set(seen)) > 100
+    batch = spec.micro_batch_size * spec.num_microbatches * spec.parallel.dp
+    for lay in seen:
+        assert lay.tp * lay.pp * lay.dp == world and lay.tp <= 8
+        assert spec.model.num_layers % (lay.pp * (lay.vpp or 1)) == 0
+        assert lay.micro_batch_size * lay.num_microbatches * lay.dp == batch
+        assert lay.vpp is None or (lay.pp > 1 and lay.num_microbatches % lay.pp == 0)
+        assert lay.sequence_parallel == (lay.tp > 1)
+    # a layout the estimator's validation refuses is never offered: 8 query groups, TP=16
+    bad = dataclasses.replace(current_layout(spec), tp=16, dp=spec.parallel.dp // 4)
+    with pytest.raises(ValueError, match=r"must divide model\.num_query_groups"):
+        apply(spec, bad)
+
+
+def test_plans_are_ranked_by_the_stated_cost_model_and_fit():
+    spec, _ = load_config(str(ROOT / "configs/static/llama3_8b_tp4_pp2.json"), None, None)
+    budget = 40 * 2**30
+    result = plan(spec, 64, budget, top=20)
+    costs = [p["cost"]["total"] for p in result["plans"]]
+    assert costs == sorted(costs) and len(costs) == 20
+    for p in result["plans"]:
+        assert max(s["peak_bytes"] for s in p["stages"]) == p["peak_bytes"] <= budget
+        lo, hi = p["peak_range_bytes"]
+        assert lo < p["peak_bytes"] < hi
+        assert p["cost"]["total"] == pytest.approx(1 + sum(
+            p["cost"][k] for k in ("bubble", "recompute", "tp_comm")))  # fmt: skip
+    # the bubble term is Megatron's (p - 1) / (v m)
+    model = CostModel()
+    s = apply(spec, dataclasses.replace(current_layout(spec), pp=2, vpp=2,
+                                        layers_per_virtual_stage=8))  # fmt: skip
+    assert model.breakdown(s)["bubble"] == pytest.approx(1 / (2 * s.num_microbatches))
+
+
+def test_the_uncertainty_band_is_the_gpu_benchmarks_worst_error():
+    text = (ROOT / "benchmarks" / "static_gpu_golden.txt").read_text()
+    worst = float(re.search(r"^worst: (-?[0-9.]+)%", text, re.M).group(1))
+    assert pytest.approx(abs(worst) / 100) == ESTIMATE_UNCERTAINTY
+
+
+def test_plan_command_writes_json_markdown_and_prints_flags_and_yaml(tmp_path, capsys):
+    config = str(ROOT / "configs/static/llama3_8b_tp4_pp2.json")
+    rc = main(["plan", "--config", config, "--gpu-memory", "24GiB", "--world-size", "64",
+               "--outdir", str(tmp_path), "--top", "2"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0
+    doc = load_json(str(tmp_path / "plan.json"))
+    assert doc["report_type"] == "plan" and doc["budget_bytes"] == int(24 * 2**30 * 0.9)
+    assert len(doc["plans"]) == 2 and doc["plans"][0]["flags"] in out
+    assert "system:\n  tensor_model_parallel_size:" in out and "model:\n  micro_batch_size:" in out
+    md = (tmp_path / "plan.md").read_text()
+    assert "| stage | predicted peak |" in md and "```yaml" in md
+    json.dumps(doc)
+
+
+def test_nothing_fits_is_exit_code_1_with_the_reason(tmp_path, capsys):
+    config = str(ROOT / "configs/static/llama3_8b_tp4_pp2.json")
+    rc = main(["plan", "--config", config, "--gpu-memory", "1GiB", "--world-size", "8",
+               "--outdir", str(tmp_path)])  # fmt: skip
+    assert rc == 1 and "no layout of 8 ranks fits" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--gpu-memory", "80"], "give a size with a unit"),
+        (["--gpu-memory", "80GiB", "--headroom", "120%"], "below 100%"),
+        (["--gpu-memory", "80GiB", "--world-size", "64", "--nnodes", "2",
+          "--nproc-per-node", "8"], "contradicts"),
+    ],
+)  # fmt: skip
+def test_bad_plan_input_is_one_line_and_exit_code_2(tmp_path, capsys, args, message):
+    config = str(ROOT / "configs/static/llama3_8b_tp4_pp2.json")
+    rc = main(["plan", "--config", config, "--outdir", str(tmp_path), *args])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and message in err and "\n" not in err
+
+
+def test_a_70b_model_on_1024_gpus_plans_within_seconds():
+    spec, _ = load_config(str(ROOT / "configs/static/llama3_8b_tp4_pp2.json"), None, None)
+    m = dataclasses.replace(spec.model, num_layers=80, hidden_size=8192,
+                            num_attention_heads=64, ffn_hidden_size=28672)  # fmt: skip
+    spec = dataclasses.replace(spec, model=m).validate()
+    t0 = time.perf_counter()
+    result = plan(spec, 1024, int(80 * 2**30 * 0.9))
+    assert result["plans"] and result["searched"] > 100
+    assert time.perf_counter() - t0 < 60  # the figure itself: tools/bench_plan.py
