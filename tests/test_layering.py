@@ -22,7 +22,7 @@ ALLOWED: dict[str, set[str]] = {
     "analysis": BASE | {"events", "config"},
     "reporters": BASE | {"events"},
     "session": BASE | {"events", "config", "capture", "analysis", "reporters", "io"},
-    "integrations": BASE | {"events", "config", "capture", "analysis", "session"},
+    "integrations": BASE | {"events", "config", "capture", "analysis", "session", "io"},
     "demo": BASE | {"events", "config", "capture", "integrations"},
     "cli": BASE | {"events", "config", "analysis", "reporters", "io", "demo"},
 }

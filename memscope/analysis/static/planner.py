@@ -224,6 +224,13 @@ def _stage_estimates(spec: TrainingSpec, budget: int | None) -> list[RankEstimat
     return [found[s] for s in range(pp)]
 
 
+def stage_peaks(spec: TrainingSpec) -> list[int]:
+    """Each pipeline stage's predicted peak (TP rank 0), in stage order."""
+    estimates = _stage_estimates(spec, None)
+    assert estimates is not None  # no budget: every stage is estimated
+    return [e.peak_memory_bytes for e in estimates]
+
+
 def evaluate(
     spec: TrainingSpec, layout: Layout, budget: int | None, cost_model: CostModel
 ) -> Plan | None:

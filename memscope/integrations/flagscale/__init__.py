@@ -1,0 +1,1 @@
+"""FlagScale adapters: the auto-tuner's memory model and trial-memory reader."""
