@@ -165,3 +165,44 @@ def test_a_70b_model_on_1024_gpus_plans_within_seconds():
     result = plan(spec, 1024, int(80 * 2**30 * 0.9))
     assert result["plans"] and result["searched"] > 100
     assert time.perf_counter() - t0 < 60  # the figure itself: tools/bench_plan.py
+
+
+def _comparison(activations_measured: float) -> dict:
+    rows = [("parameters", 100, 100), ("activations", 1000, int(1000 * activations_measured))]
+    return {"status": "ok", "components": [
+        {"component": c, "static_bytes": s, "runtime_bytes": r} for c, s, r in rows]}  # fmt: skip
+
+
+def test_calibration_scales_each_term_by_what_real_runs_measured():
+    from memscope.analysis.static.planner import calibration
+
+    cal = calibration([_comparison(1.1), _comparison(1.3), {"status": "missing"}])
+    assert cal["ranks"] == 2
+    assert cal["factors"] == {"activations": 1.2, "parameters": 1.0}
+    assert cal["residual_bytes"] == {"activations": 400, "parameters": 0}
+    spec, _ = load_config(str(ROOT / "configs/static/llama3_8b_tp4_pp2.json"), None, None)
+    plain = plan(spec, 64, 40 * 2**30, top=3)
+    fixed = plan(spec, 64, 40 * 2**30, top=3, calibrated=cal)
+    assert fixed["calibration"] == cal and plain["calibration"] is None
+    for p in fixed["plans"]:
+        for stage in p["stages"]:
+            activations = stage["components"]["activations"]
+            extra = round(activations * 1.2) - activations
+            assert stage["peak_bytes"] == stage["estimated_bytes"] + extra
+        assert p["peak_bytes"] == max(s["peak_bytes"] for s in p["stages"]) <= 40 * 2**30
+    assert fixed["fitting"] < plain["fitting"]  # more activations: fewer layouts fit
+    with pytest.raises(ValueError, match="no rank report with a static comparison"):
+        calibration([{"status": "missing"}])
+
+
+def test_plan_calibrates_from_a_job_directory_and_refuses_one_without_comparisons(tmp_path, capsys):
+    config = str(ROOT / "configs/static/llama3_8b_tp4_pp2.json")
+    base = ["plan", "--config", config, "--gpu-memory", "24GiB", "--outdir", str(tmp_path)]
+    assert main([*base, "--calibrate", str(ROOT / "examples" / "cpu_pp2_demo")]) == 0
+    assert "calibrated from 2 measured rank(s)" in capsys.readouterr().out
+    assert load_json(str(tmp_path / "plan.json"))["calibration"]["ranks"] == 2
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main([*base, "--calibrate", str(empty)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no rank report with a static comparison" in err and "\n" not in err

@@ -54,6 +54,13 @@ def register(sub: Any) -> None:
     p.add_argument("--headroom", default="10%", help="share of it kept free (default 10%%)")
     p.add_argument("--top", type=int, default=5, help="plans shown (default 5)")
     p.add_argument("--outdir", default="outputs", help="where plan.json and plan.md go")
+    p.add_argument(
+        "--calibrate",
+        default=None,
+        metavar="REPORT",
+        help="a runtime_report.json, job_summary.json or job directory of a real run of "
+        "this model: its measured / predicted bytes per term correct every plan",
+    )
     p.add_argument("--gpu", default=None, help="the GPU (h100, a100, ...), as analyze-static")
     p.add_argument("--vocab-size", type=int, default=None, help="unpadded vocabulary size")
     add_world_size_args(p)
@@ -80,13 +87,16 @@ def run(args: argparse.Namespace) -> int:
     for out in (json_path, md_path):
         check_output(out, [args.config])
     world, _ = world_size_from_args(args)
+    calibrated = _calibration(args.calibrate) if args.calibrate else None
     try:
         # the config's own layout (its world size may differ from the one planned for: the
         # global batch, micro-batch x microbatches x DP, is what carries over)
         spec, _keys = load_config(args.config, args.vocab_size, None)
         spec = replace(spec, device="cuda", gpu=args.gpu).validate()
         budget = int(gpu_memory * (1 - headroom))
-        result = plan(spec, world or spec.parallel.world_size, budget, top=args.top)
+        result = plan(
+            spec, world or spec.parallel.world_size, budget, top=args.top, calibrated=calibrated
+        )
     except ValueError as exc:
         raise CliError(f"{args.config}: {exc}") from None
     doc = plan_document(result, args.config, gpu_memory, headroom)
@@ -102,3 +112,25 @@ def run(args: argparse.Namespace) -> int:
     for line in flagscale_yaml(doc["plans"][0]["flagscale_yaml"]).splitlines():
         print(printable(line))
     return 0
+
+
+def _calibration(path: str) -> dict[str, Any]:
+    """Per-term factors from the static comparisons of a rank report, a job summary or every
+    rank report of a job directory; a path with none is a :class:`CliError`."""
+    from memscope.analysis.static.planner import calibration
+    from memscope.io.report_reader import ReportError, load_report
+
+    comparisons = []
+    try:
+        if os.path.isdir(path):
+            for name in sorted(os.listdir(path)):
+                report = os.path.join(path, name, "runtime_report.json")
+                if re.fullmatch(r"rank\d{1,15}", name) and os.path.isfile(report):
+                    comparisons.append(load_report(report, "runtime").get("comparisons") or {})
+        else:
+            doc = load_report(path)
+            ranks = doc.get("ranks") if doc.get("report_type") == "job_summary" else [doc]
+            comparisons = [r.get("comparisons") or {} for r in ranks or [] if isinstance(r, dict)]
+        return calibration(comparisons)
+    except (ReportError, ValueError) as exc:
+        raise CliError(f"--calibrate {path}: {exc}") from None

@@ -56,8 +56,8 @@ def _range(plan: Mapping[str, Any]) -> str:
 
 
 def plan_lines(doc: Mapping[str, Any]) -> list[str]:
-    """What the command prints: the budget, the user's layout (first two lines), then three
-    lines per plan that fits."""
+    """What the command prints: the budget, the user's layout, the calibration if any (the
+    head), then three lines per plan that fits."""
     cur = doc["current"]
     verdict = "fits" if cur["fits"] else "does NOT fit"
     gpu = format_bytes(doc["gpu_memory_bytes"])
@@ -69,6 +69,10 @@ def plan_lines(doc: Mapping[str, Any]) -> list[str]:
         f"{cur['binding_stage']} "
         f"(largest term: {cur['binding_term']}): {verdict}",
     ]
+    cal = doc.get("calibration")
+    if cal:
+        factors = ", ".join(f"{k} x{v:.3f}" for k, v in cal["factors"].items())
+        out.append(f"calibrated from {cal['ranks']} measured rank(s): {factors}")
     for i, p in enumerate(doc["plans"], 1):
         c = p["cost"]
         out += [
@@ -84,7 +88,7 @@ def plan_lines(doc: Mapping[str, Any]) -> list[str]:
 def render_plan_markdown(doc: Mapping[str, Any]) -> str:
     """``plan.md``: the same as the terminal, with each plan's per-stage peaks and YAML."""
     lines = ["# MemScope plan", "", f"Config: `{doc['config']}`", ""]
-    lines += [f"- {line}" for line in plan_lines(doc)[:2]]
+    lines += [f"- {line}" for line in plan_lines(doc)[: 3 if doc.get("calibration") else 2]]
     lines += [
         "",
         "Peaks are MemScope's static estimate per pipeline stage; the range is its worst error "

@@ -20,7 +20,7 @@ and the precision-aware optimizer keep the user's setting and are not searched.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -210,15 +210,51 @@ def apply(spec: TrainingSpec, layout: Layout) -> TrainingSpec:
              num_microbatches=layout.num_microbatches, **extra).validate()  # fmt: skip
 
 
-def _stage_estimates(spec: TrainingSpec, budget: int | None) -> list[RankEstimate] | None:
+def calibration(comparisons: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Per-term correction from real runs: for each term, the measured bytes over the
+    predicted ones, summed over the ranks' ``comparisons.components`` (a runtime report's
+    static-versus-runtime table), and the residuals (measured - predicted) behind them."""
+    sums: dict[str, list[int]] = {}
+    ranks = 0
+    for comp in comparisons:
+        if comp.get("status") != "ok":
+            continue
+        ranks += 1
+        for row in comp.get("components") or []:
+            static, runtime = row.get("static_bytes"), row.get("runtime_bytes")
+            if isinstance(static, int) and isinstance(runtime, int):
+                both = sums.setdefault(str(row["component"]), [0, 0])
+                both[0] += static
+                both[1] += runtime
+    if not ranks:
+        raise ValueError("no rank report with a static comparison to calibrate from")
+    return {
+        "ranks": ranks,
+        "factors": {k: round(r / s, 6) for k, (s, r) in sorted(sums.items()) if s > 0},
+        "residual_bytes": {k: r - s for k, (s, r) in sorted(sums.items())},
+    }
+
+
+def calibrated_peak(peak: int, components: Mapping[str, int], factors: Mapping[str, float]) -> int:
+    """The peak with each of its terms scaled by its calibration factor."""
+    return peak + sum(round(v * factors.get(k, 1.0)) - v for k, v in components.items())
+
+
+def _stage_estimates(
+    spec: TrainingSpec, budget: int | None, factors: Mapping[str, float] | None = None
+) -> list[RankEstimate] | None:
     """Each stage's estimate (TP rank 0: TP shards are alike); with ``budget``, ``None`` as
-    soon as a stage exceeds it (the first and last stages, the usual peaks, go first)."""
+    soon as a stage exceeds it (the first and last stages, the usual peaks, go first), its
+    peak calibrated by ``factors`` when given."""
     pp = spec.parallel.pp
     order = list(dict.fromkeys([0, pp - 1, *range(pp)]))
     found: dict[int, RankEstimate] = {}
     for stage in order:
         est = estimate_rank(spec, RankPosition(tp_rank=0, pp_rank=stage))
-        if budget is not None and est.peak_memory_bytes > budget:
+        peak = est.peak_memory_bytes
+        if factors:
+            peak = calibrated_peak(peak, est.components(), factors)
+        if budget is not None and peak > budget:
             return None
         found[stage] = est
     return [found[s] for s in range(pp)]
@@ -232,24 +268,33 @@ def stage_peaks(spec: TrainingSpec) -> list[int]:
 
 
 def evaluate(
-    spec: TrainingSpec, layout: Layout, budget: int | None, cost_model: CostModel
+    spec: TrainingSpec,
+    layout: Layout,
+    budget: int | None,
+    cost_model: CostModel,
+    factors: Mapping[str, float] | None = None,
 ) -> Plan | None:
     """The plan of one layout; ``None`` when Megatron refuses it or, with ``budget``, when
-    it does not fit."""
+    it does not fit. With calibration ``factors`` each stage's peak is its calibrated sum of
+    terms (the estimator's own peak kept as ``estimated_bytes``)."""
     try:
         changed = apply(spec, layout)
     except ValueError:
         return None
-    estimates = _stage_estimates(changed, budget)
+    estimates = _stage_estimates(changed, budget, factors)
     if estimates is None:
         return None
-    stages: list[dict[str, Any]] = [
-        {"pp_rank": i, "peak_bytes": e.peak_memory_bytes, "components": e.components(),
-         "peak_stage": e.peak_stage}
-        for i, e in enumerate(estimates)
-    ]  # fmt: skip
-    worst = max(range(len(estimates)), key=lambda i: (estimates[i].peak_memory_bytes, -i))
-    peak = estimates[worst].peak_memory_bytes
+    stages: list[dict[str, Any]] = []
+    for i, e in enumerate(estimates):
+        comps = e.components()
+        stage = {"pp_rank": i, "peak_bytes": e.peak_memory_bytes, "components": comps,
+                 "peak_stage": e.peak_stage}  # fmt: skip
+        if factors:
+            stage["estimated_bytes"] = e.peak_memory_bytes
+            stage["peak_bytes"] = calibrated_peak(e.peak_memory_bytes, comps, factors)
+        stages.append(stage)
+    worst = max(range(len(stages)), key=lambda i: (int(stages[i]["peak_bytes"]), -i))
+    peak = int(stages[worst]["peak_bytes"])
     return Plan(layout, stages, worst, peak, budget is None or peak <= budget,
                 cost_model.breakdown(changed))  # fmt: skip
 
@@ -269,19 +314,22 @@ def plan(
     budget_bytes: int,
     cost_model: CostModel | None = None,
     top: int = 10,
+    calibrated: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The user's layout judged against ``budget_bytes``, and the ``top`` layouts that fit,
-    cheapest first (ties: more headroom first, then the layout's own order)."""
+    cheapest first (ties: more headroom first, then the layout's own order). ``calibrated``
+    (from :func:`calibration`) corrects every term by what real runs measured."""
     if world_size < 1 or budget_bytes < 1:
         raise ValueError("the world size and the memory budget must be positive")
     model = cost_model or CostModel()
-    mine = evaluate(spec, current_layout(spec), None, model)
+    factors = (calibrated or {}).get("factors") or None
+    mine = evaluate(spec, current_layout(spec), None, model, factors)
     assert mine is not None, "the user's spec was validated before planning"
     searched = 0
     fitting: list[tuple[float, int, int, Plan]] = []
     for index, layout in enumerate(layouts(spec, world_size)):
         searched += 1
-        found = evaluate(spec, layout, budget_bytes, model)
+        found = evaluate(spec, layout, budget_bytes, model, factors)
         if found is not None:
             fitting.append((round(found.cost["total"], 9), found.peak_bytes, index, found))
     fitting.sort(key=lambda t: t[:3])
@@ -293,6 +341,7 @@ def plan(
         "world_size": world_size,
         "uncertainty": ESTIMATE_UNCERTAINTY,
         "cost_model": dataclasses.asdict(model),
+        "calibration": dict(calibrated) if calibrated else None,
         "searched": searched,
         "fitting": len(fitting),
         "current": mine.to_dict(budget_bytes) | {"fits": mine.peak_bytes <= budget_bytes},
