@@ -352,11 +352,13 @@ def test_every_data_string_handed_to_plotly_goes_through_plotly_text():
         for m in re.finditer(r"\b(name|text|x|y|tickvals|ticktext|annotations):\s*([^,}]+)", code):
             key, value = m.group(1), m.group(2).strip()
             if key == "y":
-                assert value.startswith("mib("), (template.name, m.group(0))
+                assert value.startswith(("mib(", "plotlyValues(")), (template.name, m.group(0))
             elif key == "x":
                 assert value.startswith("plotlyValues("), (template.name, m.group(0))
             elif key in ("name", "text") and value not in ("xTitle",) and value[0] not in '{"':
-                assert value.startswith(("plotlyText(", "hover(", "idx.map(j => plotlyText(")), (
+                assert value.startswith(
+                    ("plotlyText(", "hover(", "plotlyMatrix(", "idx.map(j => plotlyText(")
+                ), (
                     template.name,
                     m.group(0),
                 )
