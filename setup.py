@@ -31,6 +31,7 @@ setup(
             "six",
             "regex",
             "hypothesis",
+            "tensorboard",  # a real SummaryWriter for the dashboard test
         ],
     },
     entry_points={"console_scripts": ["memscope=memscope.cli:main"]},

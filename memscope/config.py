@@ -186,6 +186,12 @@ class RuntimeConfig:
         "those not in by then are named as missing",
         metavar="SECONDS",
     )
+    dashboard_peaks: bool = setting(
+        True,
+        "Every rank's per-step peak, shared through torch.distributed's store, is logged by "
+        "the rank that has the training's TensorBoard / W&B writers (job maximum, its rank, "
+        "each rank up to 64); ranks send nothing while no rank has a writer",
+    )
     # RUF009 waived on list fields: setting() returns a field with a default_factory.
     ranks: list[int] | None = setting(None, "Ranks to trace", shown_default="all", metavar="RANK")  # noqa: RUF009
     step_start: int = setting(0, "First step whose module/grad events are recorded")

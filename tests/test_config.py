@@ -88,7 +88,7 @@ def test_report_dict_keeps_the_nested_schedule_schema():
         "enabled", "outdir", "top_k", "backend", "hook_modules", "hook_output_grads",
         "hook_param_grads", "sync_on_step_boundaries", "sync_on_module_hooks",
         "reset_peak_stats", "storage_capacity_mib", "job_summary", "job_summary_timeout",
-        "ranks",
+        "dashboard_peaks", "ranks",
         "step_start", "step_end", "hook_steps", "detail_steps", "max_trace_events",
         "trace_jsonl", "trace_max_mib", "report_interval", "record_tensor_shapes",
         "enable_profiler", "profiler_ranks", "profiler_schedule", "enable_memory_snapshot",

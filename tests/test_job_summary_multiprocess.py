@@ -79,3 +79,29 @@ def test_a_rank_killed_mid_run_is_named_missing_and_the_other_is_not_held(tmp_pa
     # the killed rank's own folder keeps the report it last wrote, marked as never finished
     dead = load_json(str(tmp_path / "rank00001" / "runtime_report.json"))
     assert dead["status"] == "running" and not dead["complete"]
+
+
+def test_the_writer_rank_logs_every_ranks_step_peak_and_the_job_maximum(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = tmp_path / "tensorboard"
+    # (fault, leak_from_step, late_free, kill_rank_at_step, tensorboard_dir) by position
+    plants = (None, None, False, None, str(board))
+    results = spawn(2, instrumented_worker, free_port(), PP2, 4, _argv(str(tmp_path)), *plants)
+    events = EventAccumulator(str(board))
+    events.Reload()
+    series = {tag: {e.step: e.value for e in events.Scalars(tag)}
+              for tag in events.Tags()["scalars"]}  # fmt: skip
+    rows = {r.rank: load_json(r.report_path)["steps"] for r in results}
+    per_rank = {rank: {row["step"]: row["peak_allocated"] for row in steps}
+                for rank, steps in rows.items()}  # fmt: skip
+    steps = sorted(per_rank[0])
+    assert steps == [0, 1, 2, 3]
+    prefix = "memscope/peak-allocated-bytes/"
+    for rank in (0, 1):  # each rank's own peaks, as its report has them
+        assert series[f"{prefix}rank{rank}"] == pytest.approx(per_rank[rank], rel=1e-6)
+    job_max = {s: max(per_rank[r][s] for r in (0, 1)) for s in steps}
+    assert series[prefix + "job-max"] == pytest.approx(job_max, rel=1e-6)
+    heaviest = {s: float(max((0, 1), key=lambda r: (per_rank[r][s], -r))) for s in steps}
+    assert series[prefix + "job-max-rank"] == heaviest
+    assert set(series[prefix + "ranks-reported"].values()) == {2.0}

@@ -98,6 +98,7 @@ class MemoryTracer:
         self._shapes = config.record_tensor_shapes
         self._composed_peak = -1
         self._step_hooked = False  # the running step records module/grad events
+        self.last_step_peak = 0  # the high-water mark of the last step that ended
         self._step_started = self._phase_started = 0.0  # seconds since tracing started
         self._first_step: int | None = None  # the first traced step
         #: The training-loop region running outside every module (see :meth:`enter_region`).
@@ -433,7 +434,8 @@ class MemoryTracer:
 
     def step_end(self, notes: str = "") -> None:
         self.policy.pop_saved_hooks()
-        self._step_phase(s.PHASE_STEP, self._step_start, notes, self._step_started)
+        end = self._step_phase(s.PHASE_STEP, self._step_start, notes, self._step_started)
+        self.last_step_peak = end.peak_allocated
         self.steps_completed += 1
         self.phase = s.PHASE_SETUP
         self.in_window = False

@@ -69,7 +69,7 @@ from memscope.io.atomic import atomic_write_json, atomic_write_text
 from memscope.reporters.markdown import render_runtime_markdown
 from memscope.reporters.runtime_json import RuntimeReportInputs, build_runtime_report
 from memscope.session.crash_guard import CrashGuard
-from memscope.session.job_exchange import share_job_summary
+from memscope.session.job_exchange import default_store, share_job_summary
 from memscope.session.report_assembly import runtime_metadata, trace_info
 from memscope.session.run_identity import (
     claim_rank_dir,
@@ -78,6 +78,7 @@ from memscope.session.run_identity import (
     touch_lock,
 )
 from memscope.session.state import ReportStatus, SessionState
+from memscope.session.step_peaks import Sink, StepPeakBoard
 from memscope.session.teardown import Teardown
 
 logger = logging.getLogger("memscope")
@@ -143,6 +144,7 @@ class TracingSession:
         no_estimate_reason: str = NO_ESTIMATOR_REASON,
         framework_metadata: Callable[[], dict[str, Any]] | None = None,
         grad_attributes: Sequence[str] = ("grad",),
+        dashboard_sink: Callable[[], Sink | None] | None = None,
     ) -> None:
         self.config = config.validate()
         self.parallel = parallel
@@ -151,6 +153,8 @@ class TracingSession:
         self.no_estimate_reason = no_estimate_reason
         self._framework_metadata = framework_metadata or dict
         self._grad_attributes = tuple(grad_attributes)
+        self._dashboard_sink = dashboard_sink  # the training's writers, found at start
+        self.step_peaks: StepPeakBoard | None = None
         self.report_dir = os.path.join(config.outdir, f"rank{self.rank:05d}")
         self.run = run_identity()
         self.start_error = ""
@@ -329,8 +333,30 @@ class TracingSession:
         self._teardown.push("remove_hooks", self._remove_hooks)
         self._attach_hooks()
         self._start_profiling()
+        self._start_step_peaks()
         self._crash_guard.install()
         self._teardown.push("crash_guard", self._crash_guard.uninstall)
+
+    def _start_step_peaks(self) -> None:
+        """Share this rank's step peaks for the dashboards (see :mod:`.step_peaks`)."""
+        cfg = self.config
+        if not cfg.dashboard_peaks:
+            return
+        try:
+            store = default_store()
+            if store is None:
+                return
+            sink = self._dashboard_sink() if self._dashboard_sink is not None else None
+            world = self.parallel.world_size
+            ranks = [r for r in range(world) if cfg.traces_rank(r)]
+            board = StepPeakBoard(
+                store, self.rank, ranks, sink, on_error=lambda e: self._failed("step_peaks", e)
+            )
+        except Exception as exc:
+            self._failed("step_peaks", exc)
+            return
+        self.step_peaks = board
+        self._teardown.push("step_peaks", board.close)
 
     def _trace_header(self) -> dict[str, Any]:
         """What ``memscope analyze`` needs to rebuild the report from the trace alone."""
@@ -544,6 +570,8 @@ class TracingSession:
         assert self.tracer is not None
         tracer = self.tracer
         tracer.step_end(notes)
+        if self.step_peaks is not None:
+            self.step_peaks.publish(tracer.step, tracer.last_step_peak)
         self._flush_trace()
         if self.profiler is not None:
             self.profiler.step()

@@ -114,6 +114,9 @@ class Instrumentation:
     late_free: bool = False
     #: Kill this process (SIGKILL: no handler, no report) at the first forward of this step.
     die_at_step: int | None = None
+    #: Give this rank a real TensorBoard writer logging there (as Megatron's last rank has).
+    tensorboard_dir: str | None = None
+    writer: Any = None
     leaked: list[torch.Tensor] = field(default_factory=list)
     injected: bool = False
     hooks_before: int = 0
@@ -173,6 +176,11 @@ class Instrumentation:
     def attached(
         self, runtime: Any, chunks: list[torch.nn.Module], optimizer: torch.optim.Optimizer
     ) -> None:
+        if self.tensorboard_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(self.tensorboard_dir)
+            runtime.set_dashboard_writers(tensorboard=self.writer)
         if self.fault is not None:
             self.injected = inject_fault(runtime, self.fault)
 
@@ -193,6 +201,8 @@ class Instrumentation:
         chunks: list[torch.nn.Module],
         optimizer: torch.optim.Optimizer,
     ) -> None:
+        if self.writer is not None:
+            self.writer.close()
         params = [p for c in chunks for p in c.parameters()]
         self.measured = {
             "grad_digest": digest([p.grad for p in params if p.grad is not None]),
@@ -222,17 +232,20 @@ def instrumented_worker(
     leak_from_step: int | None = None,
     late_free: bool = False,
     kill_rank_at_step: tuple[int, int] | None = None,
+    tensorboard_dir: str | None = None,
 ) -> InstrumentedResult:
     """``traced_worker`` with :class:`Instrumentation`; same arguments plus what to plant.
 
     ``fault`` (one of :data:`FAULTS`) injects an error inside MemScope to show training is
     unaffected; ``leak_from_step`` and ``late_free`` plant memory bugs in the model (see
     :meth:`Instrumentation._plant_leak`, :meth:`Instrumentation._plant_late_free`);
-    ``kill_rank_at_step=(rank, step)`` kills that rank at that step's first forward.
+    ``kill_rank_at_step=(rank, step)`` kills that rank at that step's first forward;
+    ``tensorboard_dir`` gives the last rank a TensorBoard writer, as Megatron's has.
     Picklable by reference, so it runs under ``spawn``.
     """
     die = kill_rank_at_step[1] if kill_rank_at_step and kill_rank_at_step[0] == rank else None
-    observer = Instrumentation(fault, leak_from_step, cfg.num_microbatches, late_free, die)
+    board = tensorboard_dir if rank == world_size - 1 else None
+    observer = Instrumentation(fault, leak_from_step, cfg.num_microbatches, late_free, die, board)
     result = traced_worker(rank, world_size, port, cfg, steps, memscope_argv, observer)
     plain = {f.name: getattr(result, f.name) for f in fields(WorkerResult)}
     return InstrumentedResult(**plain, **observer.measured)

@@ -35,6 +35,7 @@ from memscope.config import RuntimeConfig
 from memscope.integrations.megatron.parallel import megatron_parallel_info
 from memscope.integrations.megatron.schedule_regions import ScheduleRegions
 from memscope.session import TracingSession
+from memscope.session.step_peaks import DashboardSink, Sink
 
 StaticEstimateProvider = Callable[[Any, ParallelInfo], dict[str, Any] | None]
 
@@ -50,6 +51,17 @@ def default_static_estimate(args: Any, parallel: ParallelInfo) -> dict[str, Any]
         raise ValueError("no Megatron args were given to the runtime (from_megatron_args)")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     return estimate_for_runtime(args, parallel, device=device)
+
+
+def megatron_writers() -> tuple[Any, Any]:
+    """Megatron-LM's TensorBoard and W&B writers on this rank (``None`` where it has none, or
+    where Megatron-LM's training package is absent: megatron-core alone has no writers)."""
+    try:
+        from megatron.training.global_vars import get_tensorboard_writer, get_wandb_writer
+
+        return get_tensorboard_writer(), get_wandb_writer()
+    except Exception:
+        return None, None
 
 
 def dtype_name(args: Any) -> str:
@@ -98,8 +110,10 @@ class MemScopeMegatronRuntime:
             static_estimate=None if static_estimate_provider is None else self._static_estimate,
             framework_metadata=self._framework_metadata,
             grad_attributes=MEGATRON_GRAD_ATTRIBUTES,
+            dashboard_sink=self._dashboard_sink,
         )
         self.optimizer: Any = None
+        self._writers: tuple[Any, Any] | None = None
 
     @classmethod
     def from_megatron_args(cls, args: Any, **kwargs: Any) -> MemScopeMegatronRuntime:
@@ -116,6 +130,17 @@ class MemScopeMegatronRuntime:
             "dtype": dtype_name(self.args),
             "megatron_core_version": package_version("megatron-core"),
         }
+
+    def set_dashboard_writers(self, tensorboard: Any = None, wandb: Any = None) -> None:
+        """The writers this rank logs the job's step peaks to (before :meth:`start`); by
+        default Megatron-LM's own (``megatron.training.global_vars``), where it has them."""
+        self._writers = (tensorboard, wandb)
+
+    def _dashboard_sink(self) -> Sink | None:
+        tensorboard, wandb = self._writers if self._writers else megatron_writers()
+        if tensorboard is None and wandb is None:
+            return None
+        return DashboardSink(tensorboard, wandb)
 
     def attach_model(self, model: torch.nn.Module | list[torch.nn.Module]) -> None:
         """Hook a module or Megatron's list of model chunks (every virtual stage)."""
