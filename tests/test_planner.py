@@ -61,6 +61,8 @@ def test_the_top_plan_trains_within_the_budget_and_the_users_config_does_not(tmp
     assert not result["current"]["fits"] and result["plans"], "nothing fits the budget"
     top = result["plans"][0]
     layout = top["layout"]
+    # what the harness can train: its recompute is Megatron's uniform one
+    assert layout["recompute"] != "full" or layout["recompute_method"] == "uniform"
     cfg = dataclasses.replace(USER, micro_batch_size=layout["micro_batch_size"],
                               num_microbatches=layout["num_microbatches"],
                               recompute=layout["recompute"])  # fmt: skip
@@ -81,12 +83,28 @@ def test_every_layout_searched_satisfies_megatrons_constraints():
     seen = list(layouts(spec, world))
     assert len(seen) == len(set(seen)) > 100
     batch = spec.micro_batch_size * spec.num_microbatches * spec.parallel.dp
+    layers, seq = spec.model.num_layers, spec.model.seq_length
     for lay in seen:
-        assert lay.tp * lay.pp * lay.dp == world and lay.tp <= 8
-        assert spec.model.num_layers % (lay.pp * (lay.vpp or 1)) == 0
+        assert lay.tp * lay.pp * lay.cp * lay.dp == world and lay.tp <= 8
+        if lay.last_stage_layers is None:
+            assert layers % (lay.pp * (lay.vpp or 1)) == 0
+        else:  # a lighter last stage; the other stages split the rest evenly
+            rest = layers - lay.last_stage_layers
+            assert lay.vpp is None and rest % (lay.pp - 1) == 0
+            assert 1 <= lay.last_stage_layers < rest // (lay.pp - 1)
+        assert lay.cp == 1 or seq % (2 * lay.cp) == 0
         assert lay.micro_batch_size * lay.num_microbatches * lay.dp == batch
         assert lay.vpp is None or (lay.pp > 1 and lay.num_microbatches % lay.pp == 0)
         assert lay.sequence_parallel == (lay.tp > 1)
+        if lay.recompute_method == "block":  # half of each chunk's layers
+            per_chunk = (lay.last_stage_layers and layers // lay.pp) or layers // (
+                lay.pp * (lay.vpp or 1))  # fmt: skip
+            assert lay.recompute == "full" and lay.recompute_num_layers < max(per_chunk, 2)
+    kinds = {(lay.recompute, lay.recompute_method) for lay in seen}
+    assert kinds == {(None, "uniform"), ("selective", "uniform"), ("full", "block"),
+                     ("full", "uniform")}  # fmt: skip
+    assert {lay.cp for lay in seen} == {1, 2, 4, 8}
+    assert any(lay.last_stage_layers for lay in seen)
     # a layout the estimator's validation refuses is never offered: 8 query groups, TP=16
     bad = dataclasses.replace(current_layout(spec), tp=16, dp=spec.parallel.dp // 4)
     with pytest.raises(ValueError, match=r"must divide model\.num_query_groups"):
@@ -104,7 +122,7 @@ def test_plans_are_ranked_by_the_stated_cost_model_and_fit():
         lo, hi = p["peak_range_bytes"]
         assert lo < p["peak_bytes"] < hi
         assert p["cost"]["total"] == pytest.approx(1 + sum(
-            p["cost"][k] for k in ("bubble", "recompute", "tp_comm")))  # fmt: skip
+            p["cost"][k] for k in ("bubble", "recompute", "tp_comm", "cp_comm")))  # fmt: skip
     # the bubble term is Megatron's (p - 1) / (v m)
     model = CostModel()
     s = apply(spec, dataclasses.replace(current_layout(spec), pp=2, vpp=2,

@@ -45,6 +45,10 @@ def _layout(layout: Mapping[str, Any]) -> str:
     parts = [f"TP {layout['tp']}", f"PP {layout['pp']}"]
     if layout.get("vpp"):
         parts.append(f"VPP {layout['vpp']}")
+    if layout.get("last_stage_layers"):
+        parts.append(f"last stage {layout['last_stage_layers']} layers")
+    if (layout.get("cp") or 1) > 1:
+        parts.append(f"CP {layout['cp']}")
     parts += [f"DP {layout['dp']}", f"micro-batch {layout['micro_batch_size']}",
               f"recompute {layout['recompute'] or 'none'}"]  # fmt: skip
     return ", ".join(parts)
@@ -79,7 +83,8 @@ def plan_lines(doc: Mapping[str, Any]) -> list[str]:
             f"{i}. {p['flags']}",
             f"   peak {_range(p)} on stage {p['binding_stage']}, headroom "
             f"{format_bytes(p['headroom_bytes'])}; step time x{c['total']:.3f} (bubble "
-            f"{c['bubble']:.1%}, recompute {c['recompute']:.1%}, TP comm {c['tp_comm']:.1%})",
+            f"{c['bubble']:.1%}, recompute {c['recompute']:.1%}, TP comm {c['tp_comm']:.1%}, "
+            f"CP comm {c.get('cp_comm', 0.0):.1%})",
             f"   vs your config: {_terms(p['term_changes'])}",
         ]
     return out

@@ -1,8 +1,9 @@
 """Which Megatron settings fit a memory budget, and which of those should train fastest.
 
 :func:`plan` searches the layouts a Megatron job of a given world size can take (tensor,
-pipeline and virtual-pipeline parallel sizes, sequence parallelism, micro-batch size at the
-same global batch, activation recompute, the distributed optimizer), estimates every pipeline
+pipeline, virtual-pipeline and context parallel sizes, a lighter last stage, sequence
+parallelism, micro-batch size at the same global batch, activation recompute: selective,
+block or uniform full; the distributed optimizer), estimates every pipeline
 stage of each with the same per-rank estimator as ``analyze-static`` (:func:`.estimate_rank`:
 every term derived from what megatron-core allocates), keeps those whose worst stage fits the
 budget, and ranks them by :class:`CostModel`, a stated model of the step time. Megatron's
@@ -10,11 +11,14 @@ constraints are the estimator's own validation (heads, query groups and vocabula
 TP, layers by PP x VPP, VPP needing PP > 1, ...) plus the schedule's: interleaving needs the
 number of microbatches to be a multiple of PP.
 
+Within one layout, more recompute only costs more: once the cheapest recompute choice of a
+layout fits, its heavier ones are not estimated (they would rank after it).
+
 Deterministic: the same inputs give the same plans in the same order.
 
-Known limitations: context, expert and expert-tensor parallelism, uneven first/last stage
-layouts, recompute of chosen modules or a number of layers, activation and optimizer offload
-and the precision-aware optimizer keep the user's setting and are not searched.
+Known limitations: expert and expert-tensor parallelism, a lighter first stage, recompute of
+chosen modules, activation and optimizer offload and the precision-aware optimizer keep the
+user's setting and are not searched.
 """
 
 from __future__ import annotations
@@ -34,7 +38,16 @@ from memscope.analysis.static.params import RankPosition
 ESTIMATE_UNCERTAINTY = 0.064
 #: Largest tensor-parallel size searched: one node's GPUs (TP communicates every layer).
 MAX_TP = 8
-RECOMPUTE_CHOICES: tuple[str | None, ...] = (None, "selective", "full")
+#: Context-parallel sizes searched (the sequence must split into 2 x CP chunks).
+CP_CHOICES = (1, 2, 4, 8)
+#: Recompute, cheapest first: (granularity, method); "block" recomputes the first half of
+#: each stage's (or virtual chunk's) layers, "uniform" every layer, one per checkpoint.
+RECOMPUTE_CHOICES: tuple[tuple[str | None, str], ...] = (
+    (None, "uniform"),
+    ("selective", "uniform"),
+    ("full", "block"),
+    ("full", "uniform"),
+)
 
 
 @dataclass(frozen=True)
@@ -53,6 +66,11 @@ class CostModel:
       reduce-scatter + all-gather pairs with sequence parallelism) of ``b s h`` elements per
       layer and microbatch, each moving ``2 (t - 1) / t`` of it per GPU, not overlapped;
       timed at ``link_bytes_per_s`` against the layer's FLOPs at ``gpu_flops_per_s``.
+    * **Context parallelism** (megatron-core's ring attention,
+      ``transformer/dot_product_attention`` with ``cp_comm_type p2p``): each GPU passes its
+      K and V chunk (``2 b (s / c) g d / t`` elements) round the ring ``c - 1`` times in the
+      forward and twice that in the backward, taken as not overlapped; over NVLink while
+      ``t c`` GPUs fit in a node, else at ``inter_node_bytes_per_s``.
 
     Data-parallel gradient reduction is taken to overlap with backward (Megatron's
     ``--overlap-grad-reduce``), and is the same for every layout at one world size up to the
@@ -62,6 +80,8 @@ class CostModel:
 
     gpu_flops_per_s: float = 989e12 * 0.5
     link_bytes_per_s: float = 450e9
+    inter_node_bytes_per_s: float = 50e9  # one 400 Gb/s NIC per GPU
+    gpus_per_node: int = 8
     activation_bytes: int = 2  # bf16 activations on the wire
 
     def breakdown(self, spec: TrainingSpec) -> dict[str, float]:
@@ -71,20 +91,28 @@ class CostModel:
         b, s, h = spec.micro_batch_size, m.seq_length, m.hidden_size
         layer_flops = 24 * b * s * h * h + 4 * b * s * s * h  # forward, one layer
         bubble = (p.pp - 1) / ((p.vpp or 1) * spec.num_microbatches)
-        if spec.recompute == "full":
+        if spec.recompute == "full" and spec.recompute_method == "block":
+            per_chunk = max(1, m.num_layers // (p.pp * (p.vpp or 1)))
+            recompute = min(1.0, spec.recompute_num_layers / per_chunk) / 3
+        elif spec.recompute == "full":
             recompute = 1 / 3
         elif spec.recompute == "selective":
             recompute = (4 * b * s * s * h) / (3 * layer_flops)
         else:
             recompute = 0.0
-        comm_bytes = 4 * 2 * (p.tp - 1) / p.tp * b * s * h * self.activation_bytes
-        compute_s = 3 * layer_flops / p.tp / self.gpu_flops_per_s  # forward + backward
-        tp_comm = (comm_bytes / self.link_bytes_per_s) / compute_s
+        gpus = p.tp * p.cp
+        compute_s = 3 * layer_flops / gpus / self.gpu_flops_per_s  # forward + backward
+        tp_bytes = 4 * 2 * (p.tp - 1) / p.tp * b * (s / p.cp) * h * self.activation_bytes
+        tp_comm = (tp_bytes / self.link_bytes_per_s) / compute_s
+        kv = 2 * b * (s / p.cp) * m.query_groups * m.head_dim / p.tp * self.activation_bytes
+        link = self.link_bytes_per_s if gpus <= self.gpus_per_node else self.inter_node_bytes_per_s
+        cp_comm = (3 * (p.cp - 1) * kv / link) / compute_s
         return {
             "bubble": bubble,
             "recompute": recompute,
             "tp_comm": tp_comm,
-            "total": 1 + bubble + recompute + tp_comm,
+            "cp_comm": cp_comm,
+            "total": 1 + bubble + recompute + tp_comm + cp_comm,
         }
 
 
@@ -102,12 +130,18 @@ class Layout:
     recompute: str | None
     distributed_optimizer: bool
     layers_per_virtual_stage: int | None = None  # how Megatron-LM's flag spells VPP
+    cp: int = 1
+    last_stage_layers: int | None = None  # a lighter last stage (it also holds the logits)
+    recompute_method: str = "uniform"
+    recompute_num_layers: int = 1
 
     def megatron_args(self) -> dict[str, Any]:
         """The settings as Megatron argument names (FlagScale's YAML keys)."""
         out: dict[str, Any] = {
             "tensor_model_parallel_size": self.tp,
             "pipeline_model_parallel_size": self.pp,
+            "context_parallel_size": self.cp if self.cp > 1 else None,
+            "decoder_last_pipeline_num_layers": self.last_stage_layers,
             "sequence_parallel": self.sequence_parallel,
             "micro_batch_size": self.micro_batch_size,
             "use_distributed_optimizer": self.distributed_optimizer,
@@ -117,8 +151,8 @@ class Layout:
         if self.recompute == "selective":
             out["recompute_granularity"] = "selective"
         elif self.recompute == "full":
-            out.update(recompute_granularity="full", recompute_method="uniform",
-                       recompute_num_layers=1)  # fmt: skip
+            out.update(recompute_granularity="full", recompute_method=self.recompute_method,
+                       recompute_num_layers=self.recompute_num_layers)  # fmt: skip
         return {k: v for k, v in out.items() if v is not None}
 
     def flags(self) -> str:
@@ -171,40 +205,71 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _stage_splits(layers: int, pp: int) -> list[int | None]:
+    """Last-stage layer counts to try: even (``None``) when PP divides the layers, and a last
+    stage one or two layers lighter than the others (megatron-core's
+    ``decoder_last_pipeline_num_layers``: the rest split evenly)."""
+    out: list[int | None] = [None] if layers % pp == 0 else []
+    if pp > 1:
+        for lighter in (1, 2):
+            rest, left = divmod(layers + lighter, pp)
+            if left == 0 and rest - lighter >= 1:
+                out.append(rest - lighter)
+    return out
+
+
 def layouts(spec: TrainingSpec, world_size: int) -> Iterator[Layout]:
-    """Every layout of ``world_size`` ranks at the user's global batch (deterministic order)."""
+    """Every layout of ``world_size`` ranks at the user's global batch (deterministic order;
+    within one layout, its recompute choices cheapest first)."""
     p = spec.parallel
     global_batch = spec.micro_batch_size * spec.num_microbatches * p.dp
-    layers = spec.model.num_layers
+    layers, seq = spec.model.num_layers, spec.model.seq_length
     for tp in [d for d in _divisors(world_size) if d <= MAX_TP]:
-        for pp in [d for d in _divisors(world_size // tp) if layers % d == 0]:
-            dp = world_size // (tp * pp)
-            if global_batch % dp:
-                continue
-            per_dp = global_batch // dp
-            vpps: list[int | None] = [None] + [
-                v for v in (2, 4, 8) if pp > 1 and layers % (pp * v) == 0
-            ]
-            for mbs in [b for b in _divisors(per_dp) if b & (b - 1) == 0]:
-                m = per_dp // mbs
-                for vpp in vpps:
-                    if vpp is not None and m % pp:
-                        continue  # interleaving needs microbatches in multiples of PP
-                    for recompute in RECOMPUTE_CHOICES:
-                        for dist_opt in sorted({spec.precision.distributed_optimizer, dp > 1}):
-                            per = layers // (pp * vpp) if vpp else None
-                            yield Layout(tp, pp, vpp, dp, tp > 1, mbs, m, recompute, dist_opt, per)
+        for pp in _divisors(world_size // tp):
+            for last in _stage_splits(layers, pp):
+                for cp in [c for c in CP_CHOICES if (world_size // (tp * pp)) % c == 0]:
+                    if cp > 1 and seq % (2 * cp):
+                        continue
+                    dp = world_size // (tp * pp * cp)
+                    if global_batch % dp:
+                        continue
+                    yield from _batch_layouts(spec, tp, pp, cp, dp, last, global_batch // dp)
+
+
+def _batch_layouts(
+    spec: TrainingSpec, tp: int, pp: int, cp: int, dp: int, last: int | None, per_dp: int
+) -> Iterator[Layout]:
+    layers = spec.model.num_layers
+    vpps: list[int | None] = [None]
+    if last is None:  # interleaving with an uneven split is left out
+        vpps += [v for v in (2, 4, 8) if pp > 1 and layers % (pp * v) == 0]
+    for mbs in [b for b in _divisors(per_dp) if b & (b - 1) == 0]:
+        m = per_dp // mbs
+        for vpp in vpps:
+            if vpp is not None and m % pp:
+                continue  # interleaving needs microbatches in multiples of PP
+            per_chunk = layers // (pp * (vpp or 1))
+            for granularity, method in RECOMPUTE_CHOICES:
+                count = max(1, per_chunk // 2) if method == "block" else 1
+                if method == "block" and count >= per_chunk:
+                    continue  # the same as recomputing every layer
+                yield Layout(
+                    tp, pp, vpp, dp, tp > 1, mbs, m, granularity, dp > 1,
+                    layers // (pp * vpp) if vpp else None, cp, last, method, count,
+                )  # fmt: skip
 
 
 def apply(spec: TrainingSpec, layout: Layout) -> TrainingSpec:
     """``spec`` with ``layout``'s settings (raises ``ValueError`` where Megatron would)."""
     r = dataclasses.replace
     parallel = r(spec.parallel, tp=layout.tp, pp=layout.pp, vpp=layout.vpp, dp=layout.dp,
+                 cp=layout.cp, last_stage_layers=layout.last_stage_layers,
                  sequence_parallel=layout.sequence_parallel, dp_assumed=False)  # fmt: skip
     precision = r(spec.precision, distributed_optimizer=layout.distributed_optimizer)
     extra: dict[str, Any] = {}
     if layout.recompute == "full":
-        extra = {"recompute_method": "uniform", "recompute_num_layers": 1}
+        extra = {"recompute_method": layout.recompute_method,
+                 "recompute_num_layers": layout.recompute_num_layers}  # fmt: skip
     return r(spec, parallel=parallel, precision=precision, recompute=layout.recompute,
              micro_batch_size=layout.micro_batch_size,
              num_microbatches=layout.num_microbatches, **extra).validate()  # fmt: skip
@@ -305,7 +370,8 @@ def current_layout(spec: TrainingSpec) -> Layout:
     per = spec.model.num_layers // (p.pp * p.vpp) if p.vpp else None
     return Layout(p.tp, p.pp, p.vpp, p.dp, p.sequence_parallel, spec.micro_batch_size,
                   spec.num_microbatches, spec.recompute,
-                  spec.precision.distributed_optimizer, per)  # fmt: skip
+                  spec.precision.distributed_optimizer, per, p.cp, p.last_stage_layers,
+                  spec.recompute_method, spec.recompute_num_layers)  # fmt: skip
 
 
 def plan(
@@ -325,12 +391,19 @@ def plan(
     factors = (calibrated or {}).get("factors") or None
     mine = evaluate(spec, current_layout(spec), None, model, factors)
     assert mine is not None, "the user's spec was validated before planning"
-    searched = 0
+    searched = dominated = 0
     fitting: list[tuple[float, int, int, Plan]] = []
+    settled: set[Layout] = set()  # layouts (recompute aside) whose cheapest fit is found
     for index, layout in enumerate(layouts(spec, world_size)):
+        group = dataclasses.replace(layout, recompute=None, recompute_method="uniform",
+                                    recompute_num_layers=1)  # fmt: skip
+        if group in settled:
+            dominated += 1
+            continue
         searched += 1
         found = evaluate(spec, layout, budget_bytes, model, factors)
         if found is not None:
+            settled.add(group)
             fitting.append((round(found.cost["total"], 9), found.peak_bytes, index, found))
     fitting.sort(key=lambda t: t[:3])
     chosen = [t[3] for t in fitting[:top]]
@@ -343,6 +416,7 @@ def plan(
         "cost_model": dataclasses.asdict(model),
         "calibration": dict(calibrated) if calibrated else None,
         "searched": searched,
+        "dominated": dominated,
         "fitting": len(fitting),
         "current": mine.to_dict(budget_bytes) | {"fits": mine.peak_bytes <= budget_bytes},
         "plans": [p.to_dict(budget_bytes) for p in chosen],
