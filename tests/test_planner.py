@@ -224,3 +224,33 @@ def test_plan_calibrates_from_a_job_directory_and_refuses_one_without_comparison
     assert main([*base, "--calibrate", str(empty)]) == 2
     err = capsys.readouterr().err.strip()
     assert "no rank report with a static comparison" in err and "\n" not in err
+
+
+def test_moe_models_search_expert_parallelism_and_pay_for_its_all_to_all():
+    spec, _ = load_config(str(ROOT / "configs/static/llama3_8b_tp4_pp2.json"), None, None)
+    moe = dataclasses.replace(spec.model, num_experts=8, moe_router_topk=2,
+                              moe_ffn_hidden_size=2048)  # fmt: skip
+    spec = dataclasses.replace(spec, model=moe).validate()
+    eps = {lay.ep for lay in layouts(spec, 64)}
+    assert eps == {1, 2, 4, 8}  # the divisors of 8 experts
+    result = plan(spec, 64, 60 * 2**30, top=50)
+    with_ep = [p for p in result["plans"] if p["layout"]["ep"] > 1]
+    assert with_ep and all(p["cost"]["ep_comm"] > 0 for p in with_ep)
+    assert all(f"--expert-model-parallel-size {p['layout']['ep']}" in p["flags"] for p in with_ep)
+    assert all(p["cost"]["ep_comm"] == 0 for p in result["plans"] if p["layout"]["ep"] == 1)
+
+
+def test_a_layer_count_pp_does_not_divide_gets_a_lighter_first_or_last_stage():
+    spec, _ = load_config(str(ROOT / "configs/static/llama3_8b_tp4_pp2.json"), None, None)
+    model = dataclasses.replace(spec.model, num_layers=31)
+    spec = dataclasses.replace(spec, model=model, parallel=dataclasses.replace(
+        spec.parallel, pp=1, dp=16))  # fmt: skip
+    splits = {(lay.first_stage_layers, lay.last_stage_layers) for lay in layouts(spec, 64)
+              if lay.pp == 2}  # fmt: skip
+    assert splits == {(None, 15), (15, None)}  # 16 + 15 either way; 31 does not split evenly
+    result = plan(spec.validate(), 64, 80 * 2**30, top=200)
+    uneven = [p for p in result["plans"] if p["layout"]["pp"] == 2]
+    assert uneven, "no PP=2 layout fits"
+    for p in uneven:
+        assert ("--decoder-first-pipeline-num-layers 15" in p["flags"]) != (
+            "--decoder-last-pipeline-num-layers 15" in p["flags"])  # fmt: skip

@@ -1,7 +1,8 @@
 """Which Megatron settings fit a memory budget, and which of those should train fastest.
 
 :func:`plan` searches the layouts a Megatron job of a given world size can take (tensor,
-pipeline, virtual-pipeline and context parallel sizes, a lighter last stage, sequence
+pipeline, virtual-pipeline, context and, for MoE models, expert parallel sizes, a lighter
+first or last stage, sequence
 parallelism, micro-batch size at the same global batch, activation recompute: selective,
 block or uniform full; the distributed optimizer), estimates every pipeline
 stage of each with the same per-rank estimator as ``analyze-static`` (:func:`.estimate_rank`:
@@ -16,9 +17,9 @@ layout fits, its heavier ones are not estimated (they would rank after it).
 
 Deterministic: the same inputs give the same plans in the same order.
 
-Known limitations: expert and expert-tensor parallelism, a lighter first stage, recompute of
-chosen modules, activation and optimizer offload and the precision-aware optimizer keep the
-user's setting and are not searched.
+Known limitations: expert-tensor parallelism, recompute of chosen modules, activation and
+optimizer offload and the precision-aware optimizer keep the user's setting and are not
+searched (the estimator does not model the last three yet).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ ESTIMATE_UNCERTAINTY = 0.064
 MAX_TP = 8
 #: Context-parallel sizes searched (the sequence must split into 2 x CP chunks).
 CP_CHOICES = (1, 2, 4, 8)
+#: Expert-parallel sizes searched for MoE models (dividing the experts).
+EP_CHOICES = (1, 2, 4, 8, 16, 32, 64)
 #: Recompute, cheapest first: (granularity, method); "block" recomputes the first half of
 #: each stage's (or virtual chunk's) layers, "uniform" every layer, one per checkpoint.
 RECOMPUTE_CHOICES: tuple[tuple[str | None, str], ...] = (
@@ -66,6 +69,12 @@ class CostModel:
       reduce-scatter + all-gather pairs with sequence parallelism) of ``b s h`` elements per
       layer and microbatch, each moving ``2 (t - 1) / t`` of it per GPU, not overlapped;
       timed at ``link_bytes_per_s`` against the layer's FLOPs at ``gpu_flops_per_s``.
+    * **Expert parallelism** (megatron-core's ``transformer/moe/token_dispatcher.py``
+      all-to-all dispatcher): each MoE layer sends every token's hidden state to its
+      ``k`` experts and back, forward and backward (four all-to-alls of ``b (s / c) k h``
+      elements, ``(e - 1) / e`` of them leaving the GPU), not overlapped; over NVLink while
+      ``t e`` GPUs fit in a node, else at ``inter_node_bytes_per_s``. Timed against the dense
+      layer's FLOPs, for the share of layers that are MoE.
     * **Context parallelism** (megatron-core's ring attention,
       ``transformer/dot_product_attention`` with ``cp_comm_type p2p``): each GPU passes its
       K and V chunk (``2 b (s / c) g d / t`` elements) round the ring ``c - 1`` times in the
@@ -107,12 +116,23 @@ class CostModel:
         kv = 2 * b * (s / p.cp) * m.query_groups * m.head_dim / p.tp * self.activation_bytes
         link = self.link_bytes_per_s if gpus <= self.gpus_per_node else self.inter_node_bytes_per_s
         cp_comm = (3 * (p.cp - 1) * kv / link) / compute_s
+        ep_comm = 0.0
+        if m.num_experts and p.ep > 1:
+            moe_share = sum(m.is_moe_layer(i) for i in range(m.num_layers)) / m.num_layers
+            a2a = 4 * (p.ep - 1) / p.ep * b * (s / p.cp) * m.moe_router_topk * h
+            ep_link = (
+                self.link_bytes_per_s
+                if p.tp * p.ep <= self.gpus_per_node
+                else self.inter_node_bytes_per_s
+            )
+            ep_comm = moe_share * (a2a * self.activation_bytes / ep_link) / compute_s
         return {
             "bubble": bubble,
             "recompute": recompute,
             "tp_comm": tp_comm,
             "cp_comm": cp_comm,
-            "total": 1 + bubble + recompute + tp_comm + cp_comm,
+            "ep_comm": ep_comm,
+            "total": 1 + bubble + recompute + tp_comm + cp_comm + ep_comm,
         }
 
 
@@ -132,6 +152,8 @@ class Layout:
     layers_per_virtual_stage: int | None = None  # how Megatron-LM's flag spells VPP
     cp: int = 1
     last_stage_layers: int | None = None  # a lighter last stage (it also holds the logits)
+    first_stage_layers: int | None = None  # a lighter first stage (it holds the embedding)
+    ep: int = 1
     recompute_method: str = "uniform"
     recompute_num_layers: int = 1
 
@@ -141,6 +163,8 @@ class Layout:
             "tensor_model_parallel_size": self.tp,
             "pipeline_model_parallel_size": self.pp,
             "context_parallel_size": self.cp if self.cp > 1 else None,
+            "expert_model_parallel_size": self.ep if self.ep > 1 else None,
+            "decoder_first_pipeline_num_layers": self.first_stage_layers,
             "decoder_last_pipeline_num_layers": self.last_stage_layers,
             "sequence_parallel": self.sequence_parallel,
             "micro_batch_size": self.micro_batch_size,
@@ -205,16 +229,21 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _stage_splits(layers: int, pp: int) -> list[int | None]:
-    """Last-stage layer counts to try: even (``None``) when PP divides the layers, and a last
-    stage one or two layers lighter than the others (megatron-core's
-    ``decoder_last_pipeline_num_layers``: the rest split evenly)."""
-    out: list[int | None] = [None] if layers % pp == 0 else []
-    if pp > 1:
-        for lighter in (1, 2):
-            rest, left = divmod(layers + lighter, pp)
-            if left == 0 and rest - lighter >= 1:
-                out.append(rest - lighter)
+def _stage_splits(layers: int, pp: int) -> list[tuple[int | None, int | None]]:
+    """(first, last) stage layer counts to try: even ``(None, None)`` when PP divides the
+    layers; a last stage one or two layers lighter, a first stage one lighter, or both one
+    lighter than the others, which split the rest evenly (megatron-core's
+    ``decoder_first/last_pipeline_num_layers``)."""
+    out: list[tuple[int | None, int | None]] = [(None, None)] if layers % pp == 0 else []
+    for first_less, last_less in ((0, 1), (0, 2), (1, 0), (1, 1)):
+        uneven = (first_less > 0) + (last_less > 0)
+        if pp <= uneven:
+            continue
+        even, left = divmod(layers + first_less + last_less, pp)
+        if left or even - max(first_less, last_less) < 1:
+            continue
+        out.append((even - first_less if first_less else None,
+                    even - last_less if last_less else None))  # fmt: skip
     return out
 
 
@@ -224,24 +253,34 @@ def layouts(spec: TrainingSpec, world_size: int) -> Iterator[Layout]:
     p = spec.parallel
     global_batch = spec.micro_batch_size * spec.num_microbatches * p.dp
     layers, seq = spec.model.num_layers, spec.model.seq_length
+    experts = spec.model.num_experts or 0
     for tp in [d for d in _divisors(world_size) if d <= MAX_TP]:
         for pp in _divisors(world_size // tp):
-            for last in _stage_splits(layers, pp):
+            for split in _stage_splits(layers, pp):
                 for cp in [c for c in CP_CHOICES if (world_size // (tp * pp)) % c == 0]:
                     if cp > 1 and seq % (2 * cp):
                         continue
                     dp = world_size // (tp * pp * cp)
                     if global_batch % dp:
                         continue
-                    yield from _batch_layouts(spec, tp, pp, cp, dp, last, global_batch // dp)
+                    eps = [e for e in EP_CHOICES if experts % e == 0] if experts else [p.ep]
+                    for ep in eps:
+                        yield from _batch_layouts(
+                            spec, (tp, pp, cp, dp, ep), split, global_batch // dp
+                        )
 
 
 def _batch_layouts(
-    spec: TrainingSpec, tp: int, pp: int, cp: int, dp: int, last: int | None, per_dp: int
+    spec: TrainingSpec,
+    sizes: tuple[int, int, int, int, int],
+    split: tuple[int | None, int | None],
+    per_dp: int,
 ) -> Iterator[Layout]:
+    tp, pp, cp, dp, ep = sizes
+    first, last = split
     layers = spec.model.num_layers
     vpps: list[int | None] = [None]
-    if last is None:  # interleaving with an uneven split is left out
+    if split == (None, None):  # interleaving with an uneven split is left out
         vpps += [v for v in (2, 4, 8) if pp > 1 and layers % (pp * v) == 0]
     for mbs in [b for b in _divisors(per_dp) if b & (b - 1) == 0]:
         m = per_dp // mbs
@@ -255,7 +294,9 @@ def _batch_layouts(
                     continue  # the same as recomputing every layer
                 yield Layout(
                     tp, pp, vpp, dp, tp > 1, mbs, m, granularity, dp > 1,
-                    layers // (pp * vpp) if vpp else None, cp, last, method, count,
+                    layers_per_virtual_stage=layers // (pp * vpp) if vpp else None,
+                    cp=cp, last_stage_layers=last, first_stage_layers=first, ep=ep,
+                    recompute_method=method, recompute_num_layers=count,
                 )  # fmt: skip
 
 
@@ -263,7 +304,8 @@ def apply(spec: TrainingSpec, layout: Layout) -> TrainingSpec:
     """``spec`` with ``layout``'s settings (raises ``ValueError`` where Megatron would)."""
     r = dataclasses.replace
     parallel = r(spec.parallel, tp=layout.tp, pp=layout.pp, vpp=layout.vpp, dp=layout.dp,
-                 cp=layout.cp, last_stage_layers=layout.last_stage_layers,
+                 cp=layout.cp, ep=layout.ep, last_stage_layers=layout.last_stage_layers,
+                 first_stage_layers=layout.first_stage_layers,
                  sequence_parallel=layout.sequence_parallel, dp_assumed=False)  # fmt: skip
     precision = r(spec.precision, distributed_optimizer=layout.distributed_optimizer)
     extra: dict[str, Any] = {}
@@ -370,8 +412,11 @@ def current_layout(spec: TrainingSpec) -> Layout:
     per = spec.model.num_layers // (p.pp * p.vpp) if p.vpp else None
     return Layout(p.tp, p.pp, p.vpp, p.dp, p.sequence_parallel, spec.micro_batch_size,
                   spec.num_microbatches, spec.recompute,
-                  spec.precision.distributed_optimizer, per, p.cp, p.last_stage_layers,
-                  spec.recompute_method, spec.recompute_num_layers)  # fmt: skip
+                  spec.precision.distributed_optimizer, layers_per_virtual_stage=per,
+                  cp=p.cp, last_stage_layers=p.last_stage_layers,
+                  first_stage_layers=p.first_stage_layers, ep=p.ep,
+                  recompute_method=spec.recompute_method,
+                  recompute_num_layers=spec.recompute_num_layers)  # fmt: skip
 
 
 def plan(
