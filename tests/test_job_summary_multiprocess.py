@@ -53,6 +53,9 @@ def test_both_ranks_summaries_reach_rank_0_through_the_process_groups_store(tmp_
     for stage, result in zip(stages, results, strict=True):
         report = load_json(result.report_path)
         assert stage["max_terms"] == report["peak"]["categories"]
+        predicted = {c["component"]: c["static_bytes"]
+                     for c in report["comparisons"]["components"]}  # fmt: skip
+        assert stage["max_predicted_terms"] == predicted
     heavy = data["imbalance_by_term"]
     assert heavy["heaviest_stage"] == 0 and "activations" in heavy["sentence"]
     assert "(2 vs 1 microbatches in flight)" in heavy["sentence"]

@@ -5,9 +5,10 @@ parallel coordinates, peak, the bytes per term at the peak, in-flight microbatch
 and predicted, headroom) and returns
 
 * ``stages``: per pipeline stage, its ranks' highest, median and lowest peak, the heaviest
-  rank with its terms, the (chunk-)microbatches it had in flight at the peak against what
-  Megatron's schedule arithmetic predicts, and the rank with the least headroom with its
-  *binding term* (the largest term at that rank's peak: what a remedy must shrink);
+  rank with its terms (measured, and as the static estimate predicted them), the
+  (chunk-)microbatches it had in flight at the peak against what Megatron's schedule
+  arithmetic predicts, and the rank with the least headroom with its *binding term* (the
+  largest term at that rank's peak: what a remedy must shrink);
 * ``imbalance``: the heaviest stage against the lightest, term by term, in one sentence;
 * ``outliers``: ranks whose peak is off their stage's median by more than
   :data:`OUTLIER_SHARE`, with the term that differs most;
@@ -57,6 +58,7 @@ def _stage(pp: Any, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "peak_min": min(peaks),
         "max_rank": top["rank"],
         "max_terms": _terms(top),
+        "max_predicted_terms": top.get("predicted_terms") or {},
         "in_flight_measured": top.get("in_flight_measured"),
         "in_flight_predicted": top.get("in_flight_predicted"),
         "static_peak": top.get("static_peak"),

@@ -111,6 +111,12 @@ def rank_row(rank: int, report: dict[str, Any]) -> dict[str, Any]:
         "static_diff": comp.get("peak_diff_bytes"),
         "static_ratio": comp.get("peak_diff_ratio"),
         "terms": peak.get("categories"),
+        "predicted_terms": {
+            str(row.get("component")): row.get("static_bytes")
+            for row in comp.get("components") or []
+            if isinstance(row, dict) and row.get("static_bytes") is not None
+        }
+        or None,
         "in_flight_measured": (in_flight.get("measured") or {}).get("microbatches"),
         "in_flight_predicted": in_flight.get("predicted"),
         **_oom_and_headroom(report),

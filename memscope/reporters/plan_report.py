@@ -84,7 +84,7 @@ def plan_lines(doc: Mapping[str, Any]) -> list[str]:
             f"   peak {_range(p)} on stage {p['binding_stage']}, headroom "
             f"{format_bytes(p['headroom_bytes'])}; step time x{c['total']:.3f} (bubble "
             f"{c['bubble']:.1%}, recompute {c['recompute']:.1%}, TP comm {c['tp_comm']:.1%}, "
-            f"CP comm {c.get('cp_comm', 0.0):.1%})",
+            f"CP comm {c.get('cp_comm', 0.0):.1%}, EP comm {c.get('ep_comm', 0.0):.1%})",
             f"   vs your config: {_terms(p['term_changes'])}",
         ]
     return out
