@@ -196,7 +196,7 @@ class Plan:
     """One layout with its per-stage predicted peaks, cost and change against the user's."""
 
     layout: Layout
-    stage_peaks: list[dict[str, Any]]  # per stage: pp_rank, peak_bytes, components
+    stages: list[dict[str, Any]]  # per stage: pp_rank, peak_bytes, components
     worst_stage: int
     peak_bytes: int
     fits: bool
@@ -216,12 +216,12 @@ class Plan:
             "headroom_bytes": budget_bytes - self.peak_bytes,
             "binding_stage": self.worst_stage,
             "binding_term": max(
-                self.stage_peaks[self.worst_stage]["components"].items(), key=lambda kv: kv[1]
+                self.stages[self.worst_stage]["components"].items(), key=lambda kv: kv[1]
             )[0],
             "fits": self.fits,
             "cost": self.cost,
             "term_changes": self.term_changes,
-            "stages": self.stage_peaks,
+            "stages": self.stages,
         }
 
 
@@ -470,14 +470,6 @@ def plan(
 
 def _term_changes(mine: Plan, other: Plan) -> dict[str, int]:
     """Per term, the binding stage's bytes of ``other`` minus the user's binding stage's."""
-    a = mine.stage_peaks[mine.worst_stage]["components"]
-    b = other.stage_peaks[other.worst_stage]["components"]
+    a = mine.stages[mine.worst_stage]["components"]
+    b = other.stages[other.worst_stage]["components"]
     return {k: int(b.get(k, 0)) - int(a.get(k, 0)) for k in sorted(set(a) | set(b))}
-
-
-def describe_changes(changes: Mapping[str, int]) -> str:
-    """``activations -3.2 GiB, optimizer_state -1.1 GiB`` (largest change first)."""
-    from memscope.units import format_bytes
-
-    ranked = sorted((k for k in changes if changes[k]), key=lambda k: -abs(changes[k]))
-    return ", ".join(f"{k} {format_bytes(changes[k], signed=True)}" for k in ranked) or "none"
