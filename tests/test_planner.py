@@ -233,11 +233,14 @@ def test_moe_models_search_expert_parallelism_and_pay_for_its_all_to_all():
     spec = dataclasses.replace(spec, model=moe).validate()
     eps = {lay.ep for lay in layouts(spec, 64)}
     assert eps == {1, 2, 4, 8}  # the divisors of 8 experts
+    assert {lay.etp for lay in layouts(spec, 64) if lay.tp > 1} == {None, 1}
     result = plan(spec, 64, 60 * 2**30, top=50)
     with_ep = [p for p in result["plans"] if p["layout"]["ep"] > 1]
     assert with_ep and all(p["cost"]["ep_comm"] > 0 for p in with_ep)
     assert all(f"--expert-model-parallel-size {p['layout']['ep']}" in p["flags"] for p in with_ep)
     assert all(p["cost"]["ep_comm"] == 0 for p in result["plans"] if p["layout"]["ep"] == 1)
+    one = [p for p in result["plans"] if p["layout"]["etp"] == 1]
+    assert all("--expert-tensor-parallel-size 1" in p["flags"] for p in one)
 
 
 def test_a_layer_count_pp_does_not_divide_gets_a_lighter_first_or_last_stage():

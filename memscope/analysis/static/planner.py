@@ -1,25 +1,25 @@
 """Which Megatron settings fit a memory budget, and which of those should train fastest.
 
-:func:`plan` searches the layouts a Megatron job of a given world size can take (tensor,
-pipeline, virtual-pipeline, context and, for MoE models, expert parallel sizes, a lighter
-first or last stage, sequence
-parallelism, micro-batch size at the same global batch, activation recompute: selective,
-block or uniform full; the distributed optimizer), estimates every pipeline
-stage of each with the same per-rank estimator as ``analyze-static`` (:func:`.estimate_rank`:
-every term derived from what megatron-core allocates), keeps those whose worst stage fits the
-budget, and ranks them by :class:`CostModel`, a stated model of the step time. Megatron's
-constraints are the estimator's own validation (heads, query groups and vocabulary divisible by
-TP, layers by PP x VPP, VPP needing PP > 1, ...) plus the schedule's: interleaving needs the
-number of microbatches to be a multiple of PP.
+:func:`plan` searches the layouts a Megatron job of a given world size can take: tensor,
+pipeline, virtual-pipeline and context parallel sizes; for MoE models expert parallel sizes
+and expert-tensor parallelism (TP or 1); a lighter first or last stage; sequence parallelism;
+the micro-batch size at the same global batch; activation recompute (selective, block or
+uniform full); the distributed optimizer. It estimates every pipeline stage of each with the
+same per-rank estimator as ``analyze-static`` (:func:`.estimate_rank`: every term derived from
+what megatron-core allocates), keeps those whose worst stage fits the budget, and ranks them
+by :class:`CostModel`, a stated model of the step time. Megatron's constraints are the
+estimator's own validation (heads, query groups and vocabulary divisible by TP, layers by
+PP x VPP, VPP needing PP > 1, experts by EP, EP x ETP dividing TP x CP x DP, ...) plus the
+schedule's: interleaving needs the number of microbatches to be a multiple of PP.
 
 Within one layout, more recompute only costs more: once the cheapest recompute choice of a
 layout fits, its heavier ones are not estimated (they would rank after it).
 
 Deterministic: the same inputs give the same plans in the same order.
 
-Known limitations: expert-tensor parallelism, recompute of chosen modules, activation and
-optimizer offload and the precision-aware optimizer keep the user's setting and are not
-searched (the estimator does not model the last three yet).
+Known limitations: recompute of chosen modules, activation and optimizer offload and the
+precision-aware optimizer keep the user's setting and are not searched (the estimator does
+not model the last three yet).
 """
 
 from __future__ import annotations
@@ -154,6 +154,7 @@ class Layout:
     last_stage_layers: int | None = None  # a lighter last stage (it also holds the logits)
     first_stage_layers: int | None = None  # a lighter first stage (it holds the embedding)
     ep: int = 1
+    etp: int | None = None  # expert tensor parallel (None: TP, Megatron's default)
     recompute_method: str = "uniform"
     recompute_num_layers: int = 1
 
@@ -164,6 +165,7 @@ class Layout:
             "pipeline_model_parallel_size": self.pp,
             "context_parallel_size": self.cp if self.cp > 1 else None,
             "expert_model_parallel_size": self.ep if self.ep > 1 else None,
+            "expert_tensor_parallel_size": self.etp,
             "decoder_first_pipeline_num_layers": self.first_stage_layers,
             "decoder_last_pipeline_num_layers": self.last_stage_layers,
             "sequence_parallel": self.sequence_parallel,
@@ -264,10 +266,12 @@ def layouts(spec: TrainingSpec, world_size: int) -> Iterator[Layout]:
                     if global_batch % dp:
                         continue
                     eps = [e for e in EP_CHOICES if experts % e == 0] if experts else [p.ep]
+                    etps = [None, 1] if experts and tp > 1 else [p.etp]
                     for ep in eps:
-                        yield from _batch_layouts(
-                            spec, (tp, pp, cp, dp, ep), split, global_batch // dp
-                        )
+                        for etp in etps:
+                            yield from _batch_layouts(
+                                spec, (tp, pp, cp, dp, ep), split, global_batch // dp, etp
+                            )
 
 
 def _batch_layouts(
@@ -275,6 +279,7 @@ def _batch_layouts(
     sizes: tuple[int, int, int, int, int],
     split: tuple[int | None, int | None],
     per_dp: int,
+    etp: int | None = None,
 ) -> Iterator[Layout]:
     tp, pp, cp, dp, ep = sizes
     first, last = split
@@ -295,7 +300,7 @@ def _batch_layouts(
                 yield Layout(
                     tp, pp, vpp, dp, tp > 1, mbs, m, granularity, dp > 1,
                     layers_per_virtual_stage=layers // (pp * vpp) if vpp else None,
-                    cp=cp, last_stage_layers=last, first_stage_layers=first, ep=ep,
+                    cp=cp, last_stage_layers=last, first_stage_layers=first, ep=ep, etp=etp,
                     recompute_method=method, recompute_num_layers=count,
                 )  # fmt: skip
 
@@ -304,7 +309,8 @@ def apply(spec: TrainingSpec, layout: Layout) -> TrainingSpec:
     """``spec`` with ``layout``'s settings (raises ``ValueError`` where Megatron would)."""
     r = dataclasses.replace
     parallel = r(spec.parallel, tp=layout.tp, pp=layout.pp, vpp=layout.vpp, dp=layout.dp,
-                 cp=layout.cp, ep=layout.ep, last_stage_layers=layout.last_stage_layers,
+                 cp=layout.cp, ep=layout.ep, etp=layout.etp,
+                 last_stage_layers=layout.last_stage_layers,
                  first_stage_layers=layout.first_stage_layers,
                  sequence_parallel=layout.sequence_parallel, dp_assumed=False)  # fmt: skip
     precision = r(spec.precision, distributed_optimizer=layout.distributed_optimizer)
@@ -414,7 +420,7 @@ def current_layout(spec: TrainingSpec) -> Layout:
                   spec.num_microbatches, spec.recompute,
                   spec.precision.distributed_optimizer, layers_per_virtual_stage=per,
                   cp=p.cp, last_stage_layers=p.last_stage_layers,
-                  first_stage_layers=p.first_stage_layers, ep=p.ep,
+                  first_stage_layers=p.first_stage_layers, ep=p.ep, etp=p.etp,
                   recompute_method=spec.recompute_method,
                   recompute_num_layers=spec.recompute_num_layers)  # fmt: skip
 
