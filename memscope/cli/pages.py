@@ -8,24 +8,20 @@ Imports jinja2 and the reporters, so command modules import this inside their ``
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 from typing import Any
 
 from memscope.analysis.job import RankEntry, rank_steps, rank_summary, summarize_job
 from memscope.cli.common import CliError, check_output, progress, write_output
+from memscope.io.rank_folders import MAX_JOB_RANKS, REPORT_NAME
+from memscope.io.rank_folders import rank_folders as io_rank_folders
 from memscope.io.report_reader import ReportError, load_report
 from memscope.reporters.html import render_job_html, render_runtime_html
 from memscope.reporters.html_payload import MAX_POINTS, job_payload, runtime_payload
 from memscope.reporters.job_summary_json import JOB_SUMMARY_JSON, REPORT_TYPE_JOB_SUMMARY
 from memscope.reporters.runtime_json import REPORT_TYPE_RUNTIME
 
-#: A rank folder: ``rank`` and up to 15 digits (a rank JavaScript still holds exactly).
-RANK_DIR = re.compile(r"^rank(\d{1,15})$")
-REPORT_NAME = "runtime_report.json"
 JOB_PAGE_NAME = "job_report.html"
-#: Most rank folders a job directory may hold (more is refused: one line, exit code 2).
-MAX_JOB_RANKS = 100_000
 _MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError)
 
 
@@ -79,29 +75,11 @@ def job_page_html(entries: Sequence[RankEntry]) -> str:
 
 
 def rank_folders(directory: str) -> list[tuple[int, str]]:
-    """``(rank, folder path)`` of each ``rankNNNNN/`` folder of a job directory, in rank order;
-    the first folder of a rank counts (``rank00001`` before ``rank1``). More than
-    :data:`MAX_JOB_RANKS` of them is a :class:`CliError`."""
-    found: dict[int, str] = {}
+    """:func:`memscope.io.rank_folders.rank_folders`, its refusal as a :class:`CliError`."""
     try:
-        with os.scandir(directory) as it:
-            for item in it:
-                m = RANK_DIR.match(item.name)
-                if not m:
-                    continue
-                try:
-                    if not item.is_dir():
-                        continue
-                except OSError:
-                    continue
-                rank = int(m.group(1))
-                if rank not in found or item.name < os.path.basename(found[rank]):
-                    found[rank] = item.path
-                if len(found) > MAX_JOB_RANKS:
-                    raise CliError(f"{directory}: more than {MAX_JOB_RANKS} rank folders")
-    except OSError as exc:
-        raise CliError(f"{directory}: cannot list ({exc.strerror})") from None
-    return sorted(found.items())
+        return io_rank_folders(directory)
+    except ReportError as exc:
+        raise CliError(str(exc)) from None
 
 
 def job_entries(directory: str) -> list[RankEntry]:

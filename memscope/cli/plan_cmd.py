@@ -118,14 +118,15 @@ def _calibration(path: str) -> dict[str, Any]:
     """Per-term factors from the static comparisons of a rank report, a job summary or every
     rank report of a job directory; a path with none is a :class:`CliError`."""
     from memscope.analysis.static.planner import calibration
+    from memscope.io.rank_folders import REPORT_NAME, rank_folders
     from memscope.io.report_reader import ReportError, load_report
 
     comparisons = []
     try:
         if os.path.isdir(path):
-            for name in sorted(os.listdir(path)):
-                report = os.path.join(path, name, "runtime_report.json")
-                if re.fullmatch(r"rank\d{1,15}", name) and os.path.isfile(report):
+            for _, folder in rank_folders(path):
+                report = os.path.join(folder, REPORT_NAME)
+                if os.path.isfile(report):
                     comparisons.append(load_report(report, "runtime").get("comparisons") or {})
         else:
             doc = load_report(path)

@@ -16,17 +16,16 @@ Torch-free: the auto-tuner's process never trains.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from memscope.analysis.static.config import TrainingSpec
 from memscope.analysis.static.planner import stage_peaks
 from memscope.analysis.static.sources import spec_from_flagscale_yaml
+from memscope.io.rank_folders import REPORT_NAME, rank_folders
 from memscope.io.report_reader import ReportError, load_report
 
 MIB = 2**20
-_RANK_DIR = re.compile(r"^rank\d{1,15}$")
 # FlagScale strategy dimensions -> where they go in the training YAML (system: / model:).
 _SYSTEM_DIMS = ("data_parallel_size", "use_distributed_optimizer", "tensor_model_parallel_size",
                 "sequence_parallel", "pipeline_model_parallel_size",
@@ -104,9 +103,9 @@ def trial_max_memory(path: str) -> float | None:
         if os.path.isfile(summary):
             reports = list(load_report(summary, "job_summary").get("ranks") or [])
         elif os.path.isdir(path):
-            for name in sorted(os.listdir(path)):
-                report = os.path.join(path, name, "runtime_report.json")
-                if _RANK_DIR.match(name) and os.path.isfile(report):
+            for _, folder in rank_folders(path):
+                report = os.path.join(folder, REPORT_NAME)
+                if os.path.isfile(report):
                     reports.append(load_report(report, "runtime"))
     except ReportError:
         return None
