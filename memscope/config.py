@@ -288,6 +288,10 @@ class RuntimeConfig:
     def traces_rank(self, rank: int) -> bool:
         return self.ranks is None or rank in self.ranks
 
+    def traced_ranks(self, world_size: int) -> list[int]:
+        """The ranks of a ``world_size`` job that this config traces, in order."""
+        return [r for r in range(world_size) if self.traces_rank(r)]
+
     def in_step_window(self, step: int) -> bool:
         return step >= self.step_start and (self.step_end is None or step < self.step_end)
 

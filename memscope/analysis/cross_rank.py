@@ -81,13 +81,13 @@ def _outliers(by_stage: Mapping[Any, Sequence[Mapping[str, Any]]]) -> list[dict[
         if len(rows) < 3:
             continue
         median = statistics.median(int(r["peak_allocated"]) for r in rows)
-        names = {k for r in rows for k in _terms(r)}
-        term_median = {k: statistics.median(_terms(r).get(k, 0) for r in rows) for k in names}
-        for row in rows:
+        row_terms = [_terms(r) for r in rows]
+        names = {k for terms in row_terms for k in terms}
+        term_median = {k: statistics.median(t.get(k, 0) for t in row_terms) for k in names}
+        for row, terms in zip(rows, row_terms, strict=True):
             off = int(row["peak_allocated"]) - median
             if not median or abs(off) <= OUTLIER_SHARE * median:
                 continue
-            terms = _terms(row)
             diffs = {k: terms.get(k, 0) - term_median[k] for k in names}
             term = max(diffs, key=lambda k: abs(diffs[k])) if diffs else None
             found.append(

@@ -60,8 +60,23 @@ def _range(plan: Mapping[str, Any]) -> str:
 
 
 def plan_lines(doc: Mapping[str, Any]) -> list[str]:
-    """What the command prints: the budget, the user's layout, the calibration if any (the
-    head), then three lines per plan that fits."""
+    """What the command prints: :func:`plan_head`, then three lines per plan that fits."""
+    out = plan_head(doc)
+    for i, p in enumerate(doc["plans"], 1):
+        c = p["cost"]
+        out += [
+            f"{i}. {p['flags']}",
+            f"   peak {_range(p)} on stage {p['binding_stage']}, headroom "
+            f"{format_bytes(p['headroom_bytes'])}; step time x{c['total']:.3f} (bubble "
+            f"{c['bubble']:.1%}, recompute {c['recompute']:.1%}, TP comm {c['tp_comm']:.1%}, "
+            f"CP comm {c['cp_comm']:.1%}, EP comm {c['ep_comm']:.1%})",
+            f"   vs your config: {_terms(p['term_changes'])}",
+        ]
+    return out
+
+
+def plan_head(doc: Mapping[str, Any]) -> list[str]:
+    """The budget, the user's layout and whether it fits, and the calibration if any."""
     cur = doc["current"]
     verdict = "fits" if cur["fits"] else "does NOT fit"
     gpu = format_bytes(doc["gpu_memory_bytes"])
@@ -77,28 +92,18 @@ def plan_lines(doc: Mapping[str, Any]) -> list[str]:
     if cal:
         factors = ", ".join(f"{k} x{v:.3f}" for k, v in cal["factors"].items())
         out.append(f"calibrated from {cal['ranks']} measured rank(s): {factors}")
-    for i, p in enumerate(doc["plans"], 1):
-        c = p["cost"]
-        out += [
-            f"{i}. {p['flags']}",
-            f"   peak {_range(p)} on stage {p['binding_stage']}, headroom "
-            f"{format_bytes(p['headroom_bytes'])}; step time x{c['total']:.3f} (bubble "
-            f"{c['bubble']:.1%}, recompute {c['recompute']:.1%}, TP comm {c['tp_comm']:.1%}, "
-            f"CP comm {c.get('cp_comm', 0.0):.1%}, EP comm {c.get('ep_comm', 0.0):.1%})",
-            f"   vs your config: {_terms(p['term_changes'])}",
-        ]
     return out
 
 
 def render_plan_markdown(doc: Mapping[str, Any]) -> str:
     """``plan.md``: the same as the terminal, with each plan's per-stage peaks and YAML."""
     lines = ["# MemScope plan", "", f"Config: `{doc['config']}`", ""]
-    lines += [f"- {line}" for line in plan_lines(doc)[: 3 if doc.get("calibration") else 2]]
+    lines += [f"- {line}" for line in plan_head(doc)]
     lines += [
         "",
         "Peaks are MemScope's static estimate per pipeline stage; the range is its worst error "
         f"against NVIDIA's published GPU measurements (±{doc['uncertainty']:.1%}). Step time "
-        "is relative to the same work with no bubble, recompute or TP communication "
+        "is relative to the same work with no bubble, recompute or TP/CP/EP communication "
         "(docs/planner.md).",
     ]
     for i, p in enumerate(doc["plans"], 1):

@@ -347,8 +347,7 @@ class TracingSession:
             if store is None:
                 return
             sink = self._dashboard_sink() if self._dashboard_sink is not None else None
-            world = self.parallel.world_size
-            ranks = [r for r in range(world) if cfg.traces_rank(r)]
+            ranks = cfg.traced_ranks(self.parallel.world_size)
             board = StepPeakBoard(
                 store, self.rank, ranks, sink, on_error=lambda e: self._failed("step_peaks", e)
             )
@@ -520,7 +519,7 @@ class TracingSession:
                 self._summary,
                 rank=self.rank,
                 world_size=world,
-                expected=[r for r in range(world) if cfg.traces_rank(r)],
+                expected=cfg.traced_ranks(world),
                 outdir=cfg.outdir,
                 run_id=self.run.run_id,
                 timeout_s=cfg.job_summary_timeout,

@@ -168,7 +168,7 @@ class StepPeakBoard:
         for rank, raw in zip(present, values, strict=True):
             for part in bytes(raw).decode().split(","):
                 text, _, peak = part.partition(":")
-                if text.lstrip("-").isdigit() and peak.isdigit():
+                if text.lstrip("-").isdigit() and peak.isdigit() and int(text) > self._logged:
                     self._seen.setdefault(int(text), {})[rank] = int(peak)
         newest = self._mine[-1][0] if self._mine else -1  # this rank's own progress
         for step in sorted(self._seen):
@@ -178,5 +178,5 @@ class StepPeakBoard:
                 assert self.sink is not None
                 self.sink(step, peaks)
                 self._logged = step
-        for done in [s for s in self._seen if s <= self._logged]:
+        for done in [s for s in self._seen if s <= self._logged]:  # logged, or skipped past
             del self._seen[done]

@@ -93,9 +93,13 @@ class CostModel:
     gpus_per_node: int = 8
     activation_bytes: int = 2  # bf16 activations on the wire
 
+    def _link(self, gpus: int) -> float:
+        """Bytes per second between ``gpus`` GPUs: NVLink within a node, else the NIC."""
+        return self.link_bytes_per_s if gpus <= self.gpus_per_node else self.inter_node_bytes_per_s
+
     def breakdown(self, spec: TrainingSpec) -> dict[str, float]:
-        """``bubble``, ``recompute`` and ``tp_comm`` as shares of the ideal step time, and
-        their ``total`` (1 + the three)."""
+        """``bubble``, ``recompute``, ``tp_comm``, ``cp_comm`` and ``ep_comm`` as shares of
+        the ideal step time, and their ``total`` (1 + the five)."""
         m, p = spec.model, spec.parallel
         b, s, h = spec.micro_batch_size, m.seq_length, m.hidden_size
         layer_flops = 24 * b * s * h * h + 4 * b * s * s * h  # forward, one layer
@@ -114,18 +118,13 @@ class CostModel:
         tp_bytes = 4 * 2 * (p.tp - 1) / p.tp * b * (s / p.cp) * h * self.activation_bytes
         tp_comm = (tp_bytes / self.link_bytes_per_s) / compute_s
         kv = 2 * b * (s / p.cp) * m.query_groups * m.head_dim / p.tp * self.activation_bytes
-        link = self.link_bytes_per_s if gpus <= self.gpus_per_node else self.inter_node_bytes_per_s
-        cp_comm = (3 * (p.cp - 1) * kv / link) / compute_s
+        cp_comm = (3 * (p.cp - 1) * kv / self._link(gpus)) / compute_s
         ep_comm = 0.0
         if m.num_experts and p.ep > 1:
             moe_share = sum(m.is_moe_layer(i) for i in range(m.num_layers)) / m.num_layers
             a2a = 4 * (p.ep - 1) / p.ep * b * (s / p.cp) * m.moe_router_topk * h
-            ep_link = (
-                self.link_bytes_per_s
-                if p.tp * p.ep <= self.gpus_per_node
-                else self.inter_node_bytes_per_s
-            )
-            ep_comm = moe_share * (a2a * self.activation_bytes / ep_link) / compute_s
+            a2a_s = a2a * self.activation_bytes / self._link(p.tp * p.ep)
+            ep_comm = moe_share * a2a_s / compute_s
         return {
             "bubble": bubble,
             "recompute": recompute,
@@ -201,7 +200,6 @@ class Plan:
     stages: list[dict[str, Any]]  # per stage: pp_rank, peak_bytes, components
     worst_stage: int
     peak_bytes: int
-    fits: bool
     cost: dict[str, float]
     term_changes: dict[str, int] = field(default_factory=dict)  # worst rank, vs the user's
 
@@ -220,7 +218,7 @@ class Plan:
             "binding_term": max(
                 self.stages[self.worst_stage]["components"].items(), key=lambda kv: kv[1]
             )[0],
-            "fits": self.fits,
+            "fits": self.peak_bytes <= budget_bytes,
             "cost": self.cost,
             "term_changes": self.term_changes,
             "stages": self.stages,
@@ -355,13 +353,13 @@ def calibrated_peak(peak: int, components: Mapping[str, int], factors: Mapping[s
 
 def _stage_estimates(
     spec: TrainingSpec, budget: int | None, factors: Mapping[str, float] | None = None
-) -> list[RankEstimate] | None:
-    """Each stage's estimate (TP rank 0: TP shards are alike); with ``budget``, ``None`` as
-    soon as a stage exceeds it (the first and last stages, the usual peaks, go first), its
-    peak calibrated by ``factors`` when given."""
+) -> list[tuple[RankEstimate, int]] | None:
+    """Each stage's estimate (TP rank 0: TP shards are alike) and its peak, calibrated by
+    ``factors`` when given; with ``budget``, ``None`` as soon as a stage exceeds it (the first
+    and last stages, the usual peaks, go first)."""
     pp = spec.parallel.pp
     order = list(dict.fromkeys([0, pp - 1, *range(pp)]))
-    found: dict[int, RankEstimate] = {}
+    found: dict[int, tuple[RankEstimate, int]] = {}
     for stage in order:
         est = estimate_rank(spec, RankPosition(tp_rank=0, pp_rank=stage))
         peak = est.peak_memory_bytes
@@ -369,7 +367,7 @@ def _stage_estimates(
             peak = calibrated_peak(peak, est.components(), factors)
         if budget is not None and peak > budget:
             return None
-        found[stage] = est
+        found[stage] = (est, peak)
     return [found[s] for s in range(pp)]
 
 
@@ -377,7 +375,7 @@ def stage_peaks(spec: TrainingSpec) -> list[int]:
     """Each pipeline stage's predicted peak (TP rank 0), in stage order."""
     estimates = _stage_estimates(spec, None)
     assert estimates is not None  # no budget: every stage is estimated
-    return [e.peak_memory_bytes for e in estimates]
+    return [peak for _, peak in estimates]
 
 
 def evaluate(
@@ -398,18 +396,14 @@ def evaluate(
     if estimates is None:
         return None
     stages: list[dict[str, Any]] = []
-    for i, e in enumerate(estimates):
-        comps = e.components()
-        stage = {"pp_rank": i, "peak_bytes": e.peak_memory_bytes, "components": comps,
+    for i, (e, peak) in enumerate(estimates):
+        stage = {"pp_rank": i, "peak_bytes": peak, "components": e.components(),
                  "peak_stage": e.peak_stage}  # fmt: skip
         if factors:
             stage["estimated_bytes"] = e.peak_memory_bytes
-            stage["peak_bytes"] = calibrated_peak(e.peak_memory_bytes, comps, factors)
         stages.append(stage)
-    worst = max(range(len(stages)), key=lambda i: (int(stages[i]["peak_bytes"]), -i))
-    peak = int(stages[worst]["peak_bytes"])
-    return Plan(layout, stages, worst, peak, budget is None or peak <= budget,
-                cost_model.breakdown(changed))  # fmt: skip
+    worst = max(range(len(stages)), key=lambda i: (estimates[i][1], -i))
+    return Plan(layout, stages, worst, estimates[worst][1], cost_model.breakdown(changed))
 
 
 def current_layout(spec: TrainingSpec) -> Layout:
@@ -469,7 +463,7 @@ def plan(
         "searched": searched,
         "dominated": dominated,
         "fitting": len(fitting),
-        "current": mine.to_dict(budget_bytes) | {"fits": mine.peak_bytes <= budget_bytes},
+        "current": mine.to_dict(budget_bytes),
         "plans": [p.to_dict(budget_bytes) for p in chosen],
     }
 
