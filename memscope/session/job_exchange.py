@@ -35,8 +35,9 @@ T = TypeVar("T")
 
 #: Keys live under this prefix of the job's store (one generation per exchange in a process).
 KEY_PREFIX = "memscope/job_summary"
-#: Largest compressed summary read back (a rank summary is a few KB).
-MAX_SUMMARY_BYTES = 4 * 2**20
+#: A published summary is read back decompressed to at most this many bytes (a rank summary
+#: is a few KB); anything longer reads as truncated JSON, an unreadable summary.
+MAX_SUMMARY_BYTES = 32 * 2**20
 POLL_S = 0.1
 #: Beyond the wait itself: how long publishing, or reading what arrived, may take.
 STORE_GRACE_S = 10.0
@@ -139,7 +140,7 @@ class JobSummaryExchange:
 def decode_summary(blob: bytes) -> dict[str, Any]:
     """A published summary back as a dict; ``ValueError`` when it is not one."""
     try:
-        text = zlib.decompressobj().decompress(bytes(blob), MAX_SUMMARY_BYTES * 8)
+        text = zlib.decompressobj().decompress(bytes(blob), MAX_SUMMARY_BYTES)
         data = strict_json_loads(text.decode("utf-8"))
     except (zlib.error, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{type(exc).__name__}: {exc}") from None
