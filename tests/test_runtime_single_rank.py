@@ -8,7 +8,7 @@ import os
 import pytest
 from conftest import load_json, read_jsonl, run_in_process
 
-from memscope.events.schema import SCHEMA_VERSION
+from memscope.events.schema import PHASE_ORDER, SCHEMA_VERSION
 
 pytestmark = pytest.mark.integration
 
@@ -402,3 +402,47 @@ def test_the_peak_steps_active_memory_is_the_replayed_history_band_by_band(histo
     labels = {b["label"] for b in active["bands"] if b["category"] == "activations"}
     assert any(label.startswith("forward · decoder.layers.") for label in labels)
     assert any(label.startswith("backward · ") for label in labels)
+
+
+def test_phase_maxima_are_within_each_phase(traced_run):
+    """The optimizer's max allocated is what the optimizer reached, not the step's
+    high-water mark that backward set: read independently from the trace's step phases (the
+    optimizer's own mark where it raised the step's, else its readings)."""
+    _, report, outdir = traced_run
+    phases = {row["phase"]: row for row in report["phase_summary"]}
+    backward, optimizer = phases["backward"], phases["optimizer"]
+    assert optimizer["max_mem_allocated"] < backward["max_mem_allocated"]
+    assert backward["max_mem_allocated"] == report["peak"]["memory_bytes"]
+    lines = read_jsonl(os.path.join(outdir, "rank00000", "trace.jsonl"))
+    by_step: dict[int, dict[str, dict]] = {}
+    for e in lines:
+        if e.get("event_type") == "step_phase":
+            by_step.setdefault(e["step"], {})[e["phase"]] = e
+    reached = []
+    for step_phases in by_step.values():
+        opt, pre = step_phases["optimizer"], step_phases["pre_optimizer"]
+        raised = opt["max_mem_allocated"] > pre["max_mem_allocated"]
+        reached.append(
+            opt["max_mem_allocated"]
+            if raised
+            else max(opt["mem_allocated_before"], opt["mem_allocated_after"])
+        )
+    assert optimizer["max_mem_allocated"] == max(reached)
+    step_peaks = [row["peak_allocated"] for row in report["steps"]]
+    assert optimizer["max_mem_allocated"] < max(step_peaks)
+    # the first step creates the optimizer state: its optimizer phase sets that step's peak
+    first = report["steps"][0]
+    assert first["phase_peaks"]["optimizer"] == first["peak_allocated"]
+    assert report["steps"][-1]["phase_peaks"]["optimizer"] < report["steps"][-1]["peak_allocated"]
+
+
+def test_phases_are_listed_in_one_order(traced_run):
+    _, report, _ = traced_run
+    order = [row["phase"] for row in report["phase_summary"]]
+    assert order == [p for p in PHASE_ORDER if p in order]
+    assert list(report["steps"][-1]["phase_peaks"]) == [
+        "forward_backward",
+        "pre_optimizer",
+        "optimizer",
+        "step",
+    ]

@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from memscope.events.schema import CATEGORIES, STEP_PHASE, MemoryEvent
+from memscope.analysis.phases import InPhaseMax
+from memscope.events.schema import CATEGORIES, STEP_PHASE, MemoryEvent, phase_rank
 
 
 @dataclass(slots=True)
@@ -35,7 +36,9 @@ class StepSummary:
             "peak_allocated": self.peak_allocated,
             "peak_reserved": self.peak_reserved,
             "peak_phase": self.peak_phase,
-            "phase_peaks": dict(self.phase_peaks or {}),
+            "phase_peaks": dict(
+                sorted((self.phase_peaks or {}).items(), key=lambda kv: phase_rank(kv[0]))
+            ),
         }
         if self.host_rss_end is not None:
             out["host_rss_end"] = self.host_rss_end
@@ -58,6 +61,7 @@ class StepAnalyzer:
         self.thinned = 0
         self._peak_bytes = -1
         self._peak_step: int | None = None
+        self._in_phase = InPhaseMax()
 
     def consume(self, e: MemoryEvent) -> None:
         if e.max_mem_allocated > self._peak_bytes:
@@ -70,7 +74,7 @@ class StepAnalyzer:
             s.phase_peaks = {}
             self._thin()
         assert s.phase_peaks is not None
-        s.phase_peaks[e.phase] = e.max_mem_allocated
+        s.phase_peaks[e.phase] = self._in_phase.in_phase(e)[0]
         s.allocated_end = e.mem_allocated_after
         s.reserved_end = e.mem_reserved_after
         if e.max_mem_allocated > s.peak_allocated:

@@ -42,6 +42,25 @@ PHASE_FORWARD = "forward"
 PHASE_RECOMPUTE = "recompute"
 PHASE_BACKWARD = "backward"
 PHASE_SETUP = "setup"
+#: Every phase in the one order tables, steps and charts list them: before the first step,
+#: the forward-backward step phase followed by the hook phases inside it, then the rest of
+#: the step, then the whole step.
+PHASE_ORDER = (
+    PHASE_SETUP,
+    PHASE_FORWARD_BACKWARD,
+    PHASE_FORWARD,
+    PHASE_RECOMPUTE,
+    PHASE_BACKWARD,
+    PHASE_PRE_OPTIMIZER,
+    PHASE_OPTIMIZER,
+    PHASE_STEP,
+)
+
+
+def phase_rank(phase: str) -> int:
+    """Where ``phase`` sorts in :data:`PHASE_ORDER` (an unknown phase after every known one)."""
+    return PHASE_ORDER.index(phase) if phase in PHASE_ORDER else len(PHASE_ORDER)
+
 
 # Memory categories, in the fixed order used by tuples of per-category byte counts.
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")

@@ -114,6 +114,12 @@ def _composition_lines(
     return lines
 
 
+def _in_phase(row: dict[str, Any]) -> str:
+    """A phase's maximum, marked ``≥`` when it is its highest reading, not a high-water mark."""
+    value = format_bytes(row["max_mem_allocated"])
+    return f"≥ {value}" if row.get("max_mem_allocated_source") == "readings" else value
+
+
 def _percent(value: object) -> str:
     return f"{value * 100:.1f}%" if isinstance(value, int | float) else "n/a"
 
@@ -292,12 +298,12 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
 
     lines += ["## Per-phase maxima", ""]
     lines += _table(
-        ["phase", "events", "max allocated (high-water)", "max allocated after", "max Δ", "min Δ"],
+        ["phase", "events", "max allocated in the phase", "max allocated after", "max Δ", "min Δ"],
         [
             [
                 t(p["phase"]),
                 t(p["count"]),
-                format_bytes(p["max_mem_allocated"]),
+                _in_phase(p),
                 format_bytes(p["max_mem_allocated_after"]),
                 format_bytes(p["max_delta_allocated"], signed=True),
                 format_bytes(p["min_delta_allocated"], signed=True),
@@ -305,6 +311,13 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
             for p in report.get("phase_summary", [])[:max_rows]
         ],
     )
+    if report.get("phase_summary"):
+        lines[-1:-1] = [
+            "",
+            "A phase's maximum is the step's high-water mark where the phase set it; "
+            "≥ marks a phase that stayed below the mark set elsewhere in its step: its highest "
+            "reading.",
+        ]
     lines += ["## Top events (deduplicated)", ""]
     lines += _table(
         ["event", "module", "phase", "count", "allocated after", "max Δ", "min Δ", "worst step"],

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memscope._version import __version__
-from memscope.events.schema import SCHEMA_VERSION, MemoryEvent
+from memscope.events.schema import SCHEMA_VERSION, MemoryEvent, phase_rank
 
 REPORT_TYPE_RUNTIME = "runtime"
 STATUSES = ("running", "complete", "incomplete", "crashed", "oom")
@@ -48,9 +48,7 @@ def build_runtime_report(inputs: RuntimeReportInputs) -> dict[str, Any]:
     phases = [
         {"phase": name, **values}
         for name, values in sorted(
-            sections["phase_summary"].items(),
-            key=lambda kv: kv[1]["max_mem_allocated"],
-            reverse=True,
+            sections["phase_summary"].items(), key=lambda kv: (phase_rank(kv[0]), kv[0])
         )
     ]
     return {
