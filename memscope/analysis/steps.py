@@ -48,6 +48,24 @@ class StepSummary:
             out["categories_start"] = dict(zip(CATEGORIES, self.categories_start, strict=True))
         if self.device_end is not None:
             out["device_end"] = dict(self.device_end)
+            out.update(self.gpu_signals())
+        return out
+
+    def gpu_signals(self) -> dict[str, int]:
+        """What the device reading at the step's end says beside the allocator's totals
+        (``cuda`` backend): device-used memory, the part PyTorch does not hold (NCCL, the
+        CUDA context, other processes' libraries), the allocator's cached but free bytes, and
+        its cumulative allocation retries and OOMs."""
+        device = self.device_end or {}
+        out: dict[str, int] = {}
+        if "device_used_bytes" in device:
+            used = device["device_used_bytes"]
+            out["device_used_end"] = used
+            out["outside_pytorch_end"] = max(0, used - self.reserved_end)
+        if "num_alloc_retries" in device:  # a caching allocator's counters
+            out["cached_free_end"] = max(0, self.reserved_end - self.allocated_end)
+            out["alloc_retries_total"] = device["num_alloc_retries"]
+            out["ooms_total"] = device.get("num_ooms", 0)
         return out
 
 
@@ -103,10 +121,17 @@ class StepAnalyzer:
     def sections(self, prior: Mapping[str, Any]) -> dict[str, Any]:
         timeline = prior.get("allocator_timeline") or {}
         exact = {int(k): int(v) for k, v in (timeline.get("step_peaks") or {}).items()}
-        out = []
+        out: list[dict[str, Any]] = []
         for k in sorted(self.steps):
             row = self.steps[k].to_dict()
             if k in exact:  # the step's true high-water mark, from the allocator history
                 row["peak_allocated_timeline"] = exact[k]
+            previous = out[-1] if out else {}
+            for counter, total in (
+                ("alloc_retries", "alloc_retries_total"),
+                ("ooms", "ooms_total"),
+            ):
+                if total in row and total in previous:  # since the step listed before
+                    row[counter] = row[total] - previous[total]
             out.append(row)
         return {"steps": out}

@@ -13,6 +13,12 @@ from typing import Any
 
 from memscope.downsample import downsample_indices
 from memscope.events.schema import HOOK_EVENTS
+from memscope.reporters.views import (
+    GPU_STEP_COLUMNS,
+    composition_note,
+    gpu_signals_note,
+    reserved_note,
+)
 
 MAX_POINTS = 2000  # per plotted series
 MAX_ROWS = 500
@@ -26,9 +32,11 @@ def _pick(rows: list[dict[str, Any]], keys: Sequence[str]) -> dict[str, list[Any
 
 
 def _step_series(steps: list[dict[str, Any]], max_points: int) -> dict[str, list[Any]]:
-    keep: set[int] = set()  # the three series share the budget; each keeps its own maximum
-    for key in ("peak_allocated", "allocated_end", "reserved_end"):
-        keep.update(downsample_indices([s.get(key) or 0 for s in steps], max(4, max_points // 3)))
+    keep: set[int] = set()  # the plotted series share the budget; each keeps its own maximum
+    plotted = ("peak_allocated", "allocated_end", "reserved_end", "device_used_end")
+    for key in plotted:
+        values = [s.get(key) or 0 for s in steps]
+        keep.update(downsample_indices(values, max(4, max_points // len(plotted))))
     kept = [steps[i] for i in sorted(keep)]
     return _pick(
         kept,
@@ -40,6 +48,7 @@ def _step_series(steps: list[dict[str, Any]], max_points: int) -> dict[str, list
             "peak_allocated",
             "peak_reserved",
             "peak_phase",
+            *(key for key, _ in GPU_STEP_COLUMNS),
         ),
     )
 
@@ -108,6 +117,7 @@ def runtime_payload(
     meta = dict(report.get("metadata") or {})
     config = meta.pop("config", None)
     events = report.get("runtime_trace") or []
+    steps = report.get("steps") or []
     within, within_total = _within_step(events, max_points)
     return {
         "kind": "rank",
@@ -129,8 +139,18 @@ def runtime_payload(
         "module_summary": (report.get("module_summary") or [])[:max_rows],
         "modules_total": len(report.get("module_summary") or []),
         "step_transitions": _transitions(report.get("step_transitions"), max_rows),
-        "steps": _step_series(report.get("steps") or [], max_points),
-        "steps_total": len(report.get("steps") or []),
+        "steps": _step_series(steps, max_points),
+        "steps_total": len(steps),
+        "gpu_totals": {
+            key: steps[-1][key]
+            for key in ("alloc_retries_total", "ooms_total")
+            if steps and key in steps[-1]
+        },
+        "notes": {
+            "reserved": reserved_note(meta),
+            "gpu_signals": gpu_signals_note(meta, steps),
+            "composition": composition_note(meta),
+        },
         "within_step": within,
         "within_steps_total": within_total,
         "errors": (report.get("errors") or [])[:max_rows],

@@ -11,6 +11,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from memscope.reporters.views import (
+    GPU_STEP_COLUMNS,
+    composition_note,
+    gpu_signals_note,
+    reserved_note,
+)
 from memscope.units import format_bytes, format_ratio, printable
 
 _MD_SPECIAL = re.compile(r"([\\`*\[\]<>&])")
@@ -64,22 +70,13 @@ def _beside_lines(peak: dict[str, Any]) -> list[str]:
 
 
 def _composition_lines(
-    composition: dict[str, Any] | None, max_rows: int, note: str | None = None
+    composition: dict[str, Any] | None, max_rows: int, missing: str, note: str | None = None
 ) -> list[str]:
-    """The "Live at the peak" table: category x where it was created, largest first."""
+    """The "Live at the peak" table: category x where it was created, largest first
+    (``missing``: what to say when there is none and no ``note`` says why)."""
     t, code = md_text, md_code
     if not composition:
-        return [
-            "### Live at the peak",
-            "",
-            t(note)
-            if note
-            else "Not recorded: the `storage` backend (`--memscope-backend storage`), or "
-            "allocator history over the peak step with the `cuda` backend "
-            "(`--memscope-enable-memory-snapshot`), records what was live at the peak by "
-            "category, module, microbatch and chunk.",
-            "",
-        ]
+        return ["### Live at the peak", "", t(note or missing), ""]
     kinds = {True: " (saved)", False: " (temporary)"}
     rows = [
         [
@@ -238,6 +235,35 @@ def _transition_lines(section: dict[str, Any] | None, max_rows: int) -> list[str
     return lines
 
 
+def _gpu_lines(meta: dict[str, Any], steps: list[dict[str, Any]], max_rows: int) -> list[str]:
+    """Per step, what the device and the caching allocator said at its end (or why not)."""
+    lines = ["## GPU signals per step", ""]
+    note = gpu_signals_note(meta, steps)
+    if note:
+        return [*lines, md_text(note), ""]
+    rows = [row for row in steps if "device_used_end" in row][-max_rows:]
+    counts = ("alloc_retries", "ooms")
+    cells = [
+        [md_text(row["step"])]
+        + [
+            (md_text(row.get(key, "n/a")) if key in counts else format_bytes(row.get(key)))
+            for key, _ in GPU_STEP_COLUMNS
+        ]
+        for row in rows
+    ]
+    lines += _table(["step", *(title for _, title in GPU_STEP_COLUMNS)], cells)
+    last = rows[-1]
+    lines += [
+        "At each step's end: device used is `cudaMemGetInfo`'s, outside PyTorch is device used "
+        "minus reserved (NCCL buffers, the CUDA context, other libraries), reserved − allocated "
+        "is cached by the allocator but free; retries and OOMs count since the step listed "
+        f"before (in all: {md_text(last.get('alloc_retries_total', 'n/a'))} allocation "
+        f"retries, {md_text(last.get('ooms_total', 'n/a'))} OOMs).",
+        "",
+    ]
+    return lines
+
+
 def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
     """Peak and where, comparisons, per-phase maxima, top events, modules, steps (each table at
     most ``max_rows`` rows)."""
@@ -260,13 +286,17 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
         "",
         f"- allocated peak: **{format_bytes(peak.get('memory_bytes'))}** at {_where(peak)} "
         f"(attribution: {t(peak.get('attribution'))})",
-        f"- reserved peak: {format_bytes(peak.get('reserved_bytes'))}",
+        f"- reserved peak: {format_bytes(peak.get('reserved_bytes'))}"
+        if not reserved_note(meta)
+        else f"- reserved peak: n/a ({t(reserved_note(meta))})",
     ]
     if peak.get("categories"):
         parts = ", ".join(f"{t(k)} {format_bytes(v)}" for k, v in peak["categories"].items())
         lines.append(f"- live at the peak: {parts}")
     lines.append("")
-    lines += _composition_lines(peak.get("composition"), max_rows, peak.get("composition_note"))
+    lines += _composition_lines(
+        peak.get("composition"), max_rows, composition_note(meta), peak.get("composition_note")
+    )
     lines += _beside_lines(peak)
     lines += _history_lines(report.get("allocator_timeline"), max_rows)
 
@@ -351,6 +381,7 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
         ],
     )
     lines += _transition_lines(report.get("step_transitions"), max_rows)
+    lines += _gpu_lines(meta, report.get("steps") or [], max_rows)
     lines += ["## Steps", ""]
     lines += _table(
         ["step", "start", "end", "peak", "peak phase", "reserved peak", "host RSS"],
