@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from decimal import ROUND_HALF_UP, Decimal
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -29,6 +30,35 @@ def _finite_number(value: object) -> float | None:
     return value if math.isfinite(value) and abs(value) < MAX_BYTES else None
 
 
+#: The one rounding rule for every number shown (console, Markdown, the HTML pages' script,
+#: which receives these values as ``RULES``): the exact value rounded half away from zero to
+#: a fixed number of decimals, which is what JavaScript's ``toFixed`` does; a value that
+#: rounds to zero is shown without a sign ("0.0%", never "-0.0%").
+BYTES_DECIMALS = 2
+PERCENT_DECIMALS = 1
+#: A difference is coloured as an alarm only when it is at least this share of what it is
+#: compared with (a 16-byte difference on a 2 GiB peak is not news).
+ALARM_RATIO = 0.01
+NUMBER_RULES = {
+    "bytes_decimals": BYTES_DECIMALS,
+    "percent_decimals": PERCENT_DECIMALS,
+    "alarm_ratio": ALARM_RATIO,
+}
+
+
+def fixed(value: float, decimals: int) -> str:
+    """``abs(value)`` with ``decimals`` decimals, rounded half away from zero (the rule above)."""
+    quantum = Decimal(1).scaleb(-decimals)
+    return str(Decimal(abs(value)).quantize(quantum, rounding=ROUND_HALF_UP))
+
+
+def _signed(digits: str, negative: bool, signed: bool) -> str:
+    """``digits`` with its sign: none when it shows zero, ``+`` only when ``signed``."""
+    if not digits.strip("0."):
+        return digits
+    return ("-" if negative else "+" if signed else "") + digits
+
+
 def format_bytes(value: int | float | None, signed: bool = False) -> str:
     """``1536 -> '1.50 KiB'``; ``-2048 -> '-2.00 KiB'``; ``None -> 'n/a'``; a value that is
     not a finite number of at most 8 EiB -> ``'invalid'``."""
@@ -37,26 +67,33 @@ def format_bytes(value: int | float | None, signed: bool = False) -> str:
     number = _finite_number(value)
     if number is None:
         return INVALID
-    sign = "-" if number < 0 else ("+" if signed and number > 0 else "")
     size = abs(number)
     unit = 0
     while size >= 1024 and unit < len(_UNITS) - 1:
         size /= 1024
         unit += 1
-    if unit == 0:
-        return f"{sign}{int(size)} B"
-    return f"{sign}{size:.2f} {_UNITS[unit]}"
+    digits = str(int(size)) if unit == 0 else fixed(size, BYTES_DECIMALS)
+    return f"{_signed(digits, number < 0, signed)} {_UNITS[unit]}"
 
 
 def format_ratio(value: float | None) -> str:
-    """A signed percentage, ``0.031 -> '+3.1%'``; ``None -> 'n/a'``; not a finite number ->
-    ``'invalid'``."""
+    """A signed percentage, ``0.031 -> '+3.1%'``, ``-0.0001 -> '0.0%'``; ``None -> 'n/a'``;
+    not a finite number -> ``'invalid'``."""
+    return _percent(value, signed=True)
+
+
+def format_percent(value: float | None) -> str:
+    """A share as a percentage, ``0.5 -> '50.0%'`` (the same rule, no ``+``)."""
+    return _percent(value, signed=False)
+
+
+def _percent(value: float | None, signed: bool) -> str:
     if value is None:
         return "n/a"
     number = _finite_number(value)
     if number is None:
         return INVALID
-    return f"{number * 100:+.1f}%"
+    return _signed(fixed(number * 100, PERCENT_DECIMALS), number < 0, signed) + "%"
 
 
 # C0 and C1 controls, DEL, lone surrogates, line/paragraph separators, bidi overrides/isolates.

@@ -24,7 +24,7 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from memscope.units import printable
+from memscope.units import NUMBER_RULES, printable
 
 _SCRIPT_ESCAPES = {
     ord("<"): "\\u003c",
@@ -76,6 +76,7 @@ def _render(template: str, payload: dict[str, Any], title: str) -> str:
             title=title,
             payload=payload,
             data_json=Markup(script_safe_json(payload)),
+            number_rules=Markup(script_safe_json(NUMBER_RULES)),
             plotly_js=Markup(plotly_js()),
         )
     )

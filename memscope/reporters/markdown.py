@@ -17,7 +17,7 @@ from memscope.reporters.views import (
     gpu_signals_note,
     reserved_note,
 )
-from memscope.units import format_bytes, format_ratio, printable
+from memscope.units import format_bytes, format_percent, format_ratio, printable
 
 _MD_SPECIAL = re.compile(r"([\\`*\[\]<>&])")
 # Frames of a leak suspect's creation stack listed (innermost first; the JSON has them all).
@@ -117,10 +117,6 @@ def _in_phase(row: dict[str, Any]) -> str:
     return f"≥ {value}" if row.get("max_mem_allocated_source") == "readings" else value
 
 
-def _percent(value: object) -> str:
-    return f"{value * 100:.1f}%" if isinstance(value, int | float) else "n/a"
-
-
 def _history_lines(history: dict[str, Any] | None, max_rows: int) -> list[str]:
     """The replayed allocator history: window, coverage, true per-step peaks, its cost, and
     who held the most at the peak of the timeline's step."""
@@ -135,7 +131,7 @@ def _history_lines(history: dict[str, Any] | None, max_rows: int) -> list[str]:
         f"{code(history.get('source'))}, highest {code(history.get('snapshot'))}: "
         f"{t(history.get('events'))} events, window peak "
         f"**{format_bytes(history.get('peak_bytes'))}**" + (f" at {_where(ctx)}" if ctx else ""),
-        f"- coverage {_percent(history.get('coverage'))} of the peak's bytes "
+        f"- coverage {format_percent(history.get('coverage'))} of the peak's bytes "
         "allocated inside the window (the rest was live when it began); "
         f"{t(history.get('inconsistencies'))} unpaired events",
     ]
