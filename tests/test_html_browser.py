@@ -11,6 +11,7 @@ import pytest
 from memscope.analysis.job import RankEntry, rank_steps, summarize_job
 from memscope.reporters.html import plotly_js, render_job_html, render_runtime_html
 from memscope.reporters.html_payload import job_payload, runtime_payload
+from memscope.units import format_ratio
 
 pytestmark = pytest.mark.integration
 
@@ -26,6 +27,15 @@ def _dump_dom(tmp_path, page):
          "--dump-dom", page.as_uri()],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
+
+
+def _page_dom(tmp_path, html: str) -> str:
+    """The DOM Chromium builds from ``html`` (written to a page under ``tmp_path``)."""
+    page = tmp_path / "report.html"
+    page.write_text(html, encoding="utf-8")
+    res = _dump_dom(tmp_path, page)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return res.stdout
 
 
 NO_REMOTE = re.compile(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", re.I)
@@ -89,7 +99,9 @@ def test_job_page_renders_with_a_missing_rank(tmp_path, traced_run):
     assert "truncated JSON" in res.stdout and "no rank directory" in res.stdout
     assert "<th>static estimate</th>" in res.stdout  # rendered by the page's own script
     ratio = report["comparisons"]["peak_diff_ratio"]
-    assert f"{'+' if ratio >= 0 else ''}{ratio * 100:.1f}%" in res.stdout
+    assert format_ratio(ratio) in res.stdout  # the Markdown's rule ("0.0%", never "-0.0%")
+    assert "-0.0%" not in res.stdout
+    assert "<th>(static − runtime) / runtime peak</th>" in res.stdout
 
 
 @pytest.mark.skipif(
@@ -138,3 +150,30 @@ def test_job_page_explains_stages_and_draws_the_rank_grid(tmp_path, traced_run):
     assert "<th>in flight: measured / predicted</th>" in res.stdout
     assert payload["imbalance_by_term"]["sentence"] in res.stdout
     assert 'class="hm' in res.stdout or "heatmaplayer" in res.stdout  # the grid was drawn
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None, reason="no chromium binary (.ci/run installs Debian chromium)"
+)
+def test_cpu_page_marks_the_peak_and_says_what_the_backend_cannot_show(tmp_path, traced_run):
+    _, report, _ = traced_run
+    dom = _page_dom(tmp_path, render_runtime_html(runtime_payload(report)))
+    assert 'class="peak-row"' in dom and "← peak" in dom  # the top event holding the peak
+    assert "run peak " in dom  # the within-step chart's peak marker
+    assert "no caching allocator on CPU" in dom  # the reserved card, not a figure
+    assert "Not available with the storage backend" in dom and "--memscope-backend cuda" in dom
+    assert "-0.0%" not in dom
+    phases = dom.split('id="phases"')[1].split("</table>")[0]
+    assert "≥ " in phases  # phases that stayed below their step's mark
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None, reason="no chromium binary (.ci/run installs Debian chromium)"
+)
+def test_cuda_page_shows_the_gpu_signals_per_step(tmp_path):
+    from test_gpu_signals import _cuda_report
+
+    dom = _page_dom(tmp_path, render_runtime_html(runtime_payload(_cuda_report())))
+    gpu = dom.split('id="gpu"')[1].split("</table>")[0]
+    assert "75.00 MiB" in gpu and "11.00 MiB" in gpu and "24.00 MiB" in gpu
+    assert "Device used (most at a step end)" in dom

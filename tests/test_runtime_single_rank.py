@@ -446,3 +446,21 @@ def test_phases_are_listed_in_one_order(traced_run):
         "optimizer",
         "step",
     ]
+
+
+def test_top_events_tell_leaves_from_containers_and_mark_the_peak(traced_run):
+    from memscope.reporters.markdown import render_runtime_markdown
+
+    _, report, _ = traced_run
+    kinds = {
+        row["module"]: row.get("leaf")
+        for row in report["top_events"]
+        if row["event_type"] == "module_forward"
+    }
+    assert kinds.get("model") is False and kinds.get("decoder") is False
+    assert kinds.get("output_layer") is True
+    top = render_runtime_markdown(report).split("## Top events")[1].split("\n## ")[0]
+    peak = report["peak"]
+    marked = [line for line in top.splitlines() if line.startswith("|") and "← peak" in line]
+    assert len(marked) == 1 and f"`{peak['module']}`" in marked[0]
+    assert f"| {peak['phase']} |" in marked[0]

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from memscope.events.schema import READING_EVENTS, MemoryEvent
+from memscope.events.schema import MODULE_FORWARD, READING_EVENTS, ROOT_MODULE, MemoryEvent
 
 
 @dataclass(slots=True)
@@ -64,6 +64,16 @@ class HotSpot:
         }
 
 
+def _children_prefix(module: str) -> str:
+    """What the names of ``module``'s descendants start with (a chunk's root module's children
+    are named without the root: ``chunk1.model`` -> ``chunk1.``)."""
+    if module == ROOT_MODULE:
+        return ""
+    if module.endswith("." + ROOT_MODULE) and module.startswith("chunk"):
+        return module[: -len(ROOT_MODULE)]
+    return module + "."
+
+
 class HotSpotAnalyzer:
     """The ``top_k`` hot spots by the allocation level they reached."""
 
@@ -86,4 +96,15 @@ class HotSpotAnalyzer:
             key=lambda s: (s.max_mem_allocated_after, s.max_delta_allocated),
             reverse=True,
         )
-        return {"top_events": [s.to_dict() for s in spots[: self.top_k]]}
+        forwards = {s.module for s in self.hot_spots.values() if s.event_type == MODULE_FORWARD}
+        rows = []
+        for spot in spots[: self.top_k]:
+            row = spot.to_dict()
+            if spot.event_type == MODULE_FORWARD and spot.module:
+                # a container's forward includes its children's allocations (inclusive)
+                prefix = _children_prefix(spot.module)
+                row["leaf"] = not any(
+                    name != spot.module and name.startswith(prefix) for name in forwards
+                )
+            rows.append(row)
+        return {"top_events": rows}

@@ -14,6 +14,8 @@ from typing import Any, Protocol
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from memscope.events.schema import ROOT_MODULE
+
 
 @dataclass(frozen=True, slots=True)
 class ModuleLabel:
@@ -69,7 +71,7 @@ class HookSet:
         multi = len(chunks) > 1
         for chunk_index, chunk in enumerate(chunks):
             for name, module in chunk.named_modules():
-                full = name or "model"
+                full = name or ROOT_MODULE
                 if multi:
                     full = f"chunk{chunk_index}.{full}"
                 label = ModuleLabel(full, type(module).__name__, chunk_index, name == "")

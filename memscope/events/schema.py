@@ -33,6 +33,10 @@ HOOK_EVENTS = READING_EVENTS - {STEP_PHASE}
 FREE_CATEGORY = "unknown"
 EVENT_TYPES = (STEP_PHASE, MODULE_FORWARD, OUTPUT_GRAD, PARAM_GRAD, ALLOCATOR_TIMELINE, OOM, CRASH)
 
+#: The name module events give a model chunk's root module (``chunkN.model`` with VPP chunks;
+#: its children are named from the root without it: ``decoder.layers.0``).
+ROOT_MODULE = "model"
+
 # Phases. Step phases cover an interval between two training-loop callbacks.
 PHASE_FORWARD_BACKWARD = "forward_backward"
 PHASE_PRE_OPTIMIZER = "pre_optimizer"

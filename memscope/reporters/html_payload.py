@@ -17,6 +17,8 @@ from memscope.reporters.views import (
     GPU_STEP_COLUMNS,
     composition_note,
     gpu_signals_note,
+    is_peak_row,
+    module_kind,
     reserved_note,
 )
 
@@ -135,7 +137,10 @@ def runtime_payload(
         "idle_at_peak": (report.get("allocator_timeline") or {}).get("idle_at_peak") or [],
         "comparisons": report.get("comparisons") or {},
         "phase_summary": (report.get("phase_summary") or [])[:max_rows],
-        "top_events": (report.get("top_events") or [])[:max_rows],
+        "top_events": [
+            {**row, "kind": module_kind(row), "is_peak": is_peak_row(row, report.get("peak") or {})}
+            for row in (report.get("top_events") or [])[:max_rows]
+        ],
         "module_summary": (report.get("module_summary") or [])[:max_rows],
         "modules_total": len(report.get("module_summary") or []),
         "step_transitions": _transitions(report.get("step_transitions"), max_rows),

@@ -15,6 +15,8 @@ from memscope.reporters.views import (
     GPU_STEP_COLUMNS,
     composition_note,
     gpu_signals_note,
+    is_peak_row,
+    module_kind,
     reserved_note,
 )
 from memscope.units import format_bytes, format_percent, format_ratio, printable
@@ -346,11 +348,23 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
         ]
     lines += ["## Top events (deduplicated)", ""]
     lines += _table(
-        ["event", "module", "phase", "count", "allocated after", "max Δ", "min Δ", "worst step"],
+        [
+            "event",
+            "module",
+            "kind",
+            "phase",
+            "count",
+            "allocated after",
+            "max Δ",
+            "min Δ",
+            "worst step",
+        ],
         [
             [
                 t(e["event_type"]),
-                code(e["module"]) if e["module"] else "—",
+                (code(e["module"]) if e["module"] else "—")
+                + (" **← peak**" if is_peak_row(e, peak) else ""),
+                module_kind(e) or "—",
                 t(e["phase"]),
                 t(e["count"]),
                 format_bytes(e["mem_allocated_after"]),
@@ -361,6 +375,12 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
             for e in report.get("top_events", [])[:max_rows]
         ],
     )
+    if report.get("top_events"):
+        lines[-1:-1] = [
+            "",
+            "A container's forward includes what its children allocated (inclusive); a leaf's "
+            "is its own. **← peak** marks where the run's peak was attributed.",
+        ]
     lines += ["## Modules by largest allocation increase", ""]
     lines += _table(
         ["module", "class", "events", "max allocated after", "max Δ", "min Δ"],

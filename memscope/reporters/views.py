@@ -74,3 +74,20 @@ def composition_note(metadata: Mapping[str, Any]) -> str:
         "and chunk; with the cuda backend, --memscope-enable-memory-snapshot over the peak step "
         "(--memscope-snapshot-start-step) gives it from the replayed allocator history."
     )
+
+
+def is_peak_row(row: Mapping[str, Any], peak: Mapping[str, Any]) -> bool:
+    """Whether a top-events row is where the run's peak was attributed: same module and phase,
+    and, where the peak is attributed to the reading that saw it (``interval``), that
+    reading's event type (an exact context names the module, not the event)."""
+    if not peak.get("module") or row.get("module") != peak.get("module"):
+        return False
+    if row.get("phase") != peak.get("phase"):
+        return False
+    return peak.get("attribution") != "interval" or peak.get("event_type") == row.get("event_type")
+
+
+def module_kind(row: Mapping[str, Any]) -> str:
+    """``leaf`` or ``container`` (inclusive of its children) for a module forward row."""
+    leaf = row.get("leaf")
+    return "" if leaf is None else "leaf" if leaf else "container"
