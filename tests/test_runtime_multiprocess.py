@@ -10,6 +10,7 @@ from harness import instrumented_worker
 
 from memscope.demo.launcher import free_port, spawn
 from memscope.demo.tiny_gpt import TinyGPTConfig
+from memscope.reporters.markdown import render_runtime_markdown
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.integration]
 
@@ -131,6 +132,15 @@ def test_pp2_labels_stages_and_microbatches(pp2):
     mods1 = {m["module"] for m in reports[1]["module_summary"]}
     assert "embedding" in mods0 and "output_layer" not in mods0
     assert "output_layer" in mods1 and "embedding" not in mods1
+    # Megatron's own global layer numbers (1-based, stage offset included) label each stage's
+    # local layers, in the Markdown too: stage 1's decoder.layers.0 is the model's layer L/2+1
+    half = BASE.num_layers // 2
+    for stage, report in enumerate(reports):
+        numbers = report["metadata"]["layer_numbers"]
+        assert numbers == {f"decoder.layers.{i}": stage * half + i + 1 for i in range(half)}
+    md = render_runtime_markdown(reports[1])
+    assert f"decoder.layers.0.mlp (layer {half + 1})" in md
+    assert "decoder.layers.0.mlp (layer 1)" not in md
 
 
 def test_interleaved_pipeline_hooks_every_virtual_chunk(tmp_path_factory):
@@ -143,6 +153,11 @@ def test_interleaved_pipeline_hooks_every_virtual_chunk(tmp_path_factory):
         assert {e["virtual_chunk"] for e in fwd} == {0, 1}
         roots = {e["module"] for e in fwd if e["module"].endswith(".model")}
         assert roots == {"chunk0.model", "chunk1.model"}
+        # interleaved: chunk c of stage s holds global layer (c * pp + s) + 1 (one per chunk)
+        stage = report["metadata"]["pp_rank"]
+        assert report["metadata"]["layer_numbers"] == {
+            f"chunk{c}.decoder.layers.0": c * cfg.pp + stage + 1 for c in range(2)
+        }
         for chunk in ("chunk0.model", "chunk1.model"):
             mbs = [e["microbatch"] for e in fwd if e["module"] == chunk and e["step"] == 0]
             assert mbs == list(range(cfg.num_microbatches))

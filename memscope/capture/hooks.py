@@ -49,6 +49,13 @@ class HookSink(Protocol):
     def family_enabled(self, family: str) -> bool: ...
 
 
+def module_path(chunk_index: int, name: str, chunks: int) -> str:
+    """How events name the module at ``name`` (``""``: the root) in one of ``chunks`` chunks:
+    prefixed with its chunk (``chunk1.``) when there are several (virtual pipeline)."""
+    full = name or ROOT_MODULE
+    return f"chunk{chunk_index}.{full}" if chunks > 1 else full
+
+
 def unwrap_module(module: torch.nn.Module) -> torch.nn.Module:
     """Strip DDP / Float16Module / FSDP-style wrappers (anything exposing ``.module``)."""
     seen = 0
@@ -68,12 +75,9 @@ class HookSet:
         self.param_names: dict[int, str] = {}
 
     def attach_modules(self, chunks: list[torch.nn.Module]) -> None:
-        multi = len(chunks) > 1
         for chunk_index, chunk in enumerate(chunks):
             for name, module in chunk.named_modules():
-                full = name or ROOT_MODULE
-                if multi:
-                    full = f"chunk{chunk_index}.{full}"
+                full = module_path(chunk_index, name, len(chunks))
                 label = ModuleLabel(full, type(module).__name__, chunk_index, name == "")
                 self.labels.append(label)
                 self.handles.append(

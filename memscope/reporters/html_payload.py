@@ -13,6 +13,7 @@ from typing import Any
 
 from memscope.downsample import downsample_indices
 from memscope.events.schema import HOOK_EVENTS
+from memscope.reporters.layer_labels import label_modules
 from memscope.reporters.views import (
     GPU_STEP_COLUMNS,
     composition_note,
@@ -121,7 +122,7 @@ def runtime_payload(
     events = report.get("runtime_trace") or []
     steps = report.get("steps") or []
     within, within_total = _within_step(events, max_points)
-    return {
+    payload = {
         "kind": "rank",
         "rank": report.get("rank"),
         "world_size": report.get("world_size"),
@@ -162,6 +163,7 @@ def runtime_payload(
         "warnings": (report.get("warnings") or [])[:max_rows],
         "trace": report.get("trace") or {},
     }
+    return label_modules(payload, meta.get("layer_numbers"))
 
 
 def job_payload(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from memscope.reporters.layer_labels import label_modules
 from memscope.reporters.views import (
     GPU_STEP_COLUMNS,
     composition_note,
@@ -266,6 +267,7 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
     """Peak and where, comparisons, per-phase maxima, top events, modules, steps (each table at
     most ``max_rows`` rows)."""
     t, code = md_text, md_code
+    report = label_modules(report, (report.get("metadata") or {}).get("layer_numbers"))
     meta = report.get("metadata", {})
     peak = report.get("peak", {})
     lines = [

@@ -32,6 +32,7 @@ from memscope.capture.hooks import unwrap_module
 from memscope.capture.parallel import ParallelInfo, package_version
 from memscope.capture.tracer import MemoryTracer
 from memscope.config import RuntimeConfig
+from memscope.integrations.megatron.layer_numbers import global_layer_numbers
 from memscope.integrations.megatron.parallel import megatron_parallel_info
 from memscope.integrations.megatron.schedule_regions import ScheduleRegions
 from memscope.session import TracingSession
@@ -114,6 +115,7 @@ class MemScopeMegatronRuntime:
         )
         self.optimizer: Any = None
         self._writers: tuple[Any, Any] | None = None
+        self._layer_numbers: dict[str, int] = {}
 
     @classmethod
     def from_megatron_args(cls, args: Any, **kwargs: Any) -> MemScopeMegatronRuntime:
@@ -129,6 +131,7 @@ class MemScopeMegatronRuntime:
         return {
             "dtype": dtype_name(self.args),
             "megatron_core_version": package_version("megatron-core"),
+            **({"layer_numbers": self._layer_numbers} if self._layer_numbers else {}),
         }
 
     def set_dashboard_writers(self, tensorboard: Any = None, wandb: Any = None) -> None:
@@ -151,6 +154,11 @@ class MemScopeMegatronRuntime:
             self.session.abandon("attach_model", exc)
             return
         self.session.attach_model(unwrapped)
+        if self.parallel.pp_size > 1 or len(unwrapped) > 1:  # else local = global numbering
+            try:
+                self._layer_numbers = global_layer_numbers(unwrapped)
+            except Exception as exc:  # names stay stage-local; tracing goes on
+                self.session.failures.record("layer_numbers", exc, disable=False)
 
     def attach_optimizer(self, optimizer: Any) -> None:
         """Optional: lets the exact backend classify optimizer state and master weights."""
