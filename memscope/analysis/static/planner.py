@@ -12,14 +12,19 @@ estimator's own validation (heads, query groups and vocabulary divisible by TP, 
 PP x VPP, VPP needing PP > 1, experts by EP, EP x ETP dividing TP x CP x DP, ...) plus the
 schedule's: interleaving needs the number of microbatches to be a multiple of PP.
 
-Within one layout, more recompute only costs more: once the cheapest recompute choice of a
-layout fits, its heavier ones are not estimated (they would rank after it).
+Within one layout, its memory savers (recompute granularity, method and modules; the
+precision-aware optimizer; activation and optimizer CPU offload) are ordered by the cost
+model and tried cheapest first; the first that fits is the layout's plan (the others would
+rank after it). A layout whose strongest savers (full recompute, bf16 optimizer state, all
+of the optimizer offloaded) do not fit is skipped without trying the rest.
 
 Deterministic: the same inputs give the same plans in the same order.
 
-Known limitations: recompute of chosen modules, activation and optimizer offload and the
-precision-aware optimizer keep the user's setting and are not searched (the estimator does
-not model the last three yet).
+Known limitations: the precision-aware optimizer is priced at no step time (its lower
+precision state is a numerics choice the cost model does not weigh); the CPU Adam's own time
+under optimizer offload is not modelled (only its PCIe traffic); activation-offload residency
+assumes Transformer Engine's offload context moves every tensor its modules save; FlagScale's
+per-stage/micro-batch recompute and fine-grained activation offloading are not searched.
 """
 
 from __future__ import annotations
