@@ -129,7 +129,9 @@ def test_default_values_are_not_reported(tmp_path, cli):
     }
     res = cli(_yaml(tmp_path, system=defaults))
     assert _keys(res) == [] and not any("not modelled" in x for x in res.warnings())
-    read = {"fp8", "moe_token_dispatcher_type"}  # the estimator reads these two
+    # the estimator reads these
+    read = {"fp8", "moe_token_dispatcher_type", "main_grads_dtype", "exp_avg_dtype",
+            "recompute_modules"}  # fmt: skip
     assert set(defaults) - read <= set(res.coverage["unused_keys"])
 
 
@@ -291,11 +293,25 @@ def test_selective_recompute_modules_and_features(tmp_path, cli):
               "sequence_parallel": True, "tensor_model_parallel_size": 2,
               "use_distributed_optimizer": True}  # fmt: skip
     res = cli(_yaml(tmp_path, system=system), "--world-size", "4")
-    assert _keys(res) == ["recompute_modules"]
-    assert res.coverage["not_modelled"][0]["value"] == "[core_attn, mlp]"
+    assert _keys(res) == []  # recompute_modules is modelled now
     modelled = res.coverage["modelled"]
-    for feature in ("selective recompute (core attention)", "sequence parallel",
+    for feature in ("selective recompute (core_attn, mlp)", "sequence parallel",
                     "distributed optimizer", "tensor parallel (tp=2)"):  # fmt: skip
         assert feature in modelled, modelled
     spec = replace(_spec(), recompute=None)
     assert config_coverage({"recompute_modules": ["mlp"]}, spec, None).not_modelled == ()
+
+
+def test_precision_aware_optimizer_and_offloads_are_modelled_not_warned(tmp_path, cli):
+    system = {"use_distributed_optimizer": True, "use_precision_aware_optimizer": True,
+              "main_grads_dtype": "bf16", "exp_avg_dtype": "bf16", "optimizer_cpu_offload": True,
+              "optimizer_offload_fraction": 0.5, "cpu_offloading": True,
+              "cpu_offloading_num_layers": 1}  # fmt: skip
+    res = cli(_yaml(tmp_path, system=system), "--world-size", "2")
+    assert _keys(res) == []
+    modelled = " | ".join(res.coverage["modelled"])
+    assert "precision-aware optimizer (modelled from source, not measured" in modelled
+    assert "optimizer CPU offload (fraction 0.5" in modelled
+    assert "activation CPU offload (1 layers" in modelled
+    assumed = " | ".join(res.coverage["assumptions"])
+    assert "bf16 gradient buffer" in assumed or "bfloat16 gradient buffer" in assumed, assumed

@@ -24,7 +24,12 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from memscope.analysis.static.config import TrainingSpec
-from memscope.analysis.static.moe import moe_global_buffer, moe_layer_saved, routed_rows
+from memscope.analysis.static.moe import (
+    moe_act_discarded,
+    moe_global_buffer,
+    moe_layer_saved,
+    routed_rows,
+)
 
 FP32 = 4
 INT64 = 8
@@ -184,7 +189,7 @@ def layer_saved(spec: TrainingSpec, x: Dims) -> dict[str, int]:
         items["mlp"] = sum(moe_layer_saved(spec, x.s, x.b, x.sp, x.e).values())
     if spec.flash_attention:
         items["attention_softmax_lse"] = x.b * x.a * x.s * FP32
-    elif spec.recompute == "selective":
+    elif spec.recomputes("core_attn"):
         items["attention_mask_recompute"] = FP32  # the checkpoint's saved RNG/shape scalar
     else:
         items["attention_scores"] = x.scores  # softmax output
@@ -275,6 +280,70 @@ def _mla_items(spec: TrainingSpec, x: Dims) -> dict[str, int]:
     }
 
 
+def recompute_discarded(spec: TrainingSpec, x: Dims, saved: dict[str, int]) -> dict[str, int]:
+    """Bytes of one layer's saved tensors (``saved``: :func:`layer_saved`) that selective
+    recompute of each ``recompute_modules`` entry besides ``core_attn`` (already applied by
+    :func:`layer_saved`) drops until that layer's backward recomputes them.
+
+    * ``layernorm`` (transformer/transformer_layer.py: ``CheckpointWithoutOutput`` around
+      ``input_layernorm`` and ``pre_mlp_layernorm``, outputs discarded after use): the norms'
+      outputs and statistics. Transformer Engine's spec fuses the norms into the next linear
+      layer (``IdentityOp``): nothing for a dense layer, the pre-MLP norm of a MoE layer.
+    * ``mlp`` (transformer_layer.py: ``tensor_parallel.checkpoint(self.mlp, ...)`` for
+      dense layers only): everything the MLP keeps; its input, the norm output, stays.
+    * ``moe`` (transformer/moe/moe_layer.py ``moe_layer_recompute``): the whole MoE MLP
+      (router, dispatcher, experts, shared experts).
+    * ``moe_act`` (transformer/moe/experts.py ``activation_recompute``): the experts'
+      activation outputs (:func:`.moe.moe_act_discarded`).
+    * ``shared_experts`` (moe_layer.py ``shared_experts_recompute``): the shared experts.
+    * ``mla_up_proj`` (transformer/multi_latent_attention.py ``recompute_up_proj``,
+      output-discarding): the up-projected query/key/value.
+    """
+    m = spec.model
+    if spec.recompute != "selective":
+        return {}
+    moe = m.num_experts is not None
+    out: dict[str, int] = {}
+    if spec.recomputes("layernorm"):
+        norms = 2 if m.transformer_impl == "local" else (1 if moe else 0)
+        out["layernorm"] = norms * (saved["norm_outputs"] + saved["norm_statistics"]) // 2
+    if spec.recomputes("mlp") and not moe:
+        out["mlp"] = saved["mlp"]
+    if moe and spec.recomputes("moe"):
+        out["moe"] = saved["mlp"]
+    elif moe:
+        parts = moe_layer_saved(spec, x.s, x.b, x.sp, x.e)
+        if spec.recomputes("moe_act"):
+            out["moe_act"] = moe_act_discarded(spec, x.s, x.b, x.sp, x.e)
+        if spec.recomputes("shared_experts"):
+            out["shared_experts"] = parts.get("moe_shared_experts", 0)
+    if spec.recomputes("mla_up_proj") and m.multi_latent_attention:
+        out["mla_up_proj"] = saved["attention_qkv"]
+    return out
+
+
+def offloaded_layers(spec: TrainingSpec) -> int:
+    """Decoder layers whose activations ``cpu_offloading`` moves to host memory.
+
+    megatron/core/transformer/transformer_block.py runs every layer inside Transformer
+    Engine's ``get_cpu_offload_context(cpu_offloading, cpu_offloading_num_layers, num_layers,
+    cpu_offloading_activations, ...)``: the first ``cpu_offloading_num_layers`` layers'
+    saved tensors go to the host during the forward and come back one layer ahead in the
+    backward. TE offloads only tensors its own modules mark for it, so the local spec
+    offloads nothing (assumption, TE's offload handler is not in megatron-core)."""
+    if not spec.cpu_offloading or not spec.cpu_offloading_activations:
+        return 0
+    if spec.model.transformer_impl != "transformer_engine":
+        return 0
+    return spec.cpu_offloading_num_layers
+
+
+def offloadable_bytes(saved: dict[str, int]) -> int:
+    """Of one layer's saved tensors, those TE's offload context moves (assumption: all but
+    megatron's own bias-dropout-add masks, which no TE module saves)."""
+    return sum(saved.values()) - saved.get("residual_dropout_masks", 0)
+
+
 def attention_backward_work(
     spec: TrainingSpec, x: Dims, saved: dict[str, int], output_stored: bool
 ) -> int:
@@ -300,7 +369,7 @@ def attention_backward_work(
     if fused_softmax(spec, x):  # probability gradient, softmax backward in place on it
         return x.hidden + 2 * x.heads + x.scores - released
     work = x.hidden + x.heads + 4 * x.scores - saved.get("attention_scores", 0)
-    if spec.recompute == "selective":
+    if spec.recomputes("core_attn"):
         work += 2 * x.heads  # the recomputed query/key copies
     return work - released
 
@@ -463,6 +532,10 @@ def chunk_activations(
     full = layer_saved(spec, x)
     groups = _checkpointed(spec, n_layers)
     layer_total = sum(full.values())
+    discarded = sum(recompute_discarded(spec, x, full).values())
+    kept = layer_total - discarded  # what a layer holds until its backward recomputes it
+    offloaded = offloaded_layers(spec) if first and last else 0  # pp == 1 only
+    moved = offloadable_bytes(full)
     extras: dict[str, int] = {"chunk_input": x.hidden}
     if not spec.flash_attention and not fused_softmax(spec, x):
         extras["causal_mask"] = x.s * x.s  # [1, 1, s, s] bool, kept by the masked fill
@@ -476,13 +549,14 @@ def chunk_activations(
         extras["cross_entropy_softmax"] = cross_entropy_saved(spec, x)
         extras["cross_entropy_small"] = x.s * x.b * CE_BYTES_PER_TOKEN
         if spec.model.mtp_num_layers:
-            extras.update(mtp_saved(spec, x, layer_total))
+            extras.update(mtp_saved(spec, x, kept))
     stored = []
     for i, g in enumerate(groups):
         ends_group = i + 1 == n_layers or groups[i + 1] != g
         output_kept = i + 1 < n_layers or last  # a stage's last output is sent, then freed
         if g is None:
-            stored.append(layer_total - (0 if output_kept else x.hidden))
+            host = moved if i < offloaded else 0
+            stored.append(kept - host - (0 if output_kept else x.hidden))
         else:  # a checkpoint keeps only its group's input: the previous group's output
             stored.append(x.hidden if ends_group and output_kept else 0)
     saved = sum(stored) + sum(extras.values())
@@ -516,7 +590,9 @@ def chunk_activations(
         below -= stored[i]
         group = groups[i]
         if group is None:
-            own = layer_total
+            own = layer_total  # recomputed modules and offloaded tensors are back
+            if 0 < i < offloaded:
+                own += moved  # the previous offloaded layer, reloaded one layer ahead
         else:  # the group's layers up to i are recomputed and alive, with the recomputed
             # output and the gradient handed to it
             own = layer_total * sum(1 for j in range(i + 1) if groups[j] == group)
@@ -531,6 +607,10 @@ def chunk_activations(
                 best, moment = base + work, f"layer {i} {name}"
     detail = dict(extras)
     detail["layers"] = sum(stored)
+    if discarded:
+        detail["recompute_discarded_per_layer"] = discarded
+    if offloaded:
+        detail["offloaded_to_host"] = offloaded * moved
     return saved, best, moment, detail
 
 

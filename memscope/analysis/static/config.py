@@ -10,7 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from memscope.analysis.static.feature_checks import validate_mla_mtp, validate_moe
+from memscope.analysis.static.feature_checks import (
+    validate_mla_mtp,
+    validate_moe,
+    validate_savers,
+)
 from memscope.analysis.static.validation import check_scale, check_sharding, check_sizes
 from memscope.analysis.static.workspaces import compute_major
 
@@ -22,6 +26,14 @@ RECOMPUTE = (None, "selective", "full")
 RECOMPUTE_METHODS = ("uniform", "block")
 TRANSFORMER_IMPLS = ("local", "transformer_engine")
 CROSS_ENTROPY = ("unfused", "native", "te")
+# --use-precision-aware-optimizer dtypes (Megatron-LM arguments.py choices; fp8 is uint8)
+STATE_DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+MAIN_GRADS_DTYPES = ("fp32", "bf16")
+MAIN_PARAMS_DTYPES = ("fp32", "fp16")
+# megatron/core/transformer/transformer_config.py recompute_modules choices
+RECOMPUTE_MODULES = (
+    "core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"
+)  # fmt: skip
 # Megatron features whose parameters/activations this estimator does not model (refused).
 UNSUPPORTED: dict[str, str] = {}
 
@@ -165,6 +177,17 @@ class PrecisionSpec:
     # num_distributed_optimizer_instances: the distributed optimizer shards within each
     # instance's share of the data-parallel group (megatron/core/parallel_state.py)
     distributed_optimizer_instances: int = 1
+    # --use-precision-aware-optimizer (megatron/core/optimizer/optimizer_config.py): TE's
+    # FusedAdam holds the master weights and the Adam moments in these dtypes
+    precision_aware: bool = False
+    main_grads_dtype: str = "fp32"  # the DDP gradient buffer under bf16 (arguments.py)
+    main_params_dtype: str = "fp32"
+    exp_avg_dtype: str = "fp32"
+    exp_avg_sq_dtype: str = "fp32"
+    store_param_remainders: bool = True  # bf16: the master weight's low 16 bits only
+    # --optimizer-cpu-offload (megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py)
+    optimizer_cpu_offload: bool = False
+    optimizer_offload_fraction: float = 1.0  # Megatron-LM's default
 
     @property
     def param_bytes(self) -> int:
@@ -202,6 +225,17 @@ class TrainingSpec:
     gradient_accumulation_fusion: bool = False
     # CUBLAS_WORKSPACE_CONFIG of the run (":SIZE_KIB:COUNT" pairs); None: torch's default
     cublas_workspace_config: str | None = None
+    # selective recompute: megatron-core's recompute_modules (default ["core_attn"])
+    recompute_modules: tuple[str, ...] = ("core_attn",)
+    # activation offload (megatron/core/model_parallel_config.py cpu_offloading*)
+    cpu_offloading: bool = False
+    cpu_offloading_num_layers: int = 0
+    cpu_offloading_activations: bool = True
+    cpu_offloading_weights: bool = False
+
+    def recomputes(self, module: str) -> bool:
+        """Whether selective recompute covers ``module`` (a ``recompute_modules`` name)."""
+        return self.recompute == "selective" and module in self.recompute_modules
 
     def validate(self) -> TrainingSpec:
         m, p, prec = self.model, self.parallel, self.precision
@@ -282,6 +316,7 @@ class TrainingSpec:
             raise ValueError(f"wgrad_deferral_limit must be >= 0, got {self.wgrad_deferral_limit}")
         validate_moe(m, p)
         validate_mla_mtp(m, p)
+        validate_savers(self)
         check_scale(self)
         return self
 

@@ -39,10 +39,6 @@ NOT_MODELLED: dict[str, str] = {
     "micro-batch's dispatch tensors alive, not counted",
     "use_dualpipev": "the DualPipeV schedule (two chunks per stage, its own in-flight "
     "micro-batches) is not modelled; the 1F1B/interleaved schedule is estimated instead",
-    "optimizer_cpu_offload": "optimizer state offloaded to host memory is counted on the GPU "
-    "(the estimate is too high)",
-    "cpu_offloading": "activations/weights offloaded to host memory are counted on the GPU "
-    "(the estimate is too high)",
     "fine_grained_activation_offloading": "activations offloaded to host memory are counted "
     "on the GPU (the estimate is too high)",
     "use_torch_fsdp2": "FSDP2 shards parameters, gradients and optimizer state over data "
@@ -53,19 +49,6 @@ NOT_MODELLED: dict[str, str] = {
     "the estimate uses Megatron DDP (too high, and no all-gather buffers)",
     "data_parallel_sharding_strategy": "parameters/gradients sharded over data parallel "
     "(Megatron FSDP) are counted whole on every rank",
-    "use_precision_aware_optimizer": "the precision-aware optimizer keeps main parameters, "
-    "main gradients and Adam moments in their own dtypes; the estimate counts them in fp32",
-    "main_grads_dtype": "main gradients in a dtype other than fp32 are counted in fp32",
-    "main_params_dtype": "main (master) parameters in a dtype other than fp32 are counted in fp32",
-    "exp_avg_dtype": "the Adam first moment in a dtype other than fp32 is counted in fp32",
-    "exp_avg_sq_dtype": "the Adam second moment in a dtype other than fp32 is counted in fp32",
-    "grad_reduce_in_bf16": "gradients reduced in bf16: the estimate counts the fp32 gradient "
-    "buffer of bf16 training",
-    "recompute_activations": "Megatron turns it into selective recompute; the estimate keeps "
-    "the attention scores (set recompute_granularity: selective)",
-    "recompute_modules": "selective recompute of these modules: the estimate recomputes core "
-    "attention only (Megatron's default ['core_attn'])",
-    "moe_layer_recompute": "recomputed MoE layers: the estimate keeps the MoE layers' activations",
     "distribute_saved_activations": "full-recompute checkpoints split over the tensor-parallel "
     "ranks: the estimate keeps each checkpoint whole on every rank (too high)",
     "pipeline_model_parallel_layout": "a custom pipeline layout (refused by the estimator)",
@@ -107,7 +90,6 @@ _RELEVANT: dict[str, Callable[[Mapping[str, Any], TrainingSpec], bool]] = {
     "fp8_recipe": lambda merged, spec: (
         is_set("fp8", merged.get("fp8")) or is_set("fp4", merged.get("fp4"))
     ),
-    "recompute_modules": lambda merged, spec: spec.recompute == "selective",
     "distribute_saved_activations": lambda merged, spec: spec.recompute == "full",
     "moe_shared_expert_overlap": _moe,
     "overlap_moe_expert_parallel_comm": _moe,
@@ -267,9 +249,30 @@ def assumptions(spec: TrainingSpec, world_source: str | None = None) -> tuple[st
     if prec.optimizer == "sgd" and not prec.sgd_momentum:
         state = "no optimizer state (SGD without momentum)"
     master = ", fp32 master weights" if prec.mixed_precision else ""
+    if prec.precision_aware and not prec.optimizer_cpu_offload:
+        state = f"adam exp_avg {prec.exp_avg_dtype}, exp_avg_sq {prec.exp_avg_sq_dtype}"
+        master = f", {prec.main_params_dtype} master weights" if prec.mixed_precision else ""
+        if prec.mixed_precision and prec.store_param_remainders and prec.params_dtype in (
+            "bfloat16", "bf16"
+        ) and prec.main_params_dtype == "fp32":  # fmt: skip
+            master = ", master weights as int16 remainders of the bf16 parameters"
+        master += " (TE FusedAdam; Transformer Engine >= 2.1 assumed)"
     out.append(
         f"precision: {prec.params_dtype} parameters, {grads} gradient buffer, {state}{master}"
     )
+    if prec.optimizer_cpu_offload:
+        out.append(
+            f"optimizer CPU offload: {prec.optimizer_offload_fraction:g} of the optimizer's "
+            "fp32 parameter copies and Adam state in pinned host memory (exactly that "
+            "fraction; the hybrid optimizer splits at whole tensors)"
+        )
+    if spec.cpu_offloading:
+        out.append(
+            "activation offload: Transformer Engine's offload context moves every tensor its "
+            "modules save in the first cpu_offloading_num_layers layers (not megatron's "
+            "dropout masks) and reloads one layer ahead; the local spec offloads nothing; "
+            "weights stay on the GPU"
+        )
     return tuple(out)
 
 
@@ -304,7 +307,19 @@ def modelled_features(spec: TrainingSpec) -> tuple[str, ...]:
     if spec.recompute == "full":
         out.append(f"full recompute ({spec.recompute_method}, {spec.recompute_num_layers})")
     elif spec.recompute == "selective":
-        out.append("selective recompute (core attention)")
+        out.append(f"selective recompute ({', '.join(spec.recompute_modules) or 'nothing'})")
+    if prec.precision_aware:
+        out.append("precision-aware optimizer (modelled from source, not measured on a GPU here)")
+    if prec.optimizer_cpu_offload:
+        out.append(
+            f"optimizer CPU offload (fraction {prec.optimizer_offload_fraction:g}; modelled "
+            "from source, not measured on a GPU here)"
+        )
+    if spec.cpu_offloading:
+        out.append(
+            f"activation CPU offload ({spec.cpu_offloading_num_layers} layers; modelled from "
+            "source, not measured on a GPU here)"
+        )
     if p.sequence_parallel:
         out.append("sequence parallel")
     if p.cp > 1:
@@ -331,6 +346,11 @@ def approximated_features(spec: TrainingSpec) -> tuple[str, ...]:
             out.append("the flex (DeepEP) dispatcher as alltoall: its buffers are not counted")
     if m.multi_latent_attention:
         out.append("MLA activations (first order)")
+    if spec.cpu_offloading:
+        out.append(
+            "activation offload residency: Transformer Engine's offload context is assumed "
+            "to move all TE-module tensors of the offloaded layers and keep one reloaded layer"
+        )
     if spec.parallel.cp > 1:
         out.append(
             f"context-parallel attention buffers ({spec.parallel.cp_comm_type}; from Transformer "

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from memscope.analysis.static.config import ModelSpec, ParallelSpec
+    from memscope.analysis.static.config import ModelSpec, ParallelSpec, TrainingSpec
 
 
 def validate_moe(m: ModelSpec, p: ParallelSpec) -> None:
@@ -91,3 +91,63 @@ def validate_mla_mtp(m: ModelSpec, p: ParallelSpec) -> None:
                 f"parallel.tp ({p.tp}) must divide model.q_lora_rank ({m.q_lora_rank}) with the "
                 "local MLA spec"
             )
+
+
+def validate_savers(spec: TrainingSpec) -> None:
+    """Precision-aware optimizer, optimizer and activation offload, recompute modules: what
+    megatron-core 0.16.1 asserts (optimizer/optimizer_config.py ``__post_init__``,
+    transformer/transformer_config.py ``__post_init__``) and Megatron-LM's arguments.py
+    (optimizer CPU offload needs the precision-aware optimizer)."""
+    from memscope.analysis.static.config import (
+        MAIN_GRADS_DTYPES,
+        MAIN_PARAMS_DTYPES,
+        RECOMPUTE_MODULES,
+        STATE_DTYPE_BYTES,
+    )
+
+    prec, m = spec.precision, spec.model
+    dtypes = {
+        "main_grads_dtype": MAIN_GRADS_DTYPES,
+        "main_params_dtype": MAIN_PARAMS_DTYPES,
+        "exp_avg_dtype": tuple(STATE_DTYPE_BYTES),
+        "exp_avg_sq_dtype": tuple(STATE_DTYPE_BYTES),
+    }
+    for name, choices in dtypes.items():
+        value = getattr(prec, name)
+        if value not in choices:
+            raise ValueError(f"{name}: {value!r} is not one of {', '.join(choices)}")
+        if value != "fp32" and not prec.precision_aware:
+            raise ValueError(f"{name} can only be fp32 without use_precision_aware_optimizer")
+    if prec.precision_aware and (prec.optimizer != "adam" or not prec.distributed_optimizer):
+        raise ValueError(
+            "use_precision_aware_optimizer needs the adam optimizer and "
+            "use_distributed_optimizer (megatron-core OptimizerConfig)"
+        )
+    if prec.optimizer_cpu_offload and not prec.precision_aware:
+        raise ValueError(
+            "optimizer_cpu_offload needs use_precision_aware_optimizer (Megatron-LM arguments.py)"
+        )
+    if not 0.0 <= prec.optimizer_offload_fraction <= 1.0:
+        raise ValueError(
+            f"optimizer_offload_fraction must be in [0, 1], got {prec.optimizer_offload_fraction}"
+        )
+    if spec.cpu_offloading:
+        if not 0 <= spec.cpu_offloading_num_layers < m.num_layers:
+            raise ValueError(
+                f"cpu_offloading_num_layers ({spec.cpu_offloading_num_layers}) must be in "
+                f"0..{m.num_layers - 1} (megatron-core TransformerConfig)"
+            )
+        if spec.parallel.pp > 1:
+            raise ValueError("cpu_offloading does not support pipeline parallelism (pp > 1)")
+        if spec.recompute is not None:
+            raise ValueError("cpu_offloading does not work with activation recompute")
+    if spec.recompute == "selective":
+        unknown = sorted(set(spec.recompute_modules) - set(RECOMPUTE_MODULES))
+        if unknown:
+            raise ValueError(
+                f"recompute_modules: {', '.join(unknown)} not among {', '.join(RECOMPUTE_MODULES)}"
+            )
+        if "moe_act" in spec.recompute_modules and not m.moe_grouped_gemm:
+            raise ValueError("recompute_modules moe_act needs moe_grouped_gemm")
+        if "mla_up_proj" in spec.recompute_modules and not m.multi_latent_attention:
+            raise ValueError("recompute_modules mla_up_proj needs multi_latent_attention")

@@ -79,6 +79,14 @@ def routed_rows(spec: TrainingSpec, tokens: int) -> int:
     return min(balanced, capacity * experts * etp)
 
 
+def _expert_rows(spec: TrainingSpec) -> tuple[bool, int]:
+    """(legacy ``GroupedMLP``, f-wide rows an expert keeps per routed row): 3 not gated, with
+    the fused weighted SwiGLU or the compiled legacy activation, else 6."""
+    m = spec.model
+    legacy = m.moe_grouped_gemm and (m.transformer_impl == "local" or m.moe_use_legacy_grouped_gemm)
+    return legacy, 3 if not m.gated_linear_unit or m.bias_activation_fusion or legacy else 6
+
+
 def moe_layer_saved(
     spec: TrainingSpec, s: int, b: int, sp: int, e: int, rows: int | None = None
 ) -> dict[str, int]:
@@ -111,11 +119,7 @@ def moe_layer_saved(
         dispatcher = INT64 * tokens * k + 2 * (r + 1) * tokens * experts
         dispatcher += INT64 * experts * etp if local > 1 else 0
 
-    legacy_grouped = m.moe_grouped_gemm and (
-        m.transformer_impl == "local" or m.moe_use_legacy_grouped_gemm
-    )
-    # 3 f-wide rows: not gated, the fused weighted SwiGLU or the compiled legacy activation
-    per_row = 3 if not m.gated_linear_unit or m.bias_activation_fusion or legacy_grouped else 6
+    legacy_grouped, per_row = _expert_rows(spec)
     experts_bytes = n * h * e + r * n + per_row * n * (m.moe_ffn // etp) * e
     if legacy_grouped:
         experts_bytes += INT64 * local
@@ -125,6 +129,19 @@ def moe_layer_saved(
         dense = 2 if not m.gated_linear_unit else (3 if m.bias_activation_fusion else 5)
         out["moe_shared_experts"] = dense * s * b * (shared // p.tp) * e
     return out
+
+
+def moe_act_discarded(spec: TrainingSpec, s: int, b: int, sp: int, e: int) -> int:
+    """What ``recompute_modules`` ``moe_act`` drops per MoE layer (megatron/core/transformer/
+    moe/experts.py ``activation_recompute``: the activation runs under
+    ``CheckpointWithoutOutput`` and its output is discarded once fc2 has consumed it): of the
+    experts' ``A`` f-wide rows (:func:`moe_layer_saved`) all but fc1's output (``2f`` gated,
+    ``f`` otherwise) are gone until the backward recomputes them."""
+    m, p = spec.model, spec.parallel
+    n = routed_rows(spec, s // sp * b)
+    per_row = _expert_rows(spec)[1]
+    kept = 2 if m.gated_linear_unit else 1
+    return (per_row - kept) * n * (m.moe_ffn // p.expert_tp) * e
 
 
 def moe_global_buffer(spec: TrainingSpec, s: int, b: int, sp: int, e: int) -> int:

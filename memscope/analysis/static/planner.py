@@ -12,14 +12,19 @@ estimator's own validation (heads, query groups and vocabulary divisible by TP, 
 PP x VPP, VPP needing PP > 1, experts by EP, EP x ETP dividing TP x CP x DP, ...) plus the
 schedule's: interleaving needs the number of microbatches to be a multiple of PP.
 
-Within one layout, more recompute only costs more: once the cheapest recompute choice of a
-layout fits, its heavier ones are not estimated (they would rank after it).
+Within one layout, its memory savers (recompute granularity, method and modules; the
+precision-aware optimizer; activation and optimizer CPU offload) are ordered by the cost
+model and tried cheapest first; the first that fits is the layout's plan (the others would
+rank after it). A layout whose strongest savers (full recompute, bf16 optimizer state, all
+of the optimizer offloaded) do not fit is skipped without trying the rest.
 
 Deterministic: the same inputs give the same plans in the same order.
 
-Known limitations: recompute of chosen modules, activation and optimizer offload and the
-precision-aware optimizer keep the user's setting and are not searched (the estimator does
-not model the last three yet).
+Known limitations: the precision-aware optimizer is priced at no step time (its lower
+precision state is a numerics choice the cost model does not weigh); the CPU Adam's own time
+under optimizer offload is not modelled (only its PCIe traffic); activation-offload residency
+assumes Transformer Engine's offload context moves every tensor its modules save; FlagScale's
+per-stage/micro-batch recompute and fine-grained activation offloading are not searched.
 """
 
 from __future__ import annotations
@@ -29,9 +34,16 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from memscope.analysis.static.activations import (
+    dims,
+    layer_saved,
+    offloadable_bytes,
+    offloaded_layers,
+)
 from memscope.analysis.static.config import TrainingSpec
 from memscope.analysis.static.estimator import RankEstimate, estimate_rank
-from memscope.analysis.static.params import RankPosition
+from memscope.analysis.static.params import RankPosition, rank_param_count
+from memscope.analysis.static.terms import optimizer_shards
 
 #: The estimator's worst relative error against the GPU memory NVIDIA's Megatron-LM functional
 #: tests publish (``benchmarks/static_gpu_golden.txt``, 115 cases): each predicted peak is
@@ -43,14 +55,16 @@ MAX_TP = 8
 CP_CHOICES = (1, 2, 4, 8)
 #: Expert-parallel sizes searched for MoE models (dividing the experts).
 EP_CHOICES = (1, 2, 4, 8, 16, 32, 64)
-#: Recompute, cheapest first: (granularity, method); "block" recomputes the first half of
-#: each stage's (or virtual chunk's) layers, "uniform" every layer, one per checkpoint.
-RECOMPUTE_CHOICES: tuple[tuple[str | None, str], ...] = (
-    (None, "uniform"),
-    ("selective", "uniform"),
-    ("full", "block"),
-    ("full", "uniform"),
-)
+#: Precision-aware optimizer levels searched (bf16 training with the distributed optimizer's
+#: Adam, as megatron-core requires): the state dtypes each sets (Megatron-LM's choices).
+PRECISION_AWARE: dict[str, dict[str, str]] = {
+    "fp32": {"main_grads_dtype": "fp32", "exp_avg_dtype": "fp32", "exp_avg_sq_dtype": "fp32"},
+    "bf16_moments": {"main_grads_dtype": "fp32", "exp_avg_dtype": "bf16",
+                     "exp_avg_sq_dtype": "bf16"},
+    "bf16": {"main_grads_dtype": "bf16", "exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"},
+}  # fmt: skip
+#: Optimizer CPU offload fractions searched, only for layouts nothing else fits.
+OFFLOAD_FRACTIONS = (0.5, 1.0)
 
 
 @dataclass(frozen=True)
@@ -92,6 +106,7 @@ class CostModel:
     inter_node_bytes_per_s: float = 50e9  # one 400 Gb/s NIC per GPU
     gpus_per_node: int = 8
     activation_bytes: int = 2  # bf16 activations on the wire
+    pcie_bytes_per_s: float = 64e9  # PCIe 5.0 x16 host link, per direction
 
     def _link(self, gpus: int) -> float:
         """Bytes per second between ``gpus`` GPUs: NVLink within a node, else the NIC."""
@@ -110,11 +125,13 @@ class CostModel:
         elif spec.recompute == "full":
             recompute = 1 / 3
         elif spec.recompute == "selective":
-            recompute = (4 * b * s * s * h) / (3 * layer_flops)
+            recompute = sum(module_flops(spec).values()) / (3 * layer_flops)
         else:
             recompute = 0.0
         gpus = p.tp * p.cp
         compute_s = 3 * layer_flops / gpus / self.gpu_flops_per_s  # forward + backward
+        step_s = compute_s * spec.num_microbatches * -(-m.num_layers // p.pp)
+        offload = self._offload_s(spec) / step_s
         tp_bytes = 4 * 2 * (p.tp - 1) / p.tp * b * (s / p.cp) * h * self.activation_bytes
         tp_comm = (tp_bytes / self.link_bytes_per_s) / compute_s
         kv = 2 * b * (s / p.cp) * m.query_groups * m.head_dim / p.tp * self.activation_bytes
@@ -131,8 +148,76 @@ class CostModel:
             "tp_comm": tp_comm,
             "cp_comm": cp_comm,
             "ep_comm": ep_comm,
-            "total": 1 + bubble + recompute + tp_comm + cp_comm + ep_comm,
+            "offload": offload,
+            "total": 1 + bubble + recompute + tp_comm + cp_comm + ep_comm + offload,
         }
+
+    def _offload_s(self, spec: TrainingSpec) -> float:
+        """Seconds per step of PCIe traffic, not overlapped: activation offload moves each
+        offloaded layer's saved tensors to the host and back per microbatch; optimizer
+        offload moves the offloaded share of this rank's gradient shard to the host and its
+        parameter shard back (the CPU Adam's own time is not modelled)."""
+        moved = 0.0
+        layers = offloaded_layers(spec)
+        if layers:
+            x = dims(spec)
+            moved += 2 * layers * offloadable_bytes(layer_saved(spec, x)) * spec.num_microbatches
+        prec = spec.precision
+        if prec.optimizer_cpu_offload and prec.optimizer_offload_fraction > 0:
+            shard = _first_stage_params(spec) / optimizer_shards(spec)[0]
+            grad = 4 if prec.grads_in_fp32 else prec.param_bytes
+            moved += prec.optimizer_offload_fraction * shard * (grad + prec.param_bytes)
+        return moved / self.pcie_bytes_per_s
+
+
+_PARAM_COUNTS: dict[tuple[Any, Any], int] = {}
+
+
+def _first_stage_params(spec: TrainingSpec) -> int:
+    """Parameters of pipeline stage 0 (TP rank 0), remembered per model and parallel sizes
+    (the planner costs many layouts that share them)."""
+    key = (spec.model, spec.parallel)
+    if key not in _PARAM_COUNTS:
+        if len(_PARAM_COUNTS) > 4096:
+            _PARAM_COUNTS.clear()
+        _PARAM_COUNTS[key] = rank_param_count(spec, RankPosition())
+    return _PARAM_COUNTS[key]
+
+
+def module_flops(spec: TrainingSpec) -> dict[str, float]:
+    """Forward FLOPs per layer (averaged over dense and MoE layers) that selective recompute
+    of each of ``spec.recompute_modules`` runs again in the backward.
+
+    ``core_attn``: ``4 b s^2 h`` (Korthikanti et al. 2022, section 5); ``mlp``: the dense
+    MLP's two GEMMs, ``2 b s h f`` each (fc1 twice as wide when gated); ``moe``: the router
+    GEMM ``2 b s h E`` plus ``k`` experts' MLPs and the shared expert; ``shared_experts``: the
+    shared expert's MLP; ``mla_up_proj``: the query and key-value up-projection GEMMs;
+    ``layernorm`` and ``moe_act`` are element-wise: about 8 FLOPs per element of each norm's
+    ``[s, b, h]`` input and 4 per element of the experts' activation input."""
+    if spec.recompute != "selective":
+        return {}
+    m = spec.model
+    b, s, h = spec.micro_batch_size, m.seq_length, m.hidden_size
+    gate = 2 if m.gated_linear_unit else 1
+    moe = sum(m.is_moe_layer(i) for i in range(m.num_layers)) / m.num_layers
+    shared = (2 + 2 * gate) * b * s * h * (m.moe_shared_expert_intermediate_size or 0)
+    routed = (2 + 2 * gate) * b * s * h * m.moe_ffn * m.moe_router_topk
+    flops = {
+        "core_attn": 4 * b * s * s * h,
+        "layernorm": 2 * 8 * b * s * h,
+        "mlp": (1 - moe) * (2 + 2 * gate) * b * s * h * m.ffn,
+        "moe": moe * (2 * b * s * h * (m.num_experts or 0) + routed + shared),
+        "moe_act": moe * 4 * gate * b * s * m.moe_ffn * m.moe_router_topk,
+        "shared_experts": moe * shared,
+        "mla_up_proj": 2 * b * s * m.num_attention_heads * (
+            (m.q_lora_rank or 0) * (m.qk_head_dim + m.qk_pos_emb_head_dim)
+            + m.kv_lora_rank * (m.qk_head_dim + m.v_head_dim)
+        ),
+    }  # fmt: skip
+    modules = set(spec.recompute_modules)
+    if "moe" in modules:  # the whole MoE layer: its parts are not recomputed twice
+        modules -= {"moe_act", "shared_experts"}
+    return {k: float(v) for k, v in flops.items() if k in modules}
 
 
 @dataclass(frozen=True)
@@ -156,6 +241,10 @@ class Layout:
     etp: int | None = None  # expert tensor parallel (None: TP, Megatron's default)
     recompute_method: str = "uniform"
     recompute_num_layers: int = 1
+    recompute_modules: tuple[str, ...] = ("core_attn",)  # selective recompute's modules
+    precision_aware: str | None = None  # a PRECISION_AWARE level; None: off
+    optimizer_offload_fraction: float | None = None  # optimizer CPU offload; None: off
+    cpu_offloading_num_layers: int | None = None  # activation CPU offload; None: off
 
     def megatron_args(self) -> dict[str, Any]:
         """The settings as Megatron argument names (FlagScale's YAML keys)."""
@@ -175,9 +264,22 @@ class Layout:
             out["num_layers_per_virtual_pipeline_stage"] = self.layers_per_virtual_stage
         if self.recompute == "selective":
             out["recompute_granularity"] = "selective"
+            if self.recompute_modules != ("core_attn",):
+                out["recompute_modules"] = list(self.recompute_modules)
         elif self.recompute == "full":
             out.update(recompute_granularity="full", recompute_method=self.recompute_method,
                        recompute_num_layers=self.recompute_num_layers)  # fmt: skip
+        if self.precision_aware is not None:
+            out["use_precision_aware_optimizer"] = True
+            out.update({k: v for k, v in PRECISION_AWARE[self.precision_aware].items()
+                        if v != "fp32"})  # fmt: skip
+        if self.optimizer_offload_fraction is not None:
+            out.update(optimizer_cpu_offload=True,
+                       optimizer_offload_fraction=self.optimizer_offload_fraction)  # fmt: skip
+        if self.cpu_offloading_num_layers is not None:
+            out.update(
+                cpu_offloading=True, cpu_offloading_num_layers=self.cpu_offloading_num_layers
+            )
         return {k: v for k, v in out.items() if v is not None}
 
     def flags(self) -> str:
@@ -187,6 +289,8 @@ class Layout:
             flag = "--" + key.replace("_", "-")
             if value is True:
                 parts.append(flag)
+            elif isinstance(value, list):
+                parts.append(" ".join([flag, *map(str, value)]))
             elif value is not False:
                 parts.append(f"{flag} {value}")
         return " ".join(parts)
@@ -248,8 +352,16 @@ def _stage_splits(layers: int, pp: int) -> list[tuple[int | None, int | None]]:
 
 
 def layouts(spec: TrainingSpec, world_size: int) -> Iterator[Layout]:
-    """Every layout of ``world_size`` ranks at the user's global batch (deterministic order;
-    within one layout, its recompute choices cheapest first)."""
+    """Every layout of ``world_size`` ranks at the user's global batch (deterministic order):
+    each parallel layout (:func:`base_layouts`) with each of its memory savers
+    (:func:`saver_variants`)."""
+    for base in base_layouts(spec, world_size):
+        yield from saver_variants(spec, base)
+
+
+def base_layouts(spec: TrainingSpec, world_size: int) -> Iterator[Layout]:
+    """Every parallel layout (sizes, stage split, micro-batch size) of ``world_size`` ranks at
+    the user's global batch, without recompute or offload (deterministic order)."""
     p = spec.parallel
     global_batch = spec.micro_batch_size * spec.num_microbatches * p.dp
     layers, seq = spec.model.num_layers, spec.model.seq_length
@@ -290,17 +402,90 @@ def _batch_layouts(
         for vpp in vpps:
             if vpp is not None and m % pp:
                 continue  # interleaving needs microbatches in multiples of PP
-            per_chunk = layers // (pp * (vpp or 1))
-            for granularity, method in RECOMPUTE_CHOICES:
-                count = max(1, per_chunk // 2) if method == "block" else 1
-                if method == "block" and count >= per_chunk:
-                    continue  # the same as recomputing every layer
-                yield Layout(
-                    tp, pp, vpp, dp, tp > 1, mbs, m, granularity, dp > 1,
-                    layers_per_virtual_stage=layers // (pp * vpp) if vpp else None,
-                    cp=cp, last_stage_layers=last, first_stage_layers=first, ep=ep, etp=etp,
-                    recompute_method=method, recompute_num_layers=count,
-                )  # fmt: skip
+            yield Layout(
+                tp, pp, vpp, dp, tp > 1, mbs, m, None, dp > 1,
+                layers_per_virtual_stage=layers // (pp * vpp) if vpp else None,
+                cp=cp, last_stage_layers=last, first_stage_layers=first, ep=ep, etp=etp,
+            )  # fmt: skip
+
+
+def module_sets(spec: TrainingSpec) -> list[tuple[str, ...]]:
+    """The ``recompute_modules`` sets searched for selective recompute, lightest first:
+    ``core_attn`` (megatron's default) alone, then with each other module the model has
+    (``layernorm`` where a norm is a module of its own: the local spec, or a MoE layer's
+    pre-MLP norm; ``mlp`` or the MoE ones; ``mla_up_proj`` with MLA), then all of them."""
+    m = spec.model
+    moe = m.num_experts is not None
+    extra: list[str] = []
+    if m.transformer_impl == "local" or moe:
+        extra.append("layernorm")
+    if moe:
+        extra += ["moe_act"] if m.moe_grouped_gemm else []
+        extra += ["shared_experts"] if m.moe_shared_expert_intermediate_size else []
+        extra.append("moe")
+    else:
+        extra.append("mlp")
+    if m.multi_latent_attention:
+        extra.append("mla_up_proj")
+    heaviest = [x for x in extra if x not in ("moe_act", "shared_experts")]
+    out = [("core_attn",), *[("core_attn", x) for x in extra], ("core_attn", *heaviest)]
+    return list(dict.fromkeys(out))
+
+
+def _precision_aware_levels(spec: TrainingSpec) -> list[str]:
+    """The precision-aware optimizer levels Megatron allows for ``spec``: bf16 training with
+    Adam (megatron-core OptimizerConfig: adam and the distributed optimizer, which these
+    layouts then use; TE's FusedAdam is assumed present)."""
+    prec = spec.precision
+    ok = prec.params_dtype in ("bfloat16", "bf16") and prec.optimizer == "adam"
+    return list(PRECISION_AWARE) if ok and not prec.torch_optimizer else []
+
+
+def saver_variants(spec: TrainingSpec, base: Layout) -> Iterator[Layout]:
+    """``base`` with each memory saver choice: recompute (none; selective over
+    :func:`module_sets`; full, block over half of each chunk's layers or uniform) each with
+    the precision-aware optimizer off or at each level; activation offload of half or all
+    but one of the layers (PP = 1 only, without recompute, as megatron-core requires); and
+    optimizer CPU offload (:data:`OFFLOAD_FRACTIONS`, with the precision-aware optimizer it
+    needs) without or with full recompute."""
+    r = dataclasses.replace
+    layers = spec.model.num_layers
+    per_chunk = layers // (base.pp * (base.vpp or 1))
+    recomputes: list[dict[str, Any]] = [{}]
+    recomputes += [{"recompute": "selective", "recompute_modules": ms} for ms in module_sets(spec)]
+    count = max(1, per_chunk // 2)
+    if count < per_chunk:  # else the same as recomputing every layer
+        recomputes.append({"recompute": "full", "recompute_method": "block",
+                           "recompute_num_layers": count})  # fmt: skip
+    recomputes.append({"recompute": "full"})
+    levels = _precision_aware_levels(spec)
+    aware: list[dict[str, Any]] = [{}]
+    aware += [{"precision_aware": lv, "distributed_optimizer": True} for lv in levels]
+    for rec in recomputes:
+        for pa in aware:
+            yield r(base, **rec, **pa)
+    if base.pp == 1 and layers > 1:
+        for k in sorted({layers // 2, layers - 1}):
+            for pa in aware:
+                yield r(base, cpu_offloading_num_layers=k, **pa)
+    for fraction in OFFLOAD_FRACTIONS if levels else ():
+        for rec in (recomputes[0], recomputes[-1]):
+            for lv in ("fp32", "bf16"):
+                yield r(base, **rec, precision_aware=lv, distributed_optimizer=True,
+                        optimizer_offload_fraction=fraction)  # fmt: skip
+
+
+def _strongest(spec: TrainingSpec, base: Layout) -> Layout:
+    """The saver variant of ``base`` with the least memory: full uniform recompute, the
+    lightest precision-aware level and all of the optimizer offloaded where allowed (every
+    other variant keeps at least as many bytes on the GPU: activation offload keeps a layer
+    and its reload, more than full recompute's layer inputs)."""
+    strongest = dataclasses.replace(base, recompute="full")
+    if _precision_aware_levels(spec):
+        strongest = dataclasses.replace(strongest, precision_aware="bf16",
+                                        distributed_optimizer=True,
+                                        optimizer_offload_fraction=1.0)  # fmt: skip
+    return strongest
 
 
 def apply(spec: TrainingSpec, layout: Layout) -> TrainingSpec:
@@ -311,12 +496,29 @@ def apply(spec: TrainingSpec, layout: Layout) -> TrainingSpec:
                  last_stage_layers=layout.last_stage_layers,
                  first_stage_layers=layout.first_stage_layers,
                  sequence_parallel=layout.sequence_parallel, dp_assumed=False)  # fmt: skip
-    precision = r(spec.precision, distributed_optimizer=layout.distributed_optimizer)
+    aware = PRECISION_AWARE.get(layout.precision_aware or "", {})
+    bf16 = spec.precision.params_dtype in ("bfloat16", "bf16")
+    grads_fp32 = (bf16 and aware.get("main_grads_dtype", "fp32") == "fp32") or (
+        not bf16 and spec.precision.grads_in_fp32
+    )
+    offload = layout.optimizer_offload_fraction
+    precision = r(spec.precision, distributed_optimizer=layout.distributed_optimizer,
+                  precision_aware=layout.precision_aware is not None,
+                  main_grads_dtype=aware.get("main_grads_dtype", "fp32"),
+                  exp_avg_dtype=aware.get("exp_avg_dtype", "fp32"),
+                  exp_avg_sq_dtype=aware.get("exp_avg_sq_dtype", "fp32"),
+                  main_params_dtype="fp32", grads_in_fp32=grads_fp32,
+                  optimizer_cpu_offload=offload is not None,
+                  optimizer_offload_fraction=1.0 if offload is None else offload)  # fmt: skip
     extra: dict[str, Any] = {}
     if layout.recompute == "full":
         extra = {"recompute_method": layout.recompute_method,
                  "recompute_num_layers": layout.recompute_num_layers}  # fmt: skip
+    offloading = layout.cpu_offloading_num_layers
     return r(spec, parallel=parallel, precision=precision, recompute=layout.recompute,
+             recompute_modules=layout.recompute_modules,
+             cpu_offloading=offloading is not None,
+             cpu_offloading_num_layers=offloading or 0,
              micro_batch_size=layout.micro_batch_size,
              num_microbatches=layout.num_microbatches, **extra).validate()  # fmt: skip
 
@@ -408,7 +610,7 @@ def evaluate(
 
 def current_layout(spec: TrainingSpec) -> Layout:
     """The user's own settings as a :class:`Layout`."""
-    p = spec.parallel
+    p, prec = spec.parallel, spec.precision
     per = spec.model.num_layers // (p.pp * p.vpp) if p.vpp else None
     return Layout(p.tp, p.pp, p.vpp, p.dp, p.sequence_parallel, spec.micro_batch_size,
                   spec.num_microbatches, spec.recompute,
@@ -416,7 +618,29 @@ def current_layout(spec: TrainingSpec) -> Layout:
                   cp=p.cp, last_stage_layers=p.last_stage_layers,
                   first_stage_layers=p.first_stage_layers, ep=p.ep, etp=p.etp,
                   recompute_method=spec.recompute_method,
-                  recompute_num_layers=spec.recompute_num_layers)  # fmt: skip
+                  recompute_num_layers=spec.recompute_num_layers,
+                  recompute_modules=spec.recompute_modules,
+                  precision_aware=_user_level(spec),
+                  optimizer_offload_fraction=prec.optimizer_offload_fraction
+                  if prec.optimizer_cpu_offload else None,
+                  cpu_offloading_num_layers=spec.cpu_offloading_num_layers
+                  if spec.cpu_offloading else None)  # fmt: skip
+
+
+def _user_level(spec: TrainingSpec) -> str | None:
+    """The :data:`PRECISION_AWARE` level of the user's precision-aware optimizer settings
+    (refused when it is none of them: the planner would not reproduce it)."""
+    prec = spec.precision
+    if not prec.precision_aware:
+        return None
+    mine = {k: getattr(prec, k) for k in PRECISION_AWARE["fp32"]}
+    for name, level in PRECISION_AWARE.items():
+        if level == mine and prec.main_params_dtype == "fp32":
+            return name
+    raise ValueError(
+        "the planner keeps precision-aware optimizer dtypes among its levels "
+        f"({', '.join(f'{k}: {v}' for k, v in PRECISION_AWARE.items())}) and fp32 main params"
+    )
 
 
 def plan(
@@ -437,19 +661,28 @@ def plan(
     mine = evaluate(spec, current_layout(spec), None, model, factors)
     assert mine is not None, "the user's spec was validated before planning"
     searched = dominated = 0
-    fitting: list[tuple[float, int, int, Plan]] = []
-    settled: set[Layout] = set()  # layouts (recompute aside) whose cheapest fit is found
-    for index, layout in enumerate(layouts(spec, world_size)):
-        group = dataclasses.replace(layout, recompute=None, recompute_method="uniform",
-                                    recompute_num_layers=1)  # fmt: skip
-        if group in settled:
-            dominated += 1
-            continue
+    fitting: list[tuple[float, int, tuple[int, int], Plan]] = []
+    for index, base in enumerate(base_layouts(spec, world_size)):
         searched += 1
-        found = evaluate(spec, layout, budget_bytes, model, factors)
-        if found is not None:
-            settled.add(group)
-            fitting.append((round(found.cost["total"], 9), found.peak_bytes, index, found))
+        if evaluate(spec, _strongest(spec, base), budget_bytes, model, factors) is None:
+            dominated += 1  # not even the strongest savers fit: no option of it is costed
+            continue
+        costed = []
+        for order, option in enumerate(saver_variants(spec, base)):
+            try:
+                total = model.breakdown(apply(spec, option))["total"]
+            except ValueError:
+                continue  # Megatron refuses this combination
+            costed.append((round(total, 9), order, option))
+        costed.sort(key=lambda t: t[:2])
+        for tried, (_, order, option) in enumerate(costed):
+            searched += 1
+            found = evaluate(spec, option, budget_bytes, model, factors)
+            if found is not None:  # the costlier options of this layout would rank after it
+                fitting.append((round(found.cost["total"], 9), found.peak_bytes,
+                                (index, order), found))  # fmt: skip
+                dominated += len(costed) - tried - 1
+                break
     fitting.sort(key=lambda t: t[:3])
     chosen = [t[3] for t in fitting[:top]]
     for p in chosen:

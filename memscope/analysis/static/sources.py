@@ -409,9 +409,11 @@ def spec_from_megatron_args(
             "static estimator (use decoder_first/last_pipeline_num_layers or "
             "account_for_embedding/loss_in_pipeline_split)"
         )
+    savers = _optimizer_savers(args)
     precision = PrecisionSpec(
         params_dtype=dtype,
-        grads_in_fp32=bf16 or _flag(args, "accumulate_allreduce_grads_in_fp32"),
+        grads_in_fp32=_grads_in_fp32(args, bf16, savers["main_grads_dtype"]),
+        **savers,
         optimizer=_name(args, "optimizer", "adam"),
         distributed_optimizer=_flag(args, "use_distributed_optimizer"),
         torch_optimizer=_flag(args, "torch_optimizer"),
@@ -423,9 +425,7 @@ def spec_from_megatron_args(
     microbatches = check_batch(
         gbs, mbs, parallel.dp, _int(args, "num_microbatches", None, "training.num_microbatches")
     )
-    recompute = _get(args, "recompute_granularity")
-    if recompute is not None:
-        recompute = as_str(recompute, "training.recompute_granularity")
+    recompute, modules = _recompute(args)
     method = _name(args, "recompute_method", "uniform")
     recompute_layers = _int(args, "recompute_num_layers", 1, "recompute_num_layers")
     flash = _flash_attention(args, model.transformer_impl)
@@ -446,7 +446,92 @@ def spec_from_megatron_args(
         defer_embedding_wgrad=_flag(args, "defer_embedding_wgrad_compute"),
         wgrad_deferral_limit=_int(args, "wgrad_deferral_limit", 0, "wgrad_deferral_limit"),
         gradient_accumulation_fusion=_flag(args, "gradient_accumulation_fusion", True),
+        recompute_modules=modules,
+        **_activation_offload(args),
     ).validate()
+
+
+# --main-grads-dtype and friends as Megatron-LM's arguments.py maps them (a parsed namespace
+# already holds torch dtypes)
+_STATE_DTYPES = {
+    "fp32": "fp32", "float32": "fp32", "torch.float32": "fp32",
+    "bf16": "bf16", "bfloat16": "bf16", "torch.bfloat16": "bf16",
+    "fp16": "fp16", "float16": "fp16", "torch.float16": "fp16",
+    "fp8": "fp8", "uint8": "fp8", "torch.uint8": "fp8",
+}  # fmt: skip
+
+
+def _state_dtype(args: Any, name: str) -> str:
+    value = _get(args, name, "fp32")
+    key = str(value).strip().lower()
+    if key not in _STATE_DTYPES:
+        raise ValueError(f"{name}: {show(value)} is not one of fp32, bf16, fp16, fp8")
+    return _STATE_DTYPES[key]
+
+
+def _optimizer_savers(args: Any) -> dict[str, Any]:
+    """PrecisionSpec's precision-aware optimizer and optimizer CPU offload fields
+    (megatron/core/optimizer/optimizer_config.py names; Megatron-LM's
+    ``--optimizer-offload-fraction`` defaults to 1.0)."""
+    return dict(
+        precision_aware=_flag(args, "use_precision_aware_optimizer"),
+        main_grads_dtype=_state_dtype(args, "main_grads_dtype"),
+        main_params_dtype=_state_dtype(args, "main_params_dtype"),
+        exp_avg_dtype=_state_dtype(args, "exp_avg_dtype"),
+        exp_avg_sq_dtype=_state_dtype(args, "exp_avg_sq_dtype"),
+        store_param_remainders=_flag(args, "store_param_remainders", True),
+        optimizer_cpu_offload=_flag(args, "optimizer_cpu_offload"),
+        optimizer_offload_fraction=_float(args, "optimizer_offload_fraction", 1.0, 0.0, 1.0),
+    )
+
+
+def _grads_in_fp32(args: Any, bf16: bool, main_grads_dtype: str) -> bool:
+    """The DDP gradient buffer's dtype: Megatron-LM's arguments.py under bf16 turns
+    ``accumulate_allreduce_grads_in_fp32`` on unless ``grad_reduce_in_bf16`` or
+    ``main_grads_dtype`` bf16; training.py passes it to DDP as ``grad_reduce_in_fp32``
+    (megatron/core/distributed/distributed_data_parallel.py: ``grad_dtype = torch.float if
+    grad_reduce_in_fp32 else param.dtype``)."""
+    if _flag(args, "accumulate_allreduce_grads_in_fp32"):
+        if main_grads_dtype != "fp32":
+            raise ValueError(
+                "main_grads_dtype can only be fp32 with accumulate_allreduce_grads_in_fp32"
+            )
+        return True
+    return bf16 and main_grads_dtype == "fp32" and not _flag(args, "grad_reduce_in_bf16")
+
+
+def _recompute(args: Any) -> tuple[str | None, tuple[str, ...]]:
+    """(recompute_granularity, recompute_modules): ``recompute_activations`` and
+    ``moe_layer_recompute`` are Megatron's older spellings of selective recompute (of the
+    default ``core_attn``, and adding ``moe``; megatron-core TransformerConfig)."""
+    recompute = _get(args, "recompute_granularity")
+    if recompute is not None:
+        recompute = as_str(recompute, "training.recompute_granularity")
+    if recompute is None and _flag(args, "recompute_activations"):
+        recompute = "selective"
+    raw = _get(args, "recompute_modules")
+    if raw is None:
+        modules = ["core_attn"]
+    elif isinstance(raw, (list, tuple)):
+        modules = [as_str(v, "recompute_modules") for v in raw]
+    else:
+        modules = as_str(raw, "recompute_modules").replace(",", " ").split()
+    if _flag(args, "moe_layer_recompute"):
+        if recompute == "full":
+            raise ValueError("moe_layer_recompute cannot be combined with full recompute")
+        recompute = "selective"
+        modules += [] if "moe" in modules else ["moe"]
+    return recompute, tuple(modules)
+
+
+def _activation_offload(args: Any) -> dict[str, Any]:
+    """TrainingSpec's ``cpu_offloading*`` fields (megatron/core/model_parallel_config.py)."""
+    return dict(
+        cpu_offloading=_flag(args, "cpu_offloading"),
+        cpu_offloading_num_layers=_int(args, "cpu_offloading_num_layers", 0),
+        cpu_offloading_activations=_flag(args, "cpu_offloading_activations", True),
+        cpu_offloading_weights=_flag(args, "cpu_offloading_weights"),
+    )
 
 
 def _negated_flags(args: Any) -> Any:

@@ -5,13 +5,18 @@ DDP gradient buffer is fp32, else it has the parameter dtype; Adam keeps fp32 ``
 ``exp_avg_sq`` plus fp32 master weights under bf16/fp16; the distributed optimizer shards
 all three over data parallel (the real shard includes bucket padding, not modelled here);
 ``torch.optim`` optimizers also keep a 4-byte ``step`` tensor per parameter tensor.
+
+The precision-aware optimizer and optimizer CPU offload change the optimizer term
+(:func:`adam_bytes_per_param`, :func:`gpu_share`); both are modelled from megatron-core
+0.16.1's source and TE's FusedAdam / the hybrid optimizer need CUDA, so they are not
+measured here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memscope.analysis.static.config import TrainingSpec
+from memscope.analysis.static.config import STATE_DTYPE_BYTES, PrecisionSpec, TrainingSpec
 from memscope.analysis.static.params import ParamTensor
 
 FP32 = 4
@@ -25,6 +30,7 @@ class PersistentTerms:
     weight_bytes: int
     grad_bytes: int
     optimizer_bytes: int
+    host_optimizer_bytes: int = 0  # optimizer CPU offload: state kept in host memory
 
     @property
     def total_bytes(self) -> int:
@@ -49,7 +55,7 @@ def persistent_terms(spec: TrainingSpec, params: list[ParamTensor]) -> Persisten
     weights = count * prec.param_bytes
     grads = count * (FP32 if prec.grads_in_fp32 else prec.param_bytes)
     if prec.optimizer == "adam":
-        per_param = 2 * FP32 + (FP32 if prec.mixed_precision else 0)
+        per_param = adam_bytes_per_param(prec)
     else:
         per_param = (FP32 if prec.sgd_momentum else 0) + (FP32 if prec.mixed_precision else 0)
     optimizer = count * per_param
@@ -58,9 +64,55 @@ def persistent_terms(spec: TrainingSpec, params: list[ParamTensor]) -> Persisten
         expert = sum(t.numel for t in params if t.expert) * per_param
         dense = optimizer - expert
         optimizer = -(-dense // dense_shards) + -(-expert // expert_shards)
+    host = 0
+    if prec.optimizer_cpu_offload:
+        on_gpu = int(optimizer * gpu_share(prec))
+        optimizer, host = on_gpu, optimizer - on_gpu
     if prec.torch_optimizer and prec.optimizer == "adam":
         optimizer += FP32 * len(params)  # one float32 ``step`` tensor per parameter tensor
-    return PersistentTerms(count, weights, grads, optimizer)
+    return PersistentTerms(count, weights, grads, optimizer, host)
+
+
+def adam_bytes_per_param(prec: PrecisionSpec) -> int:
+    """Bytes of Adam state per parameter element (before the distributed optimizer shards it).
+
+    Default: fp32 ``exp_avg`` and ``exp_avg_sq`` plus, under bf16/fp16, the distributed (or
+    Float16) optimizer's fp32 main-parameter shard (megatron/core/optimizer/distrib_optimizer.py
+    ``_build_model_and_main_param_groups``: ``shard_model_param.clone().float()``).
+
+    ``use_precision_aware_optimizer`` (megatron/core/optimizer/__init__.py
+    ``_get_megatron_optimizer_based_on_param_groups``): TE's FusedAdam gets ``exp_avg_dtype`` /
+    ``exp_avg_sq_dtype``, and, when ``use_precision_aware_optimizer_no_fp8_or_ds_fp8``
+    (optimizer_config.py; always without FP8), ``master_weights=True`` with
+    ``master_weight_dtype=main_params_dtype`` while the distributed optimizer keeps no main
+    parameter of its own (``shard_main_param = None``). The master weight is an int16
+    remainder (2 bytes) with ``store_param_remainders`` under bf16 (distrib_optimizer.py's
+    state layout: ``init_shard(torch.int16)``), else ``main_params_dtype``; fp32 parameters
+    need none.
+
+    ``optimizer_cpu_offload``: the hybrid optimizer (megatron/core/optimizer/cpu_offloading/
+    hybrid_optimizer.py ``_get_sub_optimizer_param_groups``, ``param_update_in_fp32=True``)
+    keeps an fp32 copy of every 16-bit parameter shard and an Adam over it built without the
+    precision-aware dtypes: 4 + 4 + 4 bytes, of which :func:`gpu_share` stays on the GPU."""
+    master = FP32 if prec.mixed_precision else 0
+    if prec.optimizer_cpu_offload or not prec.precision_aware:
+        return 2 * FP32 + master
+    if prec.mixed_precision:
+        bf16 = prec.params_dtype in ("bfloat16", "bf16")
+        fp32_main = prec.main_params_dtype == "fp32"
+        remainders = prec.store_param_remainders and bf16 and fp32_main
+        master = 2 if remainders else STATE_DTYPE_BYTES[prec.main_params_dtype]
+    return STATE_DTYPE_BYTES[prec.exp_avg_dtype] + STATE_DTYPE_BYTES[prec.exp_avg_sq_dtype] + master
+
+
+def gpu_share(prec: PrecisionSpec) -> float:
+    """Share of the optimizer's state left on the GPU by ``optimizer_cpu_offload``.
+
+    hybrid_optimizer.py ``_get_sub_optimizer_param_groups`` moves parameters to pinned host
+    copies (with their fp32 copies and Adam state) in order until ``offload_fraction`` of
+    the GPU parameters' elements is reached (whole tensors, so slightly more than the
+    fraction); the rest is updated on the GPU. Modelled as exactly ``1 - fraction``."""
+    return 1.0 - prec.optimizer_offload_fraction if prec.optimizer_cpu_offload else 1.0
 
 
 def fp32_grad_copies(spec: TrainingSpec, params: list[ParamTensor]) -> int:
@@ -71,11 +123,16 @@ def fp32_grad_copies(spec: TrainingSpec, params: list[ParamTensor]) -> int:
     parameter's ``.grad`` to ``main_grad.float()``: a no-op view when the gradient buffer is
     fp32 (bf16 training), a new fp32 tensor when it is 16-bit (fp16 without
     ``accumulate_allreduce_grads_in_fp32``). They live from the step until the next
-    ``zero_grad`` at the start of the following step (never beside the activations)."""
+    ``zero_grad`` at the start of the following step (never beside the activations).
+    The precision-aware optimizer makes none; optimizer CPU offload makes them for the
+    parameters it updates on the GPU (hybrid_optimizer.py ``_set_sub_optimizer_grads``)."""
     prec = spec.precision
     if not prec.mixed_precision or prec.grads_in_fp32 or prec.torch_optimizer:
         return 0
+    if prec.precision_aware and not prec.optimizer_cpu_offload:
+        return 0  # TE's FusedAdam reads the 16-bit ``decoupled_grad`` in its kernel
     count = sum(t.numel for t in params)
     if prec.distributed_optimizer:
         count = -(-count // optimizer_shards(spec)[0])
-    return count * FP32
+    # the hybrid optimizer's ``fp32_param.grad = grad.to(fp32)`` for its GPU share
+    return int(count * gpu_share(prec)) * FP32
