@@ -277,9 +277,9 @@ class Layout:
             out.update(optimizer_cpu_offload=True,
                        optimizer_offload_fraction=self.optimizer_offload_fraction)  # fmt: skip
         if self.cpu_offloading_num_layers is not None:
-            out.update(
-                cpu_offloading=True, cpu_offloading_num_layers=self.cpu_offloading_num_layers
-            )
+            # Megatron-LM's only flag for it (cpu_offloading itself is not a flag: the parser
+            # sets it when this is > 0; core_v0.16.1 megatron/training/arguments.py)
+            out["cpu_offloading_num_layers"] = self.cpu_offloading_num_layers
         return {k: v for k, v in out.items() if v is not None}
 
     def flags(self) -> str:

@@ -525,10 +525,13 @@ def _recompute(args: Any) -> tuple[str | None, tuple[str, ...]]:
 
 
 def _activation_offload(args: Any) -> dict[str, Any]:
-    """TrainingSpec's ``cpu_offloading*`` fields (megatron/core/model_parallel_config.py)."""
+    """TrainingSpec's ``cpu_offloading*`` fields (megatron/core/model_parallel_config.py).
+    Megatron-LM's parser (core_v0.16.1 ``megatron/training/arguments.py``) has no
+    ``--cpu-offloading`` flag: ``--cpu-offloading-num-layers N`` with N > 0 turns it on."""
+    layers = _int(args, "cpu_offloading_num_layers", 0)
     return dict(
-        cpu_offloading=_flag(args, "cpu_offloading"),
-        cpu_offloading_num_layers=_int(args, "cpu_offloading_num_layers", 0),
+        cpu_offloading=_flag(args, "cpu_offloading") or layers > 0,
+        cpu_offloading_num_layers=layers,
         cpu_offloading_activations=_flag(args, "cpu_offloading_activations", True),
         cpu_offloading_weights=_flag(args, "cpu_offloading_weights"),
     )
