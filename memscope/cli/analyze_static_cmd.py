@@ -20,10 +20,17 @@ def register(sub: Any) -> None:
         help="estimate per-rank memory from a JSON or FlagScale YAML training config",
         description=(
             "Estimate weights, gradients, optimizer state and activations per rank from a "
-            "config (original MemScope JSON or FlagScale training YAML), without running."
+            "config (original MemScope JSON, or a FlagScale YAML: the experiment YAML given "
+            "to run.py, followed to its train config, or that train config), without running."
         ),
     )
-    p.add_argument("--config", required=True, help="config file (.json, or .yaml/.yml)")
+    p.add_argument(
+        "--config",
+        required=True,
+        help="config file: .json, or a FlagScale experiment YAML (its defaults: '- train: NAME' "
+        "is read from train/NAME.yaml beside it, its experiment.runner gives the world size) "
+        "or train YAML",
+    )
     p.add_argument("--outdir", default="outputs", help="where static_report.json/.md go")
     which = p.add_mutually_exclusive_group()
     which.add_argument(

@@ -49,7 +49,11 @@ def register(sub: Any) -> None:
             "fits the budget, and rank them by a stated step-time model (docs/planner.md)."
         ),
     )
-    p.add_argument("--config", required=True, help="config file (.json, or FlagScale .yaml)")
+    p.add_argument(
+        "--config",
+        required=True,
+        help="config file (.json, or a FlagScale experiment or train .yaml, as analyze-static)",
+    )
     p.add_argument("--gpu-memory", required=True, help="memory per GPU, e.g. 80GiB")
     p.add_argument("--headroom", default="10%", help="share of it kept free (default 10%%)")
     p.add_argument("--top", type=int, default=5, help="plans shown (default 5)")
