@@ -17,7 +17,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["memscope", "memscope.*"]),
     package_data={"memscope": ["py.typed", "reporters/templates/*"]},
-    install_requires=["torch", "pyyaml", "jinja2", "plotly"],
+    install_requires=["torch>=2.7.1", "pyyaml", "jinja2", "plotly"],  # 2.7.1: FlagScale 0.8.0
     extras_require={
         "megatron": ["megatron-core==0.16.1"],
         # What the tests need beyond the package: FlagScale's bundled Megatron-LM (the patch

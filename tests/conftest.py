@@ -3,9 +3,12 @@ test-only instrumentation in ``harness`` (tests/harness/)."""
 
 from __future__ import annotations
 
+import atexit
 import gc
 import json
 import os
+import shutil
+import tempfile
 from typing import Any
 
 import pytest
@@ -13,6 +16,13 @@ from harness import InstrumentedResult, instrumented_worker
 
 from memscope.demo.launcher import free_port
 from memscope.demo.tiny_gpt import TinyGPTConfig
+
+# torch's inductor (which megatron-core imports) caches under <temp>/torchinductor_<user>,
+# looked up when first used: keep that in a folder of this test session, removed at exit
+# (subprocesses inherit the setting), so the tests leave nothing in the temporary directory.
+_INDUCTOR_CACHE = tempfile.mkdtemp(prefix="memscope-tests-inductor-")
+atexit.register(shutil.rmtree, _INDUCTOR_CACHE, True)
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", _INDUCTOR_CACHE)
 
 
 def run_in_process(

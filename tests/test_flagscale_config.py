@@ -137,6 +137,11 @@ def test_patched_train_gpt_accepts_the_whole_yaml_and_pristine_refuses_memscope(
         assert parsed[key] == _expected(value), key
     assert parsed["num_layers"] == 4 and parsed["vocab_size"] == 4096
     assert parsed["transformer_impl"] == "local" and parsed["mock_data"] is True
+    # what the GPU script needs without apex or Transformer Engine, all from the YAML
+    for fused in ("gradient_accumulation_fusion", "masked_softmax_fusion",
+                  "bias_dropout_fusion", "bias_gelu_fusion"):  # fmt: skip
+        assert parsed[fused] is False, fused
+    assert parsed["no_persist_layer_norm"] is True and parsed["legacy_tokenizer"] is True
 
     proc = _train_gpt_args(tmp_path, pristine_tree(), argv)
     assert proc.returncode == 2 and "unrecognized arguments: --memscope" in proc.stderr

@@ -103,9 +103,7 @@ run() {
   (
     cd "$FS"
     "$PY" -m torch.distributed.run --nproc_per_node 1 --master_port 29533 \
-      flagscale/train/train_gpt.py "${args[@]}" \
-      --legacy-tokenizer --no-masked-softmax-fusion --no-bias-dropout-fusion \
-      --no-bias-gelu-fusion
+      flagscale/train/train_gpt.py "${args[@]}"
   ) 2>&1 | tee "$WORK/train.log"
   local rc=${PIPESTATUS[0]}
   set -e

@@ -9,8 +9,18 @@ import warnings
 from dataclasses import replace
 from typing import Any
 
-from memscope.cli.common import CliError, check_output, progress, write_json_output, write_output
+from memscope.cli.common import (
+    CliError,
+    check_output,
+    naming,
+    progress,
+    write_json_output,
+    write_output,
+    wrote,
+)
 from memscope.cli.world_size_args import add_world_size_args, world_size_from_args
+
+DEFAULT_OUTDIR = "outputs"
 
 
 def register(sub: Any) -> None:
@@ -20,17 +30,25 @@ def register(sub: Any) -> None:
         help="estimate per-rank memory from a JSON or FlagScale YAML training config",
         description=(
             "Estimate weights, gradients, optimizer state and activations per rank from a "
-            "config (original MemScope JSON or FlagScale training YAML), without running."
+            "config (original MemScope JSON, or a FlagScale YAML: the experiment YAML given "
+            "to run.py, followed to its train config, or that train config), without running."
         ),
     )
-    p.add_argument("--config", required=True, help="config file (.json, or .yaml/.yml)")
-    p.add_argument("--outdir", default="outputs", help="where static_report.json/.md go")
-    which = p.add_mutually_exclusive_group()
-    which.add_argument(
+    p.add_argument(
+        "--config",
+        required=True,
+        help="config file: .json, or a FlagScale experiment YAML (its defaults: '- train: NAME' "
+        "is read from train/NAME.yaml beside it, its experiment.runner gives the world size) "
+        "or train YAML",
+    )
+    p.add_argument("--outdir", default=DEFAULT_OUTDIR, help="where static_report.json/.md go")
+    p.add_argument(
         "--rank", type=int, default=None, help="global rank to detail (default: the worst rank)"
     )
-    which.add_argument(
-        "--all-ranks", action="store_true", help="also print one line per rank position"
+    p.add_argument(
+        "--all-ranks",
+        action="store_true",
+        help="also print one line per rank position; the detailed rank's line is marked",
     )
     p.add_argument(
         "--device",
@@ -93,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
                 selected = next(e for e in estimates if e.position == position)
             coverage = config_coverage(keys, spec, world_source)
         except ValueError as exc:
-            raise CliError(f"{args.config}: {exc}") from None
+            raise CliError(naming(args.config, exc)) from None
     notes = [str(w.message) for w in caught if issubclass(w.category, ConfigWarning)]
     for other in caught:  # anything else keeps its usual treatment
         if not issubclass(other.category, ConfigWarning):
@@ -111,13 +129,14 @@ def run(args: argparse.Namespace) -> int:
     report["data_parallel"] = _data_parallel_note(spec, world_source)
     write_json_output(json_path, report, [args.config])
     write_output(md_path, render_static_markdown(report), [args.config])
-    progress(f"wrote {json_path} and static_report.md")
+    wrote((json_path, md_path), args.outdir, DEFAULT_OUTDIR)
     if args.all_ranks:
         for r in report["ranks"]:
+            mark = f"  <- rank {rank}" if rank in r["global_ranks"] else ""
             print(
                 printable(
                     f"tp={r['tp_rank']} pp={r['pp_rank']} ranks {_span(r['global_ranks'])}: "
-                    f"peak {format_bytes(r['peak_memory_bytes'])} ({r['peak_stage']})"
+                    f"peak {format_bytes(r['peak_memory_bytes'])} ({r['peak_stage']}){mark}"
                 )
             )
     s = report["summary"]

@@ -16,11 +16,28 @@ class CliError(Exception):
     """A user-facing failure: printed as one line, exit code 2."""
 
 
+def naming(path: str, exc: object) -> str:
+    """``path: message``, the path said once: a message that already names it is kept."""
+    message = str(exc)
+    return message if path in message else f"{path}: {message}"
+
+
 def progress(message: str) -> None:
     """A progress line on stderr (stdout stays for results); control characters escaped."""
     from memscope.units import printable
 
     print(f"memscope: {printable(message)}", file=sys.stderr, flush=True)
+
+
+def wrote(paths: Iterable[str], outdir: str, default_outdir: str) -> None:
+    """The progress line naming the files a command wrote, by absolute path; when ``outdir``
+    is the default (``--outdir`` most likely not given) the line says so."""
+    import os
+
+    line = "wrote " + " and ".join(os.path.abspath(p) for p in paths)
+    if outdir == default_outdir:
+        line += f" (the default --outdir {default_outdir}/ in the working directory)"
+    progress(line)
 
 
 def check_output(path: str, inputs: Iterable[str] = ()) -> str:
@@ -62,7 +79,8 @@ def _guarded_write(path: str, write: Callable[[], None]) -> None:
     except OutputRefused as exc:
         raise CliError(str(exc)) from None
     except OSError as exc:
-        raise CliError(f"{path}: cannot write ({exc.strerror or exc})") from None
+        # strerror only: str(exc) would name the temporary file the write went through
+        raise CliError(f"{path}: cannot write ({exc.strerror or type(exc).__name__})") from None
 
 
 def write_json_output(path: str, data: object, inputs: Iterable[str] = ()) -> None:

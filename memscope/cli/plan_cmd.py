@@ -8,7 +8,14 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from memscope.cli.common import CliError, check_output, progress, write_json_output, write_output
+from memscope.cli.common import (
+    CliError,
+    check_output,
+    naming,
+    write_json_output,
+    write_output,
+    wrote,
+)
 from memscope.cli.world_size_args import add_world_size_args, world_size_from_args
 
 _UNITS = {"": None, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -37,6 +44,9 @@ def parse_share(text: str) -> float:
     return value
 
 
+DEFAULT_OUTDIR = "outputs"
+
+
 def register(sub: Any) -> None:
     """Add the ``plan`` subcommand."""
     p = sub.add_parser(
@@ -49,11 +59,15 @@ def register(sub: Any) -> None:
             "fits the budget, and rank them by a stated step-time model (docs/planner.md)."
         ),
     )
-    p.add_argument("--config", required=True, help="config file (.json, or FlagScale .yaml)")
+    p.add_argument(
+        "--config",
+        required=True,
+        help="config file (.json, or a FlagScale experiment or train .yaml, as analyze-static)",
+    )
     p.add_argument("--gpu-memory", required=True, help="memory per GPU, e.g. 80GiB")
     p.add_argument("--headroom", default="10%", help="share of it kept free (default 10%%)")
     p.add_argument("--top", type=int, default=5, help="plans shown (default 5)")
-    p.add_argument("--outdir", default="outputs", help="where plan.json and plan.md go")
+    p.add_argument("--outdir", default=DEFAULT_OUTDIR, help="where plan.json and plan.md go")
     p.add_argument(
         "--calibrate",
         default=None,
@@ -98,11 +112,11 @@ def run(args: argparse.Namespace) -> int:
             spec, world or spec.parallel.world_size, budget, top=args.top, calibrated=calibrated
         )
     except ValueError as exc:
-        raise CliError(f"{args.config}: {exc}") from None
+        raise CliError(naming(args.config, exc)) from None
     doc = plan_document(result, args.config, gpu_memory, headroom)
     write_json_output(json_path, doc, [args.config])
     write_output(md_path, render_plan_markdown(doc), [args.config])
-    progress(f"wrote {json_path} and plan.md")
+    wrote((json_path, md_path), args.outdir, DEFAULT_OUTDIR)
     for line in plan_lines(doc):
         print(printable(line))
     if not doc["plans"]:
@@ -134,4 +148,4 @@ def _calibration(path: str) -> dict[str, Any]:
             comparisons = [r.get("comparisons") or {} for r in ranks or [] if isinstance(r, dict)]
         return calibration(comparisons)
     except (ReportError, ValueError) as exc:
-        raise CliError(f"--calibrate {path}: {exc}") from None
+        raise CliError(f"--calibrate {naming(path, exc)}") from None

@@ -1,7 +1,9 @@
 """The world-size options shared by ``analyze-static`` and ``plan``, and their reading.
 
 ``--world-size``, ``--nnodes`` x ``--nproc-per-node``, a FlagScale ``--experiment`` YAML or a
-``--hostfile``: any of them, and those given must agree.
+``--hostfile``: any of them, and those given must agree. A FlagScale experiment YAML given as
+``--config`` gives the world size of its runner when none of them does; one that does
+overrides it, with a warning when they differ.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from memscope.cli.common import CliError
+from memscope.cli.common import CliError, progress
 
 
 def add_world_size_args(parser: Any) -> None:
@@ -59,4 +61,34 @@ def world_size_from_args(args: argparse.Namespace) -> tuple[int | None, str]:
     for size, where in given[1:]:
         if size != given[0][0]:
             raise CliError(f"world size {size} ({where}) contradicts {given[0][0]} ({given[0][1]})")
-    return (given[0][0], given[0][1]) if given else (None, "")
+    runner = _config_runner(getattr(args, "config", None))
+    if runner is None:
+        return (given[0][0], given[0][1]) if given else (None, "")
+    if not given:
+        return runner
+    if given[0][0] != runner[0]:
+        progress(
+            f"warning: world size {given[0][0]} ({given[0][1]}) overrides {runner[0]} ({runner[1]})"
+        )
+    return given[0][0], given[0][1]
+
+
+def _config_runner(config: str | None) -> tuple[int, str] | None:
+    """The world size a FlagScale experiment YAML given as ``--config`` launches with (its
+    ``experiment.runner``), and where from; ``None`` for any other config (one that cannot
+    be read is left to the config loading to report) or a runner whose size is unknown
+    before launch (said in a warning)."""
+    from memscope.analysis.static.flagscale_experiment import read_yaml, runner_world_size
+
+    if config is None or not config.lower().endswith((".yaml", ".yml")):
+        return None
+    try:
+        data = read_yaml(config)
+    except ValueError:
+        return None
+    try:
+        found = runner_world_size(data, config)
+    except ValueError as exc:  # e.g. nnodes: ${env:WORLD_SIZE}, known only at launch
+        progress(f"warning: {config}: {exc}; its world size is not used")
+        return None
+    return None if found is None else (found[0], f"{config}: {found[1]}")

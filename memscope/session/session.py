@@ -58,6 +58,7 @@ from memscope.capture.profiling import (
     SnapshotController,
 )
 from memscope.capture.safety import FailureLog, failure_row
+from memscope.capture.torch_features import cuda_history_unsupported, log_once
 from memscope.capture.tracer import MemoryTracer
 from memscope.config import RuntimeConfig
 from memscope.events import schema as s
@@ -298,6 +299,7 @@ class TracingSession:
                 capacity_bytes=int(cfg.storage_capacity_mib * 2**20),
             ),
         )
+        self.warnings += backend.notes  # what this torch lacks (each logged once)
         consumers: list[EventConsumer] = []
         self.store = BoundedTraceStore(cfg.detail_steps, cfg.max_trace_events)
         self.analyzers = runtime_analyzers(cfg.top_k, self.static)
@@ -400,11 +402,11 @@ class TracingSession:
                 self._teardown.push("profiler", profiler.stop)
         assert self.backend is not None
         ledger = self.backend.capabilities.allocation_history
-        if (
-            cfg.enable_memory_snapshot
-            and self.rank in cfg.snapshot_ranks
-            and (ledger or torch.cuda.is_available())
-        ):
+        wanted = cfg.enable_memory_snapshot and self.rank in cfg.snapshot_ranks
+        unsupported = None if ledger or not wanted else cuda_history_unsupported()
+        if unsupported is not None and torch.cuda.is_available():
+            self.warnings.append(f"allocator snapshots off: {log_once(unsupported)}")
+        elif wanted and (ledger or torch.cuda.is_available()):
             sched = cfg.snapshot_schedule
             schedule = (sched.wait, sched.active, cfg.snapshot_max_entries, cfg.snapshot_stacks)
             start, dump = self._start_snapshot_markers, self.write_snapshot_side_files

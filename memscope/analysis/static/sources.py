@@ -31,6 +31,11 @@ from memscope.analysis.static.flagscale_checks import (
     megatron_defaults,
     refuse_non_gpt,
 )
+from memscope.analysis.static.flagscale_experiment import (
+    read_yaml,
+    runner_world_size,
+    train_config_of,
+)
 from memscope.analysis.static.validation import (
     MAX_LAYERS,
     MAX_NESTING,
@@ -689,19 +694,23 @@ def load_config(
     before any default is filled in: what :mod:`.coverage` compares with what was read."""
     text = read_config_text(path)
     try:
-        loader: Any
-        if os.path.splitext(path)[1].lower() == ".json":
-            data = _parse_json(path, text)
-            loader = _from_json_config
-        else:
-            refusal = entrypoint_refusal(path)
-            if refusal:
-                raise ValueError(refusal)
-            data = _parse_yaml(path, text)
-            loader = _from_flagscale_yaml
+        is_json = os.path.splitext(path)[1].lower() == ".json"
+        data = _parse_json(path, text) if is_json else _parse_yaml(path, text)
         if not isinstance(data, dict):
             raise ValueError(f"{path}: the config must be a mapping at the top level")
-        return loader(data, vocab_size, world_size)
+        if is_json:
+            return _from_json_config(data, vocab_size, world_size)
+        train = train_config_of(path, data)  # an experiment YAML: the train config it names
+        refusal = entrypoint_refusal(train.path)
+        if refusal:
+            raise ValueError(refusal)
+        _warn_all(train.notes)
+        try:
+            return _from_flagscale_yaml(train.data, vocab_size, world_size)
+        except ValueError as exc:
+            if train.experiment is None:
+                raise
+            raise ValueError(f"train config {train.path}: {exc}") from None
     except (ArithmeticError, LookupError, TypeError, AttributeError, RecursionError) as exc:
         # A safety net: every check above should have refused the config first.
         raise ValueError(
@@ -809,28 +818,10 @@ def read_hostfile(path: str) -> int:
 
 
 def experiment_world_size(path: str) -> tuple[int, str] | None:
-    """(world size, where from) of a FlagScale experiment YAML's ``experiment.runner``: the
-    slots of its ``hostfile`` when that names a readable file (relative to the YAML's folder
-    or the working directory), else ``nnodes`` x ``nproc_per_node``; ``None`` when neither
-    is given."""
-    try:
-        data = load_yaml(read_config_text(path))
-    except YamlRefusal as exc:
-        raise ValueError(f"{path}: {exc}") from None
-    except Exception as exc:  # yaml.YAMLError and friends: one line
-        raise ValueError(f"{path}: invalid YAML ({type(exc).__name__})") from None
+    """(world size, where from) of a FlagScale experiment YAML's ``experiment.runner`` (see
+    :func:`.flagscale_experiment.runner_world_size`); a YAML without a runner is refused."""
+    data = read_yaml(path)
     experiment = data.get("experiment") if isinstance(data, dict) else None
-    runner = experiment.get("runner") if isinstance(experiment, dict) else None
-    if not isinstance(runner, dict):
+    if not isinstance(experiment, dict) or not isinstance(experiment.get("runner"), dict):
         raise ValueError(f"{path}: experiment.runner: missing (not a FlagScale experiment YAML)")
-    hostfile = runner.get("hostfile")
-    if isinstance(hostfile, str) and hostfile and "${" not in hostfile:
-        for candidate in (os.path.join(os.path.dirname(os.path.abspath(path)), hostfile), hostfile):
-            if os.path.isfile(candidate):
-                return read_hostfile(candidate), f"experiment.runner.hostfile {hostfile}"
-    nnodes, nproc = runner.get("nnodes"), runner.get("nproc_per_node")
-    if nnodes is None and nproc is None:
-        return None
-    nodes = as_int(1 if nnodes is None else nnodes, "experiment.runner.nnodes", minimum=1)
-    per_node = as_int(1 if nproc is None else nproc, "experiment.runner.nproc_per_node", minimum=1)
-    return nodes * per_node, (f"experiment.runner nnodes {nodes} x nproc_per_node {per_node}")
+    return runner_world_size(data, path)

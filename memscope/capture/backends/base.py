@@ -98,6 +98,9 @@ class MemoryBackend(abc.ABC):
     #: Why the backend stopped working part-way, if it did (reported, never raised).
     error: str | None = None
 
+    #: What this backend cannot give with this torch, one line each (report warnings).
+    notes: tuple[str, ...] = ()
+
     @property
     @abc.abstractmethod
     def capabilities(self) -> BackendCapabilities:

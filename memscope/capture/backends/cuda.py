@@ -26,6 +26,7 @@ from memscope.capture.backends.base import (
 )
 from memscope.capture.backends.peak_window import PeakWindow
 from memscope.capture.backends.registry import BackendSpec, register_backend
+from memscope.capture.torch_features import device_used_unsupported, log_once
 
 CAPABILITIES = BackendCapabilities(
     device_type="cuda",
@@ -67,6 +68,10 @@ class CudaAllocatorBackend(MemoryBackend):
         self.device = torch.cuda.current_device() if device is None else device
         raw = getattr(torch._C, "_cuda_memoryStats", None)
         self._raw_stats = raw if callable(raw) else None
+        unsupported = device_used_unsupported()
+        self._mem_get_info = None if unsupported else torch.cuda.mem_get_info
+        if unsupported:
+            self.notes = (f"device-used memory not recorded: {log_once(unsupported)}",)
         self.reset_peak_stats = (options or BackendOptions()).reset_peak_stats
         self._allocated_window = PeakWindow()
         self._reserved_window = PeakWindow()
@@ -90,14 +95,15 @@ class CudaAllocatorBackend(MemoryBackend):
         reserved = stats.get("reserved_bytes", {}).get("all", {})
         extras: dict[str, int] | None = None
         if detailed:
-            free, total = torch.cuda.mem_get_info(self.device)
             extras = {
                 "active_bytes": int(stats.get("active_bytes", {}).get("all", {}).get("current", 0)),
                 "num_alloc_retries": int(stats.get("num_alloc_retries", 0)),
                 "num_ooms": int(stats.get("num_ooms", 0)),
-                "device_used_bytes": int(total - free),
-                "device_total_bytes": int(total),
             }
+            if self._mem_get_info is not None:
+                free, total = self._mem_get_info(self.device)
+                extras["device_used_bytes"] = int(total - free)
+                extras["device_total_bytes"] = int(total)
         current, current_reserved = int(alloc.get("current", 0)), int(reserved.get("current", 0))
         peak, peak_reserved = int(alloc.get("peak", 0)), int(reserved.get("peak", 0))
         if not self.reset_peak_stats:
