@@ -16,10 +16,13 @@ from memscope.analysis.static.activations import dims, layer_saved, recompute_di
 from memscope.analysis.static.estimator import estimate_rank
 from memscope.analysis.static.params import RankPosition, rank_param_count
 from memscope.analysis.static.planner import (
+    PRECISION_AWARE,
     apply,
+    base_layouts,
     current_layout,
     layouts,
     plan,
+    saver_variants,
     stage_peaks,
 )
 from memscope.analysis.static.sources import spec_from_flagscale_yaml, spec_from_megatron_args
@@ -186,3 +189,19 @@ def test_activation_offload_is_never_offered_with_pipeline_parallelism():
     assert offloads and all(lay.pp == 1 and lay.recompute is None for lay in offloads)
     assert all(lay.precision_aware for lay in seen if lay.optimizer_offload_fraction is not None)
     assert {m for lay in seen for m in lay.recompute_modules} >= {"core_attn", "mlp"}
+
+
+def test_bf16_optimizer_state_is_searched_only_when_asked():
+    spec = _spec(num_layers=8)
+    base = next(base_layouts(spec, 2))
+    lossless = {v.precision_aware for v in saver_variants(spec, base)}
+    assert lossless == {None, "fp32"}
+    everything = {v.precision_aware for v in saver_variants(spec, base, bf16_state=True)}
+    assert everything == {None, *PRECISION_AWARE}
+    # under a budget only lighter optimizer state can meet, the default plans keep fp32 state
+    budget = int(max(stage_peaks(spec)) * 0.55)
+    default = plan(spec, 2, budget, top=50)
+    assert default["bf16_optimizer_state"] is False
+    assert {p["layout"]["precision_aware"] for p in default["plans"]} <= {None, "fp32"}
+    opted = plan(spec, 2, budget, top=50, bf16_state=True)
+    assert opted["fitting"] >= default["fitting"]

@@ -75,6 +75,12 @@ def register(sub: Any) -> None:
         help="a runtime_report.json, job_summary.json or job directory of a real run of "
         "this model: its measured / predicted bytes per term correct every plan",
     )
+    p.add_argument(
+        "--bf16-optimizer-state",
+        action="store_true",
+        help="also search the precision-aware optimizer with bf16 Adam moments and main "
+        "gradients (less memory, different numerics); by default only its lossless fp32 state",
+    )
     p.add_argument("--gpu", default=None, help="the GPU (h100, a100, ...), as analyze-static")
     p.add_argument("--vocab-size", type=int, default=None, help="unpadded vocabulary size")
     add_world_size_args(p)
@@ -109,7 +115,12 @@ def run(args: argparse.Namespace) -> int:
         spec = replace(spec, device="cuda", gpu=args.gpu).validate()
         budget = int(gpu_memory * (1 - headroom))
         result = plan(
-            spec, world or spec.parallel.world_size, budget, top=args.top, calibrated=calibrated
+            spec,
+            world or spec.parallel.world_size,
+            budget,
+            top=args.top,
+            calibrated=calibrated,
+            bf16_state=args.bf16_optimizer_state,
         )
     except ValueError as exc:
         raise CliError(naming(args.config, exc)) from None

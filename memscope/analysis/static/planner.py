@@ -15,8 +15,11 @@ schedule's: interleaving needs the number of microbatches to be a multiple of PP
 Within one layout, its memory savers (recompute granularity, method and modules; the
 precision-aware optimizer; activation and optimizer CPU offload) are ordered by the cost
 model and tried cheapest first; the first that fits is the layout's plan (the others would
-rank after it). A layout whose strongest savers (full recompute, bf16 optimizer state, all
-of the optimizer offloaded) do not fit is skipped without trying the rest.
+rank after it). A layout whose strongest savers (full recompute, the lightest optimizer
+state searched, all of the optimizer offloaded) do not fit is skipped without trying the
+rest. The precision-aware optimizer is searched at its lossless level (fp32 state, master
+weights as bf16 + int16 remainders) unless bf16 moments and main gradients are allowed
+(``bf16_state``, ``--bf16-optimizer-state``): they change Adam's numerics.
 
 Deterministic: the same inputs give the same plans in the same order.
 
@@ -63,6 +66,8 @@ PRECISION_AWARE: dict[str, dict[str, str]] = {
                      "exp_avg_sq_dtype": "bf16"},
     "bf16": {"main_grads_dtype": "bf16", "exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"},
 }  # fmt: skip
+#: The precision-aware level that keeps Adam's numerics (searched without opting in).
+LOSSLESS_LEVEL = "fp32"
 #: Optimizer CPU offload fractions searched, only for layouts nothing else fits.
 OFFLOAD_FRACTIONS = (0.5, 1.0)
 
@@ -432,16 +437,20 @@ def module_sets(spec: TrainingSpec) -> list[tuple[str, ...]]:
     return list(dict.fromkeys(out))
 
 
-def _precision_aware_levels(spec: TrainingSpec) -> list[str]:
+def _precision_aware_levels(spec: TrainingSpec, bf16_state: bool) -> list[str]:
     """The precision-aware optimizer levels Megatron allows for ``spec``: bf16 training with
     Adam (megatron-core OptimizerConfig: adam and the distributed optimizer, which these
-    layouts then use; TE's FusedAdam is assumed present)."""
+    layouts then use; TE's FusedAdam is assumed present). Only the lossless level (fp32
+    state, master weights as bf16 + int16 remainders) unless ``bf16_state``: bf16 moments
+    and main gradients change the numerics, which no memory figure prices."""
     prec = spec.precision
     ok = prec.params_dtype in ("bfloat16", "bf16") and prec.optimizer == "adam"
-    return list(PRECISION_AWARE) if ok and not prec.torch_optimizer else []
+    if not ok or prec.torch_optimizer:
+        return []
+    return list(PRECISION_AWARE) if bf16_state else [LOSSLESS_LEVEL]
 
 
-def saver_variants(spec: TrainingSpec, base: Layout) -> Iterator[Layout]:
+def saver_variants(spec: TrainingSpec, base: Layout, bf16_state: bool = False) -> Iterator[Layout]:
     """``base`` with each memory saver choice: recompute (none; selective over
     :func:`module_sets`; full, block over half of each chunk's layers or uniform) each with
     the precision-aware optimizer off or at each level; activation offload of half or all
@@ -458,7 +467,7 @@ def saver_variants(spec: TrainingSpec, base: Layout) -> Iterator[Layout]:
         recomputes.append({"recompute": "full", "recompute_method": "block",
                            "recompute_num_layers": count})  # fmt: skip
     recomputes.append({"recompute": "full"})
-    levels = _precision_aware_levels(spec)
+    levels = _precision_aware_levels(spec, bf16_state)
     aware: list[dict[str, Any]] = [{}]
     aware += [{"precision_aware": lv, "distributed_optimizer": True} for lv in levels]
     for rec in recomputes:
@@ -470,19 +479,20 @@ def saver_variants(spec: TrainingSpec, base: Layout) -> Iterator[Layout]:
                 yield r(base, cpu_offloading_num_layers=k, **pa)
     for fraction in OFFLOAD_FRACTIONS if levels else ():
         for rec in (recomputes[0], recomputes[-1]):
-            for lv in ("fp32", "bf16"):
+            for lv in dict.fromkeys((levels[0], levels[-1])):  # the heaviest and lightest
                 yield r(base, **rec, precision_aware=lv, distributed_optimizer=True,
                         optimizer_offload_fraction=fraction)  # fmt: skip
 
 
-def _strongest(spec: TrainingSpec, base: Layout) -> Layout:
+def _strongest(spec: TrainingSpec, base: Layout, bf16_state: bool) -> Layout:
     """The saver variant of ``base`` with the least memory: full uniform recompute, the
     lightest precision-aware level and all of the optimizer offloaded where allowed (every
     other variant keeps at least as many bytes on the GPU: activation offload keeps a layer
     and its reload, more than full recompute's layer inputs)."""
     strongest = dataclasses.replace(base, recompute="full")
-    if _precision_aware_levels(spec):
-        strongest = dataclasses.replace(strongest, precision_aware="bf16",
+    levels = _precision_aware_levels(spec, bf16_state)
+    if levels:
+        strongest = dataclasses.replace(strongest, precision_aware=levels[-1],
                                         distributed_optimizer=True,
                                         optimizer_offload_fraction=1.0)  # fmt: skip
     return strongest
@@ -650,10 +660,12 @@ def plan(
     cost_model: CostModel | None = None,
     top: int = 10,
     calibrated: Mapping[str, Any] | None = None,
+    bf16_state: bool = False,
 ) -> dict[str, Any]:
     """The user's layout judged against ``budget_bytes``, and the ``top`` layouts that fit,
     cheapest first (ties: more headroom first, then the layout's own order). ``calibrated``
-    (from :func:`calibration`) corrects every term by what real runs measured."""
+    (from :func:`calibration`) corrects every term by what real runs measured.
+    ``bf16_state`` lets the precision-aware optimizer keep bf16 moments and main gradients."""
     if world_size < 1 or budget_bytes < 1:
         raise ValueError("the world size and the memory budget must be positive")
     model = cost_model or CostModel()
@@ -664,11 +676,11 @@ def plan(
     fitting: list[tuple[float, int, tuple[int, int], Plan]] = []
     for index, base in enumerate(base_layouts(spec, world_size)):
         searched += 1
-        if evaluate(spec, _strongest(spec, base), budget_bytes, model, factors) is None:
+        if evaluate(spec, _strongest(spec, base, bf16_state), budget_bytes, model, factors) is None:
             dominated += 1  # not even the strongest savers fit: no option of it is costed
             continue
         costed = []
-        for order, option in enumerate(saver_variants(spec, base)):
+        for order, option in enumerate(saver_variants(spec, base, bf16_state)):
             try:
                 total = model.breakdown(apply(spec, option))["total"]
             except ValueError:
@@ -696,6 +708,7 @@ def plan(
         "searched": searched,
         "dominated": dominated,
         "fitting": len(fitting),
+        "bf16_optimizer_state": bf16_state,
         "current": mine.to_dict(budget_bytes),
         "plans": [p.to_dict(budget_bytes) for p in chosen],
     }
