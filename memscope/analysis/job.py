@@ -20,7 +20,7 @@ from memscope.downsample import downsample_indices
 #: What the job view keeps of a rank's runtime report (its events and tables are dropped):
 #: a rank summary, as a job directory's reports give it or as ranks exchange it in-run.
 SUMMARY_KEYS = ("schema_version", "report_type", "rank", "world_size", "status", "status_reason",
-                "metadata", "peak", "comparisons", "steps", "oom")  # fmt: skip
+                "metadata", "training", "peak", "comparisons", "steps", "oom")  # fmt: skip
 #: Step rows a rank summary keeps (min/max per bucket of the per-step peak, the peak kept),
 #: and the columns of each.
 SUMMARY_STEPS = 64

@@ -94,6 +94,9 @@ def run(args: argparse.Namespace) -> int:
                 "world_size": fields.get("world_size"), "backend": fields.get("backend"),
                 "tool_version": fields.get("tool_version"), "config": config,
                 "replayed_from": os.path.basename(path)}  # fmt: skip
+    for key in ("run_id", "run_id_source", "start_time", "hostname"):
+        metadata[key] = fields.get(key)
+    training = fields.get("training")
     report = build_runtime_report(
         RuntimeReportInputs(
             metadata=metadata,
@@ -104,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
             ),
             sections=sections,
             events=store.events,
+            training=training if isinstance(training, dict) else None,
             trace_info={
                 "events_recorded": recorded,
                 "events_in_report": len(store.events),

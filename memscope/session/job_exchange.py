@@ -47,12 +47,13 @@ _generations = itertools.count()
 
 
 class SummaryStore(Protocol):
-    """The part of ``torch.distributed.Store`` used here."""
+    """The part of ``torch.distributed.Store`` MemScope uses (here, and for the run id)."""
 
     def set(self, key: str, value: Any) -> None: ...  # bytes (torch's stub says str)
     def get(self, key: str) -> bytes: ...
     def add(self, key: str, amount: int) -> int: ...
     def check(self, keys: list[str]) -> bool: ...
+    def compare_set(self, key: str, expected_value: str, desired_value: str) -> bytes: ...
 
 
 @dataclass

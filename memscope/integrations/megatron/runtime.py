@@ -34,6 +34,7 @@ from memscope.capture.tracer import MemoryTracer
 from memscope.config import RuntimeConfig
 from memscope.integrations.megatron.parallel import megatron_parallel_info
 from memscope.integrations.megatron.schedule_regions import ScheduleRegions
+from memscope.integrations.megatron.training_settings import SPEC_FROM_ARGS, training_settings
 from memscope.session import TracingSession
 from memscope.session.step_peaks import DashboardSink, Sink
 
@@ -109,6 +110,7 @@ class MemScopeMegatronRuntime:
             self.parallel,
             static_estimate=None if static_estimate_provider is None else self._static_estimate,
             framework_metadata=self._framework_metadata,
+            training_settings=self._training_settings,
             grad_attributes=MEGATRON_GRAD_ATTRIBUTES,
             dashboard_sink=self._dashboard_sink,
         )
@@ -130,6 +132,15 @@ class MemScopeMegatronRuntime:
             "dtype": dtype_name(self.args),
             "megatron_core_version": package_version("megatron-core"),
         }
+
+    def _training_settings(self) -> dict[str, Any]:
+        provider = self.static_estimate_provider
+        spec = None
+        if provider is default_static_estimate:
+            spec = SPEC_FROM_ARGS
+        elif provider is not None:
+            spec = f"{getattr(provider, '__qualname__', type(provider).__name__)} (custom provider)"
+        return training_settings(self.args, self.parallel, spec)
 
     def set_dashboard_writers(self, tensorboard: Any = None, wandb: Any = None) -> None:
         """The writers this rank logs the job's step peaks to (before :meth:`start`); by
