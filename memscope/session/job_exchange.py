@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import socket
 import threading
 import time
 import zlib
@@ -173,6 +174,7 @@ def share_job_summary(
     outdir: str,
     run_id: str,
     timeout_s: float,
+    start_time: str = "",
     store: SummaryStore | None = None,
     generation: int | None = None,
 ) -> str | None:
@@ -204,6 +206,8 @@ def share_job_summary(
         world_size=world_size,
         written_by=collector,
         run_id=run_id,
+        start_time=start_time,
+        hostname=socket.gethostname(),
         collection={
             "transport": "torch.distributed store" if exchange else "single process",
             "timeout_s": timeout_s,

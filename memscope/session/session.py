@@ -67,6 +67,7 @@ from memscope.events.schema import ContextMarker, EventConsumer
 from memscope.events.trace_sink import BufferedTraceWriter, JsonlTraceSink
 from memscope.events.trace_store import BoundedTraceStore
 from memscope.io.atomic import atomic_write_json, atomic_write_text
+from memscope.io.rank_folders import TRACE_NAME
 from memscope.reporters.markdown import render_runtime_markdown
 from memscope.reporters.runtime_json import RuntimeReportInputs, build_runtime_report
 from memscope.session.crash_guard import CrashGuard
@@ -92,7 +93,7 @@ REPORT_JSON = "runtime_report.json"
 REPORT_MD = "runtime_report.md"
 OOM_REPORT_JSON = "oom_report.json"
 OOM_REPORT_MD = "oom_report.md"
-TRACE_JSONL = "trace.jsonl"
+TRACE_JSONL = TRACE_NAME
 
 
 def _isolated(site: str) -> Callable[[F], F]:
@@ -533,6 +534,7 @@ class TracingSession:
                 expected=cfg.traced_ranks(world),
                 outdir=cfg.outdir,
                 run_id=self.run.run_id,
+                start_time=self.run.start_time,
                 timeout_s=cfg.job_summary_timeout,
             )
         except Exception as exc:
