@@ -180,3 +180,13 @@ def test_summarize_a_job_directory_prints_every_rank_and_the_heaviest(tmp_path, 
     assert f"- heaviest rank: **{heaviest}**" in out
     rows = [line for line in out.splitlines() if line.startswith(("| 0 ", "| 1 "))]
     assert len(rows) == 2 and all("complete" in row and "step " in row for row in rows)
+
+
+def test_a_rank_page_that_cannot_be_written_is_said_and_left_unlinked(tmp_path, capsys):
+    job = _job(tmp_path)
+    (job / "rank00001" / "runtime_report.html").mkdir()  # not a file: refused as an output
+    rc, _, err = _cli(capsys, "visualize-runtime", "--report", str(job))
+    assert rc == 0, err
+    assert "wrote 1 rank page(s)" in err and "no rank page: " in err and "rank00001" in err
+    rows = _payload(job / "job_report.html")["ranks"]
+    assert [row.get("page") for row in rows] == ["rank00000/runtime_report.html", None]

@@ -29,6 +29,8 @@ from memscope.reporters.job_summary_json import JOB_SUMMARY_JSON, REPORT_TYPE_JO
 from memscope.reporters.runtime_json import REPORT_TYPE_RUNTIME
 
 JOB_PAGE_NAME = "job_report.html"
+#: Rank pages that could not be written, said one by one (the rest are counted).
+SAID_FAILURES = 3
 #: What a refusal of mixed rank reports tells the user to do.
 MIXED_HINT = "pass --run-id ID to keep one run's ranks, or --allow-mixed-runs to merge them flagged"
 _MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError)
@@ -133,7 +135,7 @@ def write_rank_pages(entries: Sequence[RankEntry], directory: str, page_dir: str
     of the job ``directory`` (read again: only one full report is in memory at a time), and
     link it from the entry (relative to ``page_dir``, where the job page goes). A rank whose
     page can't be made is said and left unlinked. Returns how many pages were written."""
-    written = 0
+    written, failed = 0, []
     for entry in entries:
         if entry.report is None or not entry.where:
             continue
@@ -141,10 +143,14 @@ def write_rank_pages(entries: Sequence[RankEntry], directory: str, page_dir: str
         try:
             page, _ = write_rank_page(report_path)
         except CliError as exc:
-            progress(f"no page for {entry.where}: {exc}")
+            failed.append(str(exc))
             continue
         entry.page = os.path.relpath(page, page_dir).replace(os.sep, "/")
         written += 1
+    for problem in failed[:SAID_FAILURES]:
+        progress(f"no rank page: {problem}")
+    if len(failed) > SAID_FAILURES:
+        progress(f"no rank page for {len(failed) - SAID_FAILURES} more rank(s)")
     return written
 
 
