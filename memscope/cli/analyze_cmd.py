@@ -48,11 +48,13 @@ def run(args: argparse.Namespace) -> int:
     from memscope.analysis.steps import StepAnalyzer
     from memscope.events.trace_reader import TraceError, read_trace
     from memscope.events.trace_store import BoundedTraceStore
-    from memscope.io.rank_folders import TRACE_NAME, folder_file
+    from memscope.io.rank_folders import TRACE_NAME
     from memscope.reporters.runtime_json import RuntimeReportInputs, build_runtime_report
     from memscope.units import format_bytes, printable
 
-    path = folder_file(args.trace, TRACE_NAME)
+    path = args.trace
+    if os.path.isdir(path):  # a rank folder is its trace
+        path = os.path.join(path, TRACE_NAME)
     if not os.path.lexists(path):
         raise CliError(f"{path}: no such trace file")
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(path)), DEFAULT_NAME)
