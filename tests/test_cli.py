@@ -3,6 +3,7 @@ subprocess for the ``python -m memscope.cli`` entry point itself."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -94,5 +95,13 @@ def test_demo_trains_two_processes_and_leaves_reports(tmp_path, capsys):
         assert report["status"] == "complete" and report["metadata"]["pp_size"] == 2
         assert f"rank {rank}: peak" in res.out
         assert (tmp_path / f"rank{rank:05d}" / "runtime_report.html").stat().st_size > 100_000
-    assert (tmp_path / "job_report.html").exists()
+    page = (tmp_path / "job_report.html").read_text()
+    data = json.loads(page.split('id="memscope-data">', 1)[1].split("</script>", 1)[0])
+    for row in data["ranks"]:  # the job page links each rank's page, relative to itself
+        assert (
+            tmp_path / row["page"]
+        ) == tmp_path / f"rank{row['rank']:05d}" / "runtime_report.html"
+    runs = {load_json(str(tmp_path / f"rank{r:05d}" / "runtime_report.json"))["metadata"]["run_id"]
+            for r in (0, 1)}  # fmt: skip
+    assert len(runs) == 1  # one launch, one run id
     assert f"reports: {tmp_path}" in res.out

@@ -214,6 +214,7 @@ def test_job_summary_is_plain_and_needs_no_reporter():
         "outliers": [],
         "grid": {"stages": [], "columns": [], "cells": []},
         "runs": [],
+        "mixups": {},
         "runs_warning": "",
     }
     json.dumps(summary)  # plain data

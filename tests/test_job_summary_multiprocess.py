@@ -37,6 +37,9 @@ def test_both_ranks_summaries_reach_rank_0_through_the_process_groups_store(tmp_
         assert summary["peak"]["memory_bytes"] == report["peak"]["memory_bytes"]
         assert summary["metadata"]["pp_rank"] == report["metadata"]["pp_rank"] == result.rank
     assert doc["run_id"] == doc["ranks"][1]["metadata"]["run_id"]
+    assert doc["start_time"] == doc["ranks"][0]["metadata"]["start_time"]  # the writer's
+    assert doc["hostname"] == doc["ranks"][0]["metadata"]["hostname"]
+    assert doc["ranks"][0]["training"]["num_microbatches"] == PP2.num_microbatches
     # the job page explains the stages: each one's in-flight microbatches at its peak, as
     # Megatron's 1F1B arithmetic predicts (2 microbatches: stage 0 holds 2, stage 1 one), and
     # the imbalance by term

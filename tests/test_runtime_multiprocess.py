@@ -105,6 +105,18 @@ def test_each_rank_has_its_own_peak_composition(fixture, request):
         assert [c["measured"]["microbatches"] for c in counts] == [2, 1]
 
 
+@pytest.mark.parametrize("fixture", ["tp2", "pp2"])
+def test_both_ranks_of_a_launch_agree_on_one_run_id_through_the_store(fixture, request):
+    *_, reports = request.getfixturevalue(fixture)
+    # the launcher sets no run id: the ranks agreed on the first offer in the job's store
+    metas = [r["metadata"] for r in reports]
+    assert metas[0]["run_id"] == metas[1]["run_id"]
+    assert {m["run_id_source"] for m in metas} == {"torch.distributed store"}
+    assert metas[0]["pid"] != metas[1]["pid"]  # two processes, one run
+    assert all(r["world_size"] == 2 and m["hostname"] and m["start_time"]
+               for r, m in zip(reports, metas, strict=True))  # fmt: skip
+
+
 def test_tp2_shards_parameters_and_labels_ranks(tp2):
     traced, _, reports = tp2
     assert [r["metadata"]["tp_rank"] for r in reports] == [0, 1]

@@ -18,10 +18,15 @@ def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]
 
 
 def _job_dir(tmp_path, report_path, ranks=(0, 1)):
+    """A job directory of one launch: the single-rank report as data-parallel ranks."""
     job = tmp_path / "job"
+    with open(report_path) as f:
+        report = json.load(f)
     for rank in ranks:
         (job / f"rank{rank:05d}").mkdir(parents=True)
-        shutil.copy(report_path, job / f"rank{rank:05d}" / "runtime_report.json")
+        report["rank"] = report["metadata"]["rank"] = report["metadata"]["dp_rank"] = rank
+        report["world_size"] = report["metadata"]["world_size"] = max(ranks) + 1
+        (job / f"rank{rank:05d}" / "runtime_report.json").write_text(json.dumps(report))
     return job
 
 
@@ -92,6 +97,8 @@ def test_job_dir_with_a_malformed_and_an_incomplete_rank(tmp_path, capsys, trace
         1: dict(report, rank=1, world_size=4, status="oom", status_reason="CUDA OOM"),
         3: dict(report, rank=3, world_size=4, steps="not a list of steps"),
     }
+    for rank, data in ranks.items():  # one launch: each rank its own grid position
+        data["metadata"] = dict(report["metadata"], dp_rank=rank)
     for rank, data in ranks.items():
         (job / f"rank{rank:05d}").mkdir(parents=True)
         (job / f"rank{rank:05d}" / "runtime_report.json").write_text(json.dumps(data))

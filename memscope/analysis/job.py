@@ -20,7 +20,7 @@ from memscope.downsample import downsample_indices
 #: What the job view keeps of a rank's runtime report (its events and tables are dropped):
 #: a rank summary, as a job directory's reports give it or as ranks exchange it in-run.
 SUMMARY_KEYS = ("schema_version", "report_type", "rank", "world_size", "status", "status_reason",
-                "metadata", "peak", "comparisons", "steps", "oom")  # fmt: skip
+                "metadata", "training", "peak", "comparisons", "steps", "oom")  # fmt: skip
 #: Step rows a rank summary keeps (min/max per bucket of the per-step peak, the peak kept),
 #: and the columns of each.
 SUMMARY_STEPS = 64
@@ -38,6 +38,19 @@ class RankEntry:
     rank: int
     report: dict[str, Any] | None
     problem: str = ""
+    #: Where the report came from, as the user knows it (its rank folder's name).
+    where: str = ""
+    #: The rank's own page, relative to the job page (when one was written).
+    page: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.where or f"rank {self.rank}"
+
+    @property
+    def run_id(self) -> str:
+        """The report's run id (``unknown`` without one)."""
+        return str(((self.report or {}).get("metadata") or {}).get("run_id") or "unknown")
 
 
 def rank_summary(report: Mapping[str, Any], max_steps: int = SUMMARY_STEPS) -> dict[str, Any]:
@@ -178,6 +191,84 @@ def imbalance(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+#: The parallel coordinates that place a rank in the grid: no two ranks of a run share them.
+COORDINATES = ("pp_rank", "tp_rank", "dp_rank", "cp_rank", "ep_rank")
+#: How many folders (or runs of consecutive folders) a problem names before "and N more".
+NAMED = 4
+
+
+def _names(entries: Sequence[RankEntry]) -> str:
+    """The entries' names, consecutive ranks as one range, at most :data:`NAMED` of them."""
+    spans: list[list[RankEntry]] = []
+    for e in sorted(entries, key=lambda e: e.rank):
+        if spans and e.rank == spans[-1][-1].rank + 1:
+            spans[-1].append(e)
+        else:
+            spans.append([e])
+    text = [s[0].name if len(s) == 1 else f"{s[0].name}..{s[-1].name}" for s in spans[:NAMED]]
+    more = f" and {len(spans) - NAMED} more" if len(spans) > NAMED else ""
+    return ", ".join(text) + more
+
+
+def _grouped(entries: Sequence[RankEntry], key: Any) -> dict[Any, list[RankEntry]]:
+    groups: dict[Any, list[RankEntry]] = {}
+    for e in entries:
+        k = key(e)
+        if k is not None:
+            groups.setdefault(k, []).append(e)
+    return groups
+
+
+def _coordinates(e: RankEntry) -> tuple[int, ...] | None:
+    meta = (e.report or {}).get("metadata") or {}
+    coords = tuple(meta.get(k) for k in COORDINATES)
+    return coords if all(_count(c) is not None for c in coords) else None  # type: ignore[return-value]
+
+
+def job_mixups(entries: Sequence[RankEntry]) -> dict[str, str]:
+    """What says the rank reports of ``entries`` are not one launch's, by kind (``runs``,
+    ``world_size``, ``rank``, ``coordinates``), each one sentence naming the folders; empty
+    when they agree. Ranks without a report are not judged."""
+    reported = [e for e in entries if e.report is not None]
+    out: dict[str, str] = {}
+    runs = _grouped(reported, lambda e: e.run_id)
+    if len(runs) > 1:
+        ordered = sorted(runs.items(), key=lambda kv: (-len(kv[1]), kv[1][0].rank))
+        out["runs"] = f"rank reports of {len(runs)} runs: " + ", ".join(
+            f"{run} ({_names(group)})" for run, group in ordered[:NAMED]
+        )
+    worlds = _grouped(reported, lambda e: _count((e.report or {}).get("world_size")))
+    if len(worlds) > 1:
+        out["world_size"] = "world sizes disagree: " + ", ".join(
+            f"{size} ({_names(group)})" for size, group in sorted(worlds.items())
+        )
+    claimed = _grouped(reported, lambda e: _count((e.report or {}).get("rank")))
+    twice = [(rank, group) for rank, group in sorted(claimed.items()) if len(group) > 1]
+    counted = {id(e) for _, group in twice for e in group}
+    moved = [e for e in reported if id(e) not in counted
+             and _count((e.report or {}).get("rank")) not in (None, e.rank)]  # fmt: skip
+    if twice or moved:
+        said = [f"rank {rank} claimed by {_names(group)}" for rank, group in twice[:NAMED]]
+        said += [f"{e.name} holds rank {(e.report or {}).get('rank')}'s report"
+                 for e in moved[: max(0, NAMED - len(said))]]  # fmt: skip
+        out["rank"] = "; ".join(said)
+    grid = _grouped(reported, _coordinates)
+    shared = [(c, group) for c, group in sorted(grid.items()) if len(group) > 1]
+    if shared:
+        out["coordinates"] = "; ".join(
+            "grid position "
+            + " ".join(f"{k[:-5]}{v}" for k, v in zip(COORDINATES, c, strict=True))
+            + f" claimed by {_names(group)}"
+            for c, group in shared[:NAMED]
+        ) + (f" and {len(shared) - NAMED} more" if len(shared) > NAMED else "")
+    return out
+
+
+def entries_of_run(entries: Sequence[RankEntry], run_id: str) -> list[RankEntry]:
+    """The entries of run ``run_id`` (and those without a report, whose run is unknown)."""
+    return [e for e in entries if e.report is None or e.run_id == run_id]
+
+
 NO_REPORT = "no rank directory / report"
 
 
@@ -198,9 +289,11 @@ def _gap(first: int, last: int) -> dict[str, Any]:
 def summarize_job(entries: Sequence[RankEntry]) -> dict[str, Any]:
     """Every rank of the job, in order: a row per rank that has a folder (``missing`` with the
     reason when it has no usable report), one row per run of ranks up to the world size that
-    have none (``rank``..``last_rank``, ``count``), how many are missing or incomplete, and
-    the imbalance. Rows are bounded by the entries given, never by a claimed world size; the
-    first entry of a rank counts, a duplicate is ignored."""
+    have none (``rank``..``last_rank``, ``count``), how many are missing or incomplete, the
+    imbalance, and what says the reports are not one launch's (``mixups``, see
+    :func:`job_mixups`; with the runs, in ``runs_warning``). Rows are bounded by the entries
+    given, never by a claimed world size; the first entry of a rank counts, a duplicate is
+    ignored."""
     world = job_world_size(entries)
     by_rank: dict[int, RankEntry] = {}
     for e in entries:
@@ -219,11 +312,15 @@ def summarize_job(entries: Sequence[RankEntry]) -> dict[str, Any]:
             missing += 1
         else:
             rows.append(rank_row(rank, entry.report))
+            if entry.page:
+                rows[-1]["page"] = entry.page
         expected = rank + 1
     if world > expected:
         rows.append(_gap(expected, world - 1))
         missing += world - expected
     runs, warning = _runs(rows)
+    mixups = job_mixups([e for e in entries if e.rank >= 0])
+    others = [text for kind, text in mixups.items() if kind != "runs"]
     return {
         "world_size": world,
         "ranks": rows,
@@ -233,7 +330,8 @@ def summarize_job(entries: Sequence[RankEntry]) -> dict[str, Any]:
         "oom": oom_summary(rows),
         **explain_job(rows),
         "runs": runs,
-        "runs_warning": warning,
+        "mixups": mixups,
+        "runs_warning": "; ".join(([warning] if warning else []) + others),
     }
 
 

@@ -48,12 +48,13 @@ def run(args: argparse.Namespace) -> int:
     from memscope.analysis.steps import StepAnalyzer
     from memscope.events.trace_reader import TraceError, read_trace
     from memscope.events.trace_store import BoundedTraceStore
+    from memscope.io.rank_folders import TRACE_NAME
     from memscope.reporters.runtime_json import RuntimeReportInputs, build_runtime_report
     from memscope.units import format_bytes, printable
 
     path = args.trace
-    if os.path.isdir(path):
-        path = os.path.join(path, "trace.jsonl")
+    if os.path.isdir(path):  # a rank folder is its trace
+        path = os.path.join(path, TRACE_NAME)
     if not os.path.lexists(path):
         raise CliError(f"{path}: no such trace file")
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(path)), DEFAULT_NAME)
@@ -94,6 +95,9 @@ def run(args: argparse.Namespace) -> int:
                 "world_size": fields.get("world_size"), "backend": fields.get("backend"),
                 "tool_version": fields.get("tool_version"), "config": config,
                 "replayed_from": os.path.basename(path)}  # fmt: skip
+    for key in ("run_id", "run_id_source", "start_time", "hostname"):
+        metadata[key] = fields.get(key)
+    training = fields.get("training")
     report = build_runtime_report(
         RuntimeReportInputs(
             metadata=metadata,
@@ -104,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
             ),
             sections=sections,
             events=store.events,
+            training=training if isinstance(training, dict) else None,
             trace_info={
                 "events_recorded": recorded,
                 "events_in_report": len(store.events),

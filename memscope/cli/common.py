@@ -90,6 +90,26 @@ def write_json_output(path: str, data: object, inputs: Iterable[str] = ()) -> No
     write_output(path, json.dumps(data, separators=(",", ":"), allow_nan=False) + "\n", inputs)
 
 
+def add_report_arguments(p: argparse.ArgumentParser) -> None:
+    """``--report`` and the options that choose among mixed rank reports of a job."""
+    p.add_argument(
+        "--report",
+        required=True,
+        help="runtime_report.json or its rank folder, job_summary.json, or a job directory",
+    )
+    p.add_argument(
+        "--run-id",
+        default=None,
+        help="job: keep the rank reports of this run only (the others are left out)",
+    )
+    p.add_argument(
+        "--allow-mixed-runs",
+        action="store_true",
+        help="job: merge rank reports of different runs, world sizes or duplicate grid "
+        "positions, flagged on the page, instead of refusing them",
+    )
+
+
 class DefaultsHelpFormatter(argparse.HelpFormatter):
     """Appends ``(default: X)`` to an option's help when X says something: not for required
     options, flags, options without a default, or help that already names its default."""

@@ -84,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
         if r.report_path is None:
             raise CliError(f"rank {r.rank} wrote no report")
         html_path, report = pages.write_rank_page(r.report_path)
-        entries.append(RankEntry(r.rank, report))
+        page = os.path.relpath(html_path, outdir).replace(os.sep, "/")
+        entries.append(RankEntry(r.rank, report, page=page))  # linked from the job page
         peak, comp = report["peak"], report["comparisons"]
         static = (
             f"static estimate {format_bytes(comp['static_peak_memory_bytes'])} "

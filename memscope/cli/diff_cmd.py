@@ -33,19 +33,13 @@ def register(sub: Any) -> None:
 
 def _reports(path: str) -> list[tuple[int, str]]:
     """(rank, report path) of a report file, a rank folder or a job directory."""
-    from memscope.cli import pages
+    from memscope.io.rank_folders import rank_files
+    from memscope.io.report_reader import ReportError
 
-    if os.path.isfile(path):
-        return [(-1, path)]
-    own = os.path.join(path, pages.REPORT_NAME)
-    if os.path.isfile(own):
-        return [(-1, own)]
-    if os.path.isdir(path):
-        found = [(r, os.path.join(f, pages.REPORT_NAME)) for r, f in pages.rank_folders(path)]
-        if found:
-            return found
-        raise CliError(f"{path}: no {pages.REPORT_NAME} here or in rankNNNNN/ folders")
-    raise CliError(f"{path}: no such report, rank folder or job directory")
+    try:
+        return rank_files(path)
+    except ReportError as exc:
+        raise CliError(str(exc)) from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,7 +4,6 @@ allocator snapshot labelled by MemScope category for pytorch.org/memory_viz."""
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 from typing import Any
@@ -58,15 +57,14 @@ def register(sub: Any) -> None:
 
 
 def _traces(path: str) -> list[str]:
-    if os.path.isfile(path):
-        return [path]
-    own = os.path.join(path, "trace.jsonl")
-    if os.path.isfile(own):
-        return [own]
-    found = sorted(glob.glob(os.path.join(path, "rank[0-9]*", "trace.jsonl")))
-    if not found:
-        raise CliError(f"{path}: no trace.jsonl here or in rankNNNNN/ folders")
-    return found
+    """The trace file, a rank folder's, or every rank folder's of a job directory."""
+    from memscope.io.rank_folders import TRACE_NAME, rank_files
+    from memscope.io.report_reader import ReportError
+
+    try:
+        return [file for _, file in rank_files(path, TRACE_NAME)]
+    except ReportError as exc:
+        raise CliError(str(exc)) from None
 
 
 def _window(text: str | None) -> tuple[int, int] | None:

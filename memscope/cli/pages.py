@@ -11,7 +11,14 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from memscope.analysis.job import RankEntry, rank_steps, rank_summary, summarize_job
+from memscope.analysis.job import (
+    RankEntry,
+    entries_of_run,
+    job_mixups,
+    rank_steps,
+    rank_summary,
+    summarize_job,
+)
 from memscope.cli.common import CliError, check_output, progress, write_output
 from memscope.io.rank_folders import MAX_JOB_RANKS, REPORT_NAME
 from memscope.io.rank_folders import rank_folders as io_rank_folders
@@ -22,6 +29,10 @@ from memscope.reporters.job_summary_json import JOB_SUMMARY_JSON, REPORT_TYPE_JO
 from memscope.reporters.runtime_json import REPORT_TYPE_RUNTIME
 
 JOB_PAGE_NAME = "job_report.html"
+#: Rank pages that could not be written, said one by one (the rest are counted).
+SAID_FAILURES = 3
+#: What a refusal of mixed rank reports tells the user to do.
+MIXED_HINT = "pass --run-id ID to keep one run's ranks, or --allow-mixed-runs to merge them flagged"
 _MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError)
 
 
@@ -95,8 +106,52 @@ def job_entries(directory: str) -> list[RankEntry]:
             entries.append(RankEntry(rank, None, str(exc)))
             continue
         summary = rank_summary(report, max_steps=MAX_POINTS)  # no more than a page plots
-        entries.append(_checked_entry(rank, summary, f"{name}/{REPORT_NAME}"))
+        entry = _checked_entry(rank, summary, f"{name}/{REPORT_NAME}")
+        entry.where = name
+        entries.append(entry)
     return entries
+
+
+def one_launch(
+    entries: list[RankEntry], where: str, run_id: str | None = None, allow_mixed: bool = False
+) -> list[RankEntry]:
+    """``entries``, or those of run ``run_id``; refused (a one-line :class:`CliError` naming
+    the folders and saying how to go on) when they mix runs, world sizes, ranks or grid
+    positions, unless ``allow_mixed``."""
+    if run_id is not None:
+        kept = entries_of_run(entries, run_id)
+        if not any(e.report is not None for e in kept):
+            runs = sorted({e.run_id for e in entries if e.report is not None})
+            raise CliError(f"{where}: no rank report of run {run_id} (runs: {', '.join(runs)})")
+        entries = kept
+    mixups = job_mixups(entries)
+    if mixups and not allow_mixed:
+        raise CliError(f"{where}: {'; '.join(mixups.values())}; {MIXED_HINT}")
+    return entries
+
+
+def write_rank_pages(entries: Sequence[RankEntry], directory: str, page_dir: str) -> int:
+    """Write the page of every rank of ``entries`` that has a report, next to it in its folder
+    of the job ``directory`` (read again: only one full report is in memory at a time), and
+    link it from the entry (relative to ``page_dir``, where the job page goes). A rank whose
+    page can't be made is said and left unlinked. Returns how many pages were written."""
+    written, failed = 0, []
+    for entry in entries:
+        if entry.report is None or not entry.where:
+            continue
+        report_path = os.path.join(directory, entry.where, REPORT_NAME)
+        try:
+            page, _ = write_rank_page(report_path)
+        except CliError as exc:
+            failed.append(str(exc))
+            continue
+        entry.page = os.path.relpath(page, page_dir).replace(os.sep, "/")
+        written += 1
+    for problem in failed[:SAID_FAILURES]:
+        progress(f"no rank page: {problem}")
+    if len(failed) > SAID_FAILURES:
+        progress(f"no rank page for {len(failed) - SAID_FAILURES} more rank(s)")
+    return written
 
 
 def _checked_entry(rank: int, summary: dict[str, Any], where: str) -> RankEntry:

@@ -72,8 +72,9 @@ def register(sub: Any) -> None:
         "--calibrate",
         default=None,
         metavar="REPORT",
-        help="a runtime_report.json, job_summary.json or job directory of a real run of "
-        "this model: its measured / predicted bytes per term correct every plan",
+        help="a runtime_report.json (or its rank folder), job_summary.json or job directory "
+        "of a real run of this model: its measured / predicted bytes per term correct every "
+        "plan",
     )
     p.add_argument(
         "--bf16-optimizer-state",
@@ -143,10 +144,11 @@ def _calibration(path: str) -> dict[str, Any]:
     """Per-term factors from the static comparisons of a rank report, a job summary or every
     rank report of a job directory; a path with none is a :class:`CliError`."""
     from memscope.analysis.static.planner import calibration
-    from memscope.io.rank_folders import REPORT_NAME, rank_folders
+    from memscope.io.rank_folders import REPORT_NAME, folder_file, rank_folders
     from memscope.io.report_reader import ReportError, load_report
 
     comparisons = []
+    path = folder_file(path)  # a rank folder is its report
     try:
         if os.path.isdir(path):
             for _, folder in rank_folders(path):

@@ -7,7 +7,7 @@ import os
 import time
 from typing import Any
 
-from memscope.cli.common import check_output, progress
+from memscope.cli.common import add_report_arguments, check_output, progress
 
 
 def register(sub: Any) -> None:
@@ -16,20 +16,23 @@ def register(sub: Any) -> None:
         "visualize-runtime",
         help="make a self-contained HTML page from a runtime report or a job directory",
         description=(
-            "Build one self-contained HTML page (works offline) from a runtime_report.json, or "
-            "a whole-job view from job_summary.json (gathered in-run) or a directory of "
-            "rankNNNNN/ folders."
+            "Build one self-contained HTML page (works offline) from a runtime_report.json (or "
+            "its rankNNNNN/ folder), or a whole-job view from job_summary.json (gathered "
+            "in-run) or a directory of rankNNNNN/ folders; for a directory, every rank's page "
+            "too, linked from the job page. Rank reports of another run, duplicate ranks or "
+            "grid positions, or disagreeing world sizes are refused unless told otherwise."
         ),
     )
-    p.add_argument(
-        "--report",
-        required=True,
-        help="runtime_report.json, job_summary.json, or a job output directory",
-    )
+    add_report_arguments(p)
     p.add_argument(
         "--out",
         help="output .html (default: the report's path with .html, or job_report.html in "
         "the directory)",
+    )
+    p.add_argument(
+        "--job-only",
+        action="store_true",
+        help="job directory: write the job page only, not each rank's page",
     )
     p.set_defaults(run=run)
 
@@ -37,35 +40,46 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Build the page for a rank report or a job directory; prints the output path."""
     from memscope.cli import pages  # jinja2 and the reporters: only when a page is made
+    from memscope.io.rank_folders import folder_file, is_job_directory
     from memscope.units import printable
 
     t0 = time.perf_counter()
-    if os.path.isdir(args.report):
-        out = args.out or pages.job_page_path(args.report)
-        inputs = pages.job_inputs(args.report)
+    if is_job_directory(args.report):
+        directory = args.report
+        out = args.out or pages.job_page_path(directory)
+        inputs = pages.job_inputs(directory)
         check_output(out, inputs)  # before reading any rank: never a device, never an input
-        entries = pages.readable_job_entries(args.report)
+        entries = pages.readable_job_entries(directory)
+        entries = pages.one_launch(entries, directory, args.run_id, args.allow_mixed_runs)
+        if not args.job_only:
+            written = pages.write_rank_pages(entries, directory, os.path.dirname(out) or ".")
+            progress(
+                f"wrote {written} rank page(s), rankNNNNN/runtime_report.html "
+                "(--job-only skips them)"
+            )
         progress(f"building the job page from {len(entries)} rank folder(s)")
         out = pages.write_job_page(entries, out, inputs)
     else:
-        doc = pages.load_page_input(args.report)
+        report_path = folder_file(args.report)  # a rank folder is its report
+        doc = pages.load_page_input(report_path)
         if doc.get("report_type") == pages.REPORT_TYPE_JOB_SUMMARY:
             out = args.out or os.path.join(
-                os.path.dirname(os.path.abspath(args.report)), pages.JOB_PAGE_NAME
+                os.path.dirname(os.path.abspath(report_path)), pages.JOB_PAGE_NAME
             )
-            check_output(out, [args.report])
-            entries = pages.job_summary_entries(doc, args.report)
+            check_output(out, [report_path])
+            entries = pages.job_summary_entries(doc, report_path)
+            entries = pages.one_launch(entries, report_path, args.run_id, args.allow_mixed_runs)
             progress(f"building the job page from the summaries of {len(entries)} rank(s)")
-            out = pages.write_job_page(entries, out, [args.report])
+            out = pages.write_job_page(entries, out, [report_path])
             print(printable(out))
             return 0
-        out = args.out or pages.rank_page_path(args.report)
-        check_output(out, [args.report])
+        out = args.out or pages.rank_page_path(report_path)
+        check_output(out, [report_path])
         report = doc
         events = report.get("runtime_trace")
         if isinstance(events, list) and len(events) > 100_000:
             progress(f"downsampling {len(events)} events")
-        out, _ = pages.write_rank_page(args.report, out, report=report)
+        out, _ = pages.write_rank_page(report_path, out, report=report)
     if time.perf_counter() - t0 > 2:
         size = os.path.getsize(out) / 2**20
         progress(f"wrote {size:.1f} MiB in {time.perf_counter() - t0:.1f} s")

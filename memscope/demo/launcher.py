@@ -7,7 +7,6 @@ traceback; surviving workers are stopped.
 
 from __future__ import annotations
 
-import os
 import queue as queue_mod
 import socket
 import time
@@ -69,8 +68,8 @@ def spawn(
     ``grace`` seconds and are then terminated, and :class:`WorkerError` is raised with every
     collected traceback.  ``fn``, ``args`` and the results must be picklable.
 
-    The workers are one job, as a launcher's ranks are: unless ``MEMSCOPE_RUN_ID`` is set
-    already, they share one made for this call (so their reports carry the same run id).
+    The workers share a run id as any launch's ranks do: they agree on one through their
+    process group's store (see :mod:`memscope.session.run_identity`).
     """
     import torch.multiprocessing as tmp
 
@@ -80,15 +79,8 @@ def spawn(
         ctx.Process(target=_spawn_entry, args=(r, world_size, fn, args, results))
         for r in range(world_size)
     ]
-    own_id = "MEMSCOPE_RUN_ID" not in os.environ
-    if own_id:  # the children copy the environment when they start
-        os.environ["MEMSCOPE_RUN_ID"] = f"spawn-{os.getpid()}-{time.time_ns()}"
-    try:
-        for proc in procs:
-            proc.start()
-    finally:
-        if own_id:
-            del os.environ["MEMSCOPE_RUN_ID"]
+    for proc in procs:
+        proc.start()
     outputs: dict[int, Any] = {}
     errors: dict[int, str] = {}
     dead_since: dict[int, float] = {}

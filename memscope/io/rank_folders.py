@@ -1,7 +1,9 @@
 """The ``rankNNNNN/`` folders of a job's output directory, each holding one rank's report.
 
-Shared by every reader of a job directory (the job page, ``diff``, ``plan --calibrate``, the
-FlagScale auto-tuner's trial reader), so they agree on which folders count.
+Shared by every reader of a job directory (the job page, ``summarize``, ``diff``, ``export``,
+``plan --calibrate``, the FlagScale auto-tuner's trial reader), so they agree on which folders
+count; and the one rule by which a rank folder stands for the file in it wherever a command
+takes a report (or trace) file: ``--report rank00001/`` is ``rank00001/runtime_report.json``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from memscope.io.report_reader import ReportError
 RANK_DIR = re.compile(r"^rank(\d{1,15})$")
 #: The runtime report inside a rank folder.
 REPORT_NAME = "runtime_report.json"
+#: A rank's event trace inside its folder.
+TRACE_NAME = "trace.jsonl"
 #: Most rank folders a job directory may hold (more is refused: one line, exit code 2).
 MAX_JOB_RANKS = 100_000
 
@@ -43,3 +47,32 @@ def rank_folders(directory: str) -> list[tuple[int, str]]:
     except OSError as exc:
         raise ReportError(f"{directory}: cannot list ({exc.strerror})") from None
     return sorted(found.items())
+
+
+def folder_file(path: str, name: str = REPORT_NAME) -> str:
+    """``path/name`` when ``path`` is a folder holding that file (a rank folder), else
+    ``path`` itself (a file, a job directory, or a path that does not exist)."""
+    inside = os.path.join(path, name)
+    return inside if os.path.isdir(path) and os.path.isfile(inside) else path
+
+
+def is_job_directory(path: str, name: str = REPORT_NAME) -> bool:
+    """Whether ``path`` is a directory that is not itself a rank folder holding ``name``."""
+    return os.path.isdir(path) and folder_file(path, name) == path
+
+
+def rank_files(path: str, name: str = REPORT_NAME) -> list[tuple[int, str]]:
+    """``(rank, file)`` of what ``path`` names: a file or a rank folder's ``name`` (rank -1:
+    whichever it is), or the ``name`` of every ``rankNNNNN/`` folder of a job directory that
+    has one, in rank order. Nothing found is a :class:`ReportError`."""
+    own = folder_file(path, name)
+    if not os.path.isdir(own):
+        if not os.path.lexists(own):
+            what = "report" if name == REPORT_NAME else "file"
+            raise ReportError(f"{path}: no such {what}, rank folder or job directory")
+        return [(-1, own)]
+    found = [(rank, os.path.join(folder, name)) for rank, folder in rank_folders(path)]
+    found = [(rank, file) for rank, file in found if os.path.isfile(file)]
+    if not found:
+        raise ReportError(f"{path}: no {name} here or in rankNNNNN/ folders")
+    return found

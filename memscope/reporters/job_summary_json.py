@@ -1,8 +1,9 @@
 """``job_summary.json``: every rank's summary, gathered in-run by one rank.
 
 The document carries the identity every MemScope file has (schema version, type, tool), the
-job's run id and world size, one summary per rank that sent one (see
-:func:`memscope.analysis.job.rank_summary`), and the ranks that did not, with why.
+job's run id, the writing rank with its start time and host, the world size, one summary per
+rank that sent one (see :func:`memscope.analysis.job.rank_summary`), and the ranks that did
+not, with why.
 ``memscope visualize-runtime --report job_summary.json`` makes the job page from it.
 """
 
@@ -26,13 +27,17 @@ def job_summary_document(
     written_by: int,
     run_id: str,
     collection: Mapping[str, Any],
+    start_time: str = "",
+    hostname: str = "",
 ) -> dict[str, Any]:
     """The ``job_summary.json`` document. ``summaries``: rank -> its summary; ``missing``:
     rank -> why it has none; ``collection``: how the summaries were gathered (transport,
-    timeout, seconds waited)."""
+    timeout, seconds waited); ``start_time`` and ``hostname``: the writing rank's."""
     return {
         **document_identity(REPORT_TYPE_JOB_SUMMARY),
         "run_id": run_id,
+        "start_time": start_time,
+        "hostname": hostname,
         "rank": written_by,
         "world_size": world_size,
         "ranks_reported": len(summaries),

@@ -234,6 +234,7 @@ def _transition_lines(section: dict[str, Any] | None, max_rows: int) -> list[str
     return lines
 
 
+<<<<<<< HEAD
 def _gpu_lines(meta: dict[str, Any], steps: list[dict[str, Any]], max_rows: int) -> list[str]:
     """Per step, what the device and the caching allocator said at its end (or why not)."""
     lines = ["## GPU signals per step", ""]
@@ -260,6 +261,31 @@ def _gpu_lines(meta: dict[str, Any], steps: list[dict[str, Any]], max_rows: int)
         f"retries, {md_text(last.get('ooms_total', 'n/a'))} OOMs).",
         "",
     ]
+=======
+def _run_lines(meta: dict[str, Any], training: Any) -> list[str]:
+    """The header's run line (id, where it came from, start, host) and training line."""
+    t = md_text
+    lines = [
+        f"- run: {md_code(meta.get('run_id'))} ({t(meta.get('run_id_source'))}), started "
+        f"{t(meta.get('start_time'))} on {t(meta.get('hostname'))}"
+    ]
+    if isinstance(training, dict):
+
+        def v(key: str) -> str:
+            return "—" if training.get(key) is None else t(training[key])
+
+        recompute = training.get("recompute_granularity")
+        if recompute:
+            recompute = f"{recompute} ({training.get('recompute_method')}, "
+            recompute += f"{training.get('recompute_num_layers')} layers)"
+        lines.append(
+            f"- training: sequence length {v('seq_length')}, micro-batch "
+            f"{v('micro_batch_size')}, global batch {v('global_batch_size')}, "
+            f"{v('num_microbatches')} microbatches per step, recompute "
+            f"{t(recompute or 'off')}; static spec from "
+            f"{t(training.get('static_spec') or 'none (no static comparison)')}"
+        )
+>>>>>>> jobflow15
     return lines
 
 
@@ -281,6 +307,7 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
         f"CP={t(meta.get('cp_size'))} EP={t(meta.get('ep_size'))} VPP={t(meta.get('vpp_size'))}",
         f"- steps traced: {t(meta.get('steps_completed'))}; schema "
         f"{t(report.get('schema_version'))}, memscope {t(report.get('tool', {}).get('version'))}",
+        *_run_lines(meta, report.get("training")),
         "",
         "## Peak",
         "",

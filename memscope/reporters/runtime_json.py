@@ -28,6 +28,8 @@ class RuntimeReportInputs:
     errors: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     artifacts: dict[str, str] = field(default_factory=dict)
+    #: The training settings memory depends on (the adapter's; ``None`` when it has none).
+    training: dict[str, Any] | None = None
 
 
 def document_identity(report_type: str) -> dict[str, Any]:
@@ -59,6 +61,7 @@ def build_runtime_report(inputs: RuntimeReportInputs) -> dict[str, Any]:
         "complete": inputs.status == "complete",
         "status_reason": inputs.status_reason,
         "metadata": meta,
+        "training": inputs.training,
         "oom": sections.get("oom"),
         "peak": sections["peak"],
         "allocator_timeline": sections.get("allocator_timeline"),

@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import socket
 import threading
 import time
 import zlib
@@ -47,12 +48,13 @@ _generations = itertools.count()
 
 
 class SummaryStore(Protocol):
-    """The part of ``torch.distributed.Store`` used here."""
+    """The part of ``torch.distributed.Store`` MemScope uses (here, and for the run id)."""
 
     def set(self, key: str, value: Any) -> None: ...  # bytes (torch's stub says str)
     def get(self, key: str) -> bytes: ...
     def add(self, key: str, amount: int) -> int: ...
     def check(self, keys: list[str]) -> bool: ...
+    def compare_set(self, key: str, expected_value: str, desired_value: str) -> bytes: ...
 
 
 @dataclass
@@ -172,6 +174,7 @@ def share_job_summary(
     outdir: str,
     run_id: str,
     timeout_s: float,
+    start_time: str = "",
     store: SummaryStore | None = None,
     generation: int | None = None,
 ) -> str | None:
@@ -203,6 +206,8 @@ def share_job_summary(
         world_size=world_size,
         written_by=collector,
         run_id=run_id,
+        start_time=start_time,
+        hostname=socket.gethostname(),
         collection={
             "transport": "torch.distributed store" if exchange else "single process",
             "timeout_s": timeout_s,

@@ -2,9 +2,13 @@
 
 The run id is what the launcher says the job is (``MEMSCOPE_RUN_ID``, torchrun's
 ``TORCHELASTIC_RUN_ID``, Slurm's job and step ids), so every rank of a job carries the same
-one; without any, it is this process's own id (host, pid, start time), said as such in
-``run_id_source``. It is computed once per process, so a second ``train()`` in the same process
-is the same run.
+one. Without any, the ranks agree on one through the store their process group was built on
+(:func:`agreed_run_identity`): each offers its own id (host, pid, start time) with one
+``compare_set`` on a fixed key, the first offer stays, and every rank reads back that one. No
+rank waits for another (it is no collective), and a new launch has a new store, so a new id.
+Only a process with neither (a single process without ``torch.distributed``) keeps its own id.
+``run_id_source`` says which it was. The launcher's and the process's ids are computed once per
+process, so a second ``train()`` in the same process is the same run.
 
 A rank folder is claimed with a lock file. A second run that finds the folder locked by a live
 run traces into a folder of its own next to it and says so; a folder left by an earlier,
@@ -22,6 +26,8 @@ import socket
 import time
 from dataclasses import dataclass
 
+from memscope.session.job_exchange import SummaryStore, bounded
+
 LOCK_NAME = ".memscope.lock"
 REPORT_NAME = "runtime_report.json"
 #: A lock written from another host counts as live while it was touched this recently.
@@ -38,9 +44,18 @@ class RunIdentity:
     start_time: str
 
 
+#: The store key the ranks of a launch agree on a run id under (see :func:`agreed_run_identity`).
+STORE_KEY = "memscope/run_id"
+#: ``run_id_source`` of an id agreed through the store.
+STORE_SOURCE = "torch.distributed store"
+#: How long agreeing through the store may take before the rank keeps its own id.
+STORE_TIMEOUT_S = 10.0
+
+
 @functools.lru_cache(maxsize=1)
 def run_identity() -> RunIdentity:
-    """This process's run (cached: one per process)."""
+    """This process's run from the launcher's environment, else its own id (cached: one per
+    process)."""
     started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     env = os.environ
     for var in ("MEMSCOPE_RUN_ID", "TORCHELASTIC_RUN_ID"):
@@ -53,6 +68,29 @@ def run_identity() -> RunIdentity:
         return RunIdentity(_SAFE.sub("_", value)[:80], "SLURM_JOB_ID", started)
     own = f"{socket.gethostname()}-{os.getpid()}-{int(time.time())}"
     return RunIdentity(_SAFE.sub("_", own)[:80], "process", started)
+
+
+def agreed_run_identity(store: SummaryStore | None) -> tuple[RunIdentity, str]:
+    """The run every rank of this launch shares, and a note (empty unless agreeing failed).
+
+    A launcher's id (:func:`run_identity`) wins; else this process offers its own id under
+    :data:`STORE_KEY` of ``store`` (the default process group's): ``compare_set`` with an
+    empty expected value sets it only when no rank did before, and returns what is there, so
+    every rank gets the first offer. A store that fails or takes longer than
+    :data:`STORE_TIMEOUT_S` leaves the process its own id, and the note says why."""
+    own = run_identity()
+    if own.source != "process" or store is None:
+        return own, ""
+    try:
+        raw = bounded(
+            lambda: store.compare_set(STORE_KEY, "", own.run_id), STORE_TIMEOUT_S, "run id"
+        )
+        agreed = bytes(raw).decode("utf-8")
+    except Exception as exc:
+        return own, f"memscope: no run id agreed through the store ({exc}); using {own.run_id}"
+    if not agreed or _SAFE.search(agreed) or len(agreed) > 80:
+        return own, f"memscope: the store holds no usable run id; using {own.run_id}"
+    return RunIdentity(agreed, STORE_SOURCE, own.start_time), ""
 
 
 @dataclass

@@ -35,6 +35,7 @@ import functools
 import json
 import logging
 import os
+import socket
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -67,12 +68,14 @@ from memscope.events.schema import ContextMarker, EventConsumer
 from memscope.events.trace_sink import BufferedTraceWriter, JsonlTraceSink
 from memscope.events.trace_store import BoundedTraceStore
 from memscope.io.atomic import atomic_write_json, atomic_write_text
+from memscope.io.rank_folders import TRACE_NAME
 from memscope.reporters.markdown import render_runtime_markdown
 from memscope.reporters.runtime_json import RuntimeReportInputs, build_runtime_report
 from memscope.session.crash_guard import CrashGuard
 from memscope.session.job_exchange import default_store, share_job_summary
 from memscope.session.report_assembly import runtime_metadata, trace_info
 from memscope.session.run_identity import (
+    agreed_run_identity,
     claim_rank_dir,
     release_rank_dir,
     run_identity,
@@ -91,7 +94,7 @@ REPORT_JSON = "runtime_report.json"
 REPORT_MD = "runtime_report.md"
 OOM_REPORT_JSON = "oom_report.json"
 OOM_REPORT_MD = "oom_report.md"
-TRACE_JSONL = "trace.jsonl"
+TRACE_JSONL = TRACE_NAME
 
 
 def _isolated(site: str) -> Callable[[F], F]:
@@ -144,6 +147,7 @@ class TracingSession:
         static_estimate: StaticEstimateProvider | None = None,
         no_estimate_reason: str = NO_ESTIMATOR_REASON,
         framework_metadata: Callable[[], dict[str, Any]] | None = None,
+        training_settings: Callable[[], dict[str, Any]] | None = None,
         grad_attributes: Sequence[str] = ("grad",),
         dashboard_sink: Callable[[], Sink | None] | None = None,
     ) -> None:
@@ -153,6 +157,7 @@ class TracingSession:
         self.static_estimate_provider = static_estimate
         self.no_estimate_reason = no_estimate_reason
         self._framework_metadata = framework_metadata or dict
+        self._training_settings = training_settings
         self._grad_attributes = tuple(grad_attributes)
         self._dashboard_sink = dashboard_sink  # the training's writers, found at start
         self.step_peaks: StepPeakBoard | None = None
@@ -282,6 +287,9 @@ class TracingSession:
 
     def _start(self) -> None:
         cfg = self.config
+        self.run, agreement_note = agreed_run_identity(default_store())
+        if agreement_note:
+            self.warnings.append(agreement_note)
         claim = claim_rank_dir(self.report_dir, self.run)
         self._teardown.push("rank_dir_lock", lambda: release_rank_dir(claim.directory))
         self.report_dir = claim.directory
@@ -367,6 +375,10 @@ class TracingSession:
             "world_size": self.parallel.world_size,
             "tool_version": __version__,
             "run_id": self.run.run_id,
+            "run_id_source": self.run.source,
+            "start_time": self.run.start_time,
+            "hostname": socket.gethostname(),
+            "training": self._training_settings() if self._training_settings else None,
             "parallel": self.parallel.to_dict(),
             "backend": self.backend_name,
             "config": self.config.to_report_dict(),
@@ -524,6 +536,7 @@ class TracingSession:
                 expected=cfg.traced_ranks(world),
                 outdir=cfg.outdir,
                 run_id=self.run.run_id,
+                start_time=self.run.start_time,
                 timeout_s=cfg.job_summary_timeout,
             )
         except Exception as exc:
@@ -688,6 +701,7 @@ class TracingSession:
                     self._trace,
                 ),
                 metadata=self.metadata(),
+                training=self._training_settings() if self._training_settings else None,
                 status=self.status.value,
                 status_reason=self.status_reason,
                 errors=errors,

@@ -35,6 +35,7 @@ from memscope.config import RuntimeConfig
 from memscope.integrations.megatron.layer_numbers import global_layer_numbers
 from memscope.integrations.megatron.parallel import megatron_parallel_info
 from memscope.integrations.megatron.schedule_regions import ScheduleRegions
+from memscope.integrations.megatron.training_settings import SPEC_FROM_ARGS, training_settings
 from memscope.session import TracingSession
 from memscope.session.step_peaks import DashboardSink, Sink
 
@@ -110,6 +111,7 @@ class MemScopeMegatronRuntime:
             self.parallel,
             static_estimate=None if static_estimate_provider is None else self._static_estimate,
             framework_metadata=self._framework_metadata,
+            training_settings=self._training_settings,
             grad_attributes=MEGATRON_GRAD_ATTRIBUTES,
             dashboard_sink=self._dashboard_sink,
         )
@@ -133,6 +135,15 @@ class MemScopeMegatronRuntime:
             "megatron_core_version": package_version("megatron-core"),
             **({"layer_numbers": self._layer_numbers} if self._layer_numbers else {}),
         }
+
+    def _training_settings(self) -> dict[str, Any]:
+        provider = self.static_estimate_provider
+        spec = None
+        if provider is default_static_estimate:
+            spec = SPEC_FROM_ARGS
+        elif provider is not None:
+            spec = f"{getattr(provider, '__qualname__', type(provider).__name__)} (custom provider)"
+        return training_settings(self.args, self.parallel, spec)
 
     def set_dashboard_writers(self, tensorboard: Any = None, wandb: Any = None) -> None:
         """The writers this rank logs the job's step peaks to (before :meth:`start`); by

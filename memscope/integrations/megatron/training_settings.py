@@ -1,0 +1,49 @@
+"""The training settings a run's memory depends on, from Megatron's args (the report's
+``training`` section)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memscope.capture.parallel import ParallelInfo
+
+#: ``training.static_spec`` when the static comparison's spec is built from the run's args.
+SPEC_FROM_ARGS = "this run's Megatron args"
+
+
+def _int(args: Any, name: str) -> int | None:
+    value = getattr(args, name, None)
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value
+
+
+def num_microbatches(args: Any, dp_size: int | None) -> int | None:
+    """Microbatches per step: ``args.num_microbatches`` when set, else the global batch over
+    micro-batch size times data-parallel size (when that divides)."""
+    given = _int(args, "num_microbatches")
+    if given is not None:
+        return given
+    gbs, mbs = _int(args, "global_batch_size"), _int(args, "micro_batch_size")
+    if gbs is None or not mbs or not dp_size or gbs % (mbs * dp_size):
+        return None
+    return gbs // (mbs * dp_size)
+
+
+def training_settings(args: Any, parallel: ParallelInfo, static_spec: str | None) -> dict[str, Any]:
+    """Sequence length, micro-batch size, global batch, microbatches per step, data-parallel
+    size, recompute settings and where the static comparison's spec came from (``None``: no
+    static comparison). A setting the args do not have is ``None``."""
+    granularity = getattr(args, "recompute_granularity", None) or None
+    method = getattr(args, "recompute_method", None) if granularity else None
+    return {
+        "seq_length": _int(args, "seq_length"),
+        "micro_batch_size": _int(args, "micro_batch_size"),
+        "global_batch_size": _int(args, "global_batch_size"),
+        "num_microbatches": num_microbatches(args, parallel.dp_size),
+        "data_parallel_size": parallel.dp_size,
+        "recompute_granularity": None if granularity is None else str(granularity),
+        "recompute_method": None if method is None else str(method),
+        "recompute_num_layers": _int(args, "recompute_num_layers") if granularity else None,
+        "static_spec": static_spec,
+    }
