@@ -234,7 +234,6 @@ def _transition_lines(section: dict[str, Any] | None, max_rows: int) -> list[str
     return lines
 
 
-<<<<<<< HEAD
 def _gpu_lines(meta: dict[str, Any], steps: list[dict[str, Any]], max_rows: int) -> list[str]:
     """Per step, what the device and the caching allocator said at its end (or why not)."""
     lines = ["## GPU signals per step", ""]
@@ -261,7 +260,9 @@ def _gpu_lines(meta: dict[str, Any], steps: list[dict[str, Any]], max_rows: int)
         f"retries, {md_text(last.get('ooms_total', 'n/a'))} OOMs).",
         "",
     ]
-=======
+    return lines
+
+
 def _run_lines(meta: dict[str, Any], training: Any) -> list[str]:
     """The header's run line (id, where it came from, start, host) and training line."""
     t = md_text
@@ -285,7 +286,6 @@ def _run_lines(meta: dict[str, Any], training: Any) -> list[str]:
             f"{t(recompute or 'off')}; static spec from "
             f"{t(training.get('static_spec') or 'none (no static comparison)')}"
         )
->>>>>>> jobflow15
     return lines
 
 
