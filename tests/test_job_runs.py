@@ -190,3 +190,28 @@ def test_a_rank_page_that_cannot_be_written_is_said_and_left_unlinked(tmp_path, 
     assert "wrote 1 rank page(s)" in err and "no rank page: " in err and "rank00001" in err
     rows = _payload(job / "job_report.html")["ranks"]
     assert [row.get("page") for row in rows] == ["rank00000/runtime_report.html", None]
+
+
+def test_a_large_job_gets_the_pages_of_the_ranks_its_job_page_plots(tmp_path, capsys, monkeypatch):
+    import memscope.cli.pages as pages_module
+    import memscope.cli.visualize_cmd as visualize_module
+
+    monkeypatch.setattr(pages_module, "ALL_RANK_PAGES_UP_TO", 4)
+    monkeypatch.setattr(visualize_module, "ALL_RANK_PAGES_UP_TO", 4)
+    job, world = tmp_path / "job", 18  # PP=2 x DP=9: stage 0 (even ranks) peaks higher
+    for rank in range(world):
+        report = _report(rank % 2, "job-9")
+        report["rank"], report["world_size"] = rank, world
+        report["metadata"].update(rank=rank, world_size=world, dp_rank=rank // 2, dp_size=9)
+        _write(job, rank, report)
+    rc, _, err = _cli(capsys, "visualize-runtime", "--report", str(job))
+    assert rc == 0, err
+    paged = {r for r in range(world) if (job / f"rank{r:05d}" / "runtime_report.html").exists()}
+    # the job page's 16 timelines: each stage's heaviest, then the highest peaks (stage 0's)
+    assert len(paged) == 16 and {0, 1} <= paged and set(range(0, world, 2)) <= paged
+    assert set(range(world)) - paged <= set(range(1, world, 2))
+    assert "the other 2 rank(s) have no page" in err and "--all-rank-pages" in err
+    links = {row["rank"] for row in _payload(job / "job_report.html")["ranks"] if "page" in row}
+    assert links == paged
+    rc, _, err = _cli(capsys, "visualize-runtime", "--report", str(job), "--all-rank-pages")
+    assert rc == 0 and "wrote 18 rank page(s)" in err and "have no page" not in err

@@ -15,16 +15,22 @@ from memscope.analysis.job import (
     RankEntry,
     entries_of_run,
     job_mixups,
+    rank_row,
     rank_steps,
     rank_summary,
     summarize_job,
 )
 from memscope.cli.common import CliError, check_output, progress, write_output
-from memscope.io.rank_folders import MAX_JOB_RANKS, REPORT_NAME
+from memscope.io.rank_folders import ALL_RANK_PAGES_UP_TO, MAX_JOB_RANKS, REPORT_NAME
 from memscope.io.rank_folders import rank_folders as io_rank_folders
 from memscope.io.report_reader import ReportError, load_report
 from memscope.reporters.html import render_job_html, render_runtime_html
-from memscope.reporters.html_payload import MAX_POINTS, job_payload, runtime_payload
+from memscope.reporters.html_payload import (
+    MAX_POINTS,
+    job_payload,
+    runtime_payload,
+    timeline_ranks,
+)
 from memscope.reporters.job_summary_json import JOB_SUMMARY_JSON, REPORT_TYPE_JOB_SUMMARY
 from memscope.reporters.runtime_json import REPORT_TYPE_RUNTIME
 
@@ -130,14 +136,28 @@ def one_launch(
     return entries
 
 
-def write_rank_pages(entries: Sequence[RankEntry], directory: str, page_dir: str) -> int:
-    """Write the page of every rank of ``entries`` that has a report, next to it in its folder
-    of the job ``directory`` (read again: only one full report is in memory at a time), and
-    link it from the entry (relative to ``page_dir``, where the job page goes). A rank whose
-    page can't be made is said and left unlinked. Returns how many pages were written."""
+def rank_pages_to_write(entries: Sequence[RankEntry], every: bool) -> set[int]:
+    """The ranks whose page is written: every rank with a report when ``every`` or when there
+    are at most :data:`ALL_RANK_PAGES_UP_TO`; else those the job page plots (failed ranks,
+    each stage's heaviest, then the highest peaks)."""
+    reported = [e for e in entries if e.report is not None and e.where]
+    if every or len(reported) <= ALL_RANK_PAGES_UP_TO:
+        return {e.rank for e in reported}
+    return timeline_ranks([rank_row(e.rank, e.report) for e in reported if e.report is not None])
+
+
+def write_rank_pages(
+    entries: Sequence[RankEntry], directory: str, page_dir: str, every: bool = False
+) -> tuple[int, int]:
+    """Write the page of each rank of :func:`rank_pages_to_write`, next to its report in its
+    folder of the job ``directory`` (read again: only one full report is in memory at a
+    time), and link it from the entry (relative to ``page_dir``, where the job page goes). A
+    rank whose page can't be made is said and left unlinked. Returns (pages written, ranks
+    with a report)."""
+    chosen = rank_pages_to_write(entries, every)
     written, failed = 0, []
     for entry in entries:
-        if entry.report is None or not entry.where:
+        if entry.rank not in chosen or entry.report is None or not entry.where:
             continue
         report_path = os.path.join(directory, entry.where, REPORT_NAME)
         try:
@@ -151,7 +171,7 @@ def write_rank_pages(entries: Sequence[RankEntry], directory: str, page_dir: str
         progress(f"no rank page: {problem}")
     if len(failed) > SAID_FAILURES:
         progress(f"no rank page for {len(failed) - SAID_FAILURES} more rank(s)")
-    return written
+    return written, sum(e.report is not None and bool(e.where) for e in entries)
 
 
 def _checked_entry(rank: int, summary: dict[str, Any], where: str) -> RankEntry:

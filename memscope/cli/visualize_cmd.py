@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from memscope.cli.common import add_report_arguments, check_output, progress
+from memscope.io.rank_folders import ALL_RANK_PAGES_UP_TO
 
 
 def register(sub: Any) -> None:
@@ -34,6 +35,12 @@ def register(sub: Any) -> None:
         action="store_true",
         help="job directory: write the job page only, not each rank's page",
     )
+    p.add_argument(
+        "--all-rank-pages",
+        action="store_true",
+        help=f"job directory of more than {ALL_RANK_PAGES_UP_TO} ranks: write every rank's "
+        "page, not only those of the ranks the job page plots",
+    )
     p.set_defaults(run=run)
 
 
@@ -52,11 +59,19 @@ def run(args: argparse.Namespace) -> int:
         entries = pages.readable_job_entries(directory)
         entries = pages.one_launch(entries, directory, args.run_id, args.allow_mixed_runs)
         if not args.job_only:
-            written = pages.write_rank_pages(entries, directory, os.path.dirname(out) or ".")
+            written, reported = pages.write_rank_pages(
+                entries, directory, os.path.dirname(out) or ".", every=args.all_rank_pages
+            )
             progress(
                 f"wrote {written} rank page(s), rankNNNNN/runtime_report.html "
                 "(--job-only skips them)"
             )
+            if reported > ALL_RANK_PAGES_UP_TO and not args.all_rank_pages:
+                progress(
+                    f"the other {reported - written} rank(s) have no page: over "
+                    f"{ALL_RANK_PAGES_UP_TO} ranks only those the job page plots get "
+                    "one (--all-rank-pages writes every one, ~5 MB each)"
+                )
         progress(f"building the job page from {len(entries)} rank folder(s)")
         out = pages.write_job_page(entries, out, inputs)
     else:

@@ -21,6 +21,9 @@ REPORT_NAME = "runtime_report.json"
 TRACE_NAME = "trace.jsonl"
 #: Most rank folders a job directory may hold (more is refused: one line, exit code 2).
 MAX_JOB_RANKS = 100_000
+#: A job of at most this many ranks gets every rank's page from ``visualize-runtime`` (each
+#: page carries plotly.js, ~5 MB); a larger one the pages of the ranks its job page plots.
+ALL_RANK_PAGES_UP_TO = 64
 
 
 def rank_folders(directory: str) -> list[tuple[int, str]]:
