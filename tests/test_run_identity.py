@@ -88,3 +88,15 @@ def test_training_settings_derive_microbatches_and_name_recompute():
     off = training_settings(args, ParallelInfo(world_size=8, dp_size=3), None)
     assert off["num_microbatches"] is None  # 64 does not divide by 2 x 3
     assert (off["recompute_method"], off["static_spec"]) == (None, None)
+
+
+def test_global_batch_is_what_one_step_consumes_when_the_args_do_not_say():
+    from argparse import Namespace
+
+    from memscope.capture.parallel import ParallelInfo
+    from memscope.integrations.megatron.training_settings import training_settings
+
+    args = Namespace(seq_length=128, micro_batch_size=2, num_microbatches=4)
+    got = training_settings(args, ParallelInfo(world_size=6, dp_size=3), None)
+    assert (got["global_batch_size"], got["num_microbatches"]) == (24, 4)  # 2 x 4 x 3
+    assert training_settings(Namespace(), ParallelInfo(), None)["global_batch_size"] is None

@@ -36,11 +36,15 @@ def training_settings(args: Any, parallel: ParallelInfo, static_spec: str | None
     static comparison). A setting the args do not have is ``None``."""
     granularity = getattr(args, "recompute_granularity", None) or None
     method = getattr(args, "recompute_method", None) if granularity else None
+    mbs, microbatches = _int(args, "micro_batch_size"), num_microbatches(args, parallel.dp_size)
+    global_batch = _int(args, "global_batch_size")
+    if global_batch is None and mbs and microbatches and parallel.dp_size:
+        global_batch = mbs * microbatches * parallel.dp_size  # what one step consumes
     return {
         "seq_length": _int(args, "seq_length"),
-        "micro_batch_size": _int(args, "micro_batch_size"),
-        "global_batch_size": _int(args, "global_batch_size"),
-        "num_microbatches": num_microbatches(args, parallel.dp_size),
+        "micro_batch_size": mbs,
+        "global_batch_size": global_batch,
+        "num_microbatches": microbatches,
         "data_parallel_size": parallel.dp_size,
         "recompute_granularity": None if granularity is None else str(granularity),
         "recompute_method": None if method is None else str(method),
