@@ -12,7 +12,11 @@ from types import SimpleNamespace
 import pytest
 from megatron.core.pipeline_parallel.schedules import get_pp_rank_microbatches, get_schedule_table
 
-from memscope.analysis.static.activations import in_flight_microbatches, schedule_states
+from memscope.analysis.static.activations import (
+    _schedule_states,
+    in_flight_microbatches,
+    schedule_states,
+)
 from memscope.analysis.static.sources import spec_from_megatron_args
 from memscope.demo.tiny_gpt import TinyGPTConfig
 from memscope.demo.traced_training import megatron_like_args
@@ -53,3 +57,39 @@ def test_in_flight_microbatches_follow_megatrons_schedule(pp, vpp, per_stage):
         started = table[: min(total, warmup + (0 if all_warmup else 1))]
         assert list(alive) == [sum(1 for _, c in started if c == k) for k in range(chunks)]
         assert first_backward_chunk == chunks - 1 - table[0][1]
+
+
+@pytest.mark.parametrize("pp", [2, 4, 8])
+@pytest.mark.parametrize("vpp", [2, 4])
+@pytest.mark.parametrize("per_stage", [1, 2, 3])
+def test_moe_all_to_all_overlap_adds_megatrons_extra_warmup_forward(pp, vpp, per_stage):
+    microbatches = pp * per_stage
+    for rank in range(pp):
+        total, all_warmup, warmup, _ = get_pp_rank_microbatches(
+            microbatches, vpp, pp, p2p_communicator=_communicator(pp, rank, vpp),
+            overlap_moe_expert_parallel_comm=True,
+        )  # fmt: skip
+        states = _schedule_states(pp, rank, vpp, microbatches, pp, a2a_overlap=True)
+        expected = total if all_warmup else warmup + 1
+        assert max(sum(alive) for _, alive in states) == expected, (pp, vpp, rank)
+
+
+def _moe_spec(**extra):
+    args = dict(num_layers=4, hidden_size=64, num_attention_heads=4, num_experts=4,
+                moe_ffn_hidden_size=64, moe_router_topk=2, expert_model_parallel_size=2,
+                moe_token_dispatcher_type="alltoall", padded_vocab_size=128, seq_length=32,
+                micro_batch_size=1, global_batch_size=8, bf16=True, world_size=2,
+                transformer_impl="local")  # fmt: skip
+    return spec_from_megatron_args({**args, **extra})
+
+
+def test_moe_all_to_all_overlap_without_pipelining_holds_two_microbatches():
+    plain, overlapped = _moe_spec(), _moe_spec(overlap_moe_expert_parallel_comm=True)
+    assert in_flight_microbatches(plain, 0) == 1
+    # combined_1f1b_schedule_for_no_pipelining: microbatch i+1's forward beside i's backward
+    assert in_flight_microbatches(overlapped, 0) == 2
+    with pytest.raises(ValueError, match="needs a virtual pipeline"):
+        _moe_spec(overlap_moe_expert_parallel_comm=True, pipeline_model_parallel_size=2,
+                  world_size=4).validate()  # fmt: skip
+    with pytest.raises(ValueError, match="expert parallelism > 1"):
+        _moe_spec(overlap_moe_expert_parallel_comm=True, expert_model_parallel_size=1).validate()

@@ -457,7 +457,7 @@ class ActivationEstimate:
 
 @lru_cache(maxsize=256)
 def _schedule_states(
-    pp: int, pp_rank: int, chunks: int, microbatches: int, group: int
+    pp: int, pp_rank: int, chunks: int, microbatches: int, group: int, a2a_overlap: bool = False
 ) -> tuple[tuple[int, tuple[int, ...]], ...]:
     """Every distinct moment a backward starts on stage ``pp_rank``: (the chunk running it,
     the chunk-microbatches per chunk whose saved tensors are alive, its own included).
@@ -472,9 +472,15 @@ def _schedule_states(
     runs the backward of table entry ``k`` on chunk ``chunks - 1 - table[k]``. A last-stage
     microbatch's loss (and the logits' softmax) is computed inside its forward and freed by
     its backward, so the last chunk's extras count only for its own in-flight microbatches.
+
+    With MoE all-to-all overlap (``a2a_overlap``, megatron/core/pipeline_parallel/
+    combined_1f1b.py) one microbatch's forward runs alongside another's backward:
+    ``get_pp_rank_microbatches`` adds one warm-up forward to the interleaved schedule, and
+    without pipelining microbatch ``i + 1``'s forward runs with ``i``'s backward, so two are
+    in flight (an upper bound: the backward frees layer by layer as the forward saves).
     """
     if pp == 1:  # forward_backward_no_pipelining: forward then backward, per microbatch
-        return ((0, (1,)),)
+        return ((0, (2,)),) if a2a_overlap and microbatches > 1 else ((0, (1,)),)
     table: list[int] = []  # forward order: the chunk of each chunk-microbatch
     for start in range(0, microbatches, group):
         size = microbatches - start if start + group >= microbatches else group
@@ -483,6 +489,7 @@ def _schedule_states(
             break
     total = len(table)
     warmup = pp - pp_rank - 1 if chunks == 1 else 2 * (pp - pp_rank - 1) + (chunks - 1) * group
+    warmup += 1 if a2a_overlap and chunks > 1 else 0
     warmup = min(warmup, total)
     alive = [0] * chunks
     for k in range(warmup):
@@ -502,7 +509,7 @@ def schedule_states(spec: TrainingSpec, pp_rank: int) -> tuple[tuple[int, tuple[
     p = spec.parallel
     chunks = p.vpp if p.vpp is not None and p.pp > 1 else 1
     group = p.microbatch_group_size or p.pp
-    return _schedule_states(p.pp, pp_rank, chunks, spec.num_microbatches, group)
+    return _schedule_states(p.pp, pp_rank, chunks, spec.num_microbatches, group, p.moe_a2a_overlap)
 
 
 def in_flight_microbatches(spec: TrainingSpec, pp_rank: int) -> int:
@@ -510,6 +517,7 @@ def in_flight_microbatches(spec: TrainingSpec, pp_rank: int) -> int:
 
     No pipelining: one. 1F1B: ``min(M, pp - rank)`` (warm-up forwards plus one). Interleaved
     1F1B: Megatron's warm-up ``2 (pp - rank - 1) + (vpp - 1) pp`` chunk-forwards plus one.
+    MoE all-to-all overlap adds one (see :func:`_schedule_states`).
     """
     return max(sum(alive) for _, alive in schedule_states(spec, pp_rank))
 

@@ -139,6 +139,9 @@ class ParallelSpec:
     cp_comm_type: str = "p2p"
     # microbatch_group_size_per_vp_stage (interleaved schedule); None: pp (Megatron's default)
     microbatch_group_size: int | None = None
+    # --overlap-moe-expert-parallel-comm: the combined 1F1B schedules co-run one microbatch's
+    # forward with another's backward (megatron/core/pipeline_parallel/combined_1f1b.py)
+    moe_a2a_overlap: bool = False
     # nothing gave the world size or dp: dp is the least the grid allows (1 without experts)
     dp_assumed: bool = False
 
@@ -283,6 +286,16 @@ class TrainingSpec:
                 f"microbatch_group_size_per_vp_stage ({group}) must be in [parallel.pp "
                 f"({p.pp}), num_microbatches ({self.num_microbatches})]"
             )
+        if p.moe_a2a_overlap:  # megatron/core/transformer/transformer_config.py
+            if p.ep < 2:
+                raise ValueError("overlap_moe_expert_parallel_comm needs expert parallelism > 1")
+            if p.pp > 1 and p.vpp is None:
+                raise ValueError(
+                    "overlap_moe_expert_parallel_comm with pipeline parallelism needs a virtual "
+                    "pipeline (num_layers_per_virtual_pipeline_stage)"
+                )
+            if self.recompute == "full":
+                raise ValueError("overlap_moe_expert_parallel_comm refuses full recompute")
         if prec.params_dtype not in DTYPE_BYTES:
             raise ValueError(
                 f"precision.params_dtype {prec.params_dtype!r} is unknown; use one of "

@@ -35,8 +35,6 @@ NOT_MODELLED: dict[str, str] = {
     "pool per captured graph, not counted",
     "tp_comm_overlap": "TP communication overlap allocates Transformer Engine userbuffers "
     "(all-gather/reduce-scatter workspaces per GEMM), not counted",
-    "overlap_moe_expert_parallel_comm": "overlapped expert-parallel all-to-all keeps a second "
-    "micro-batch's dispatch tensors alive, not counted",
     "use_dualpipev": "the DualPipeV schedule (two chunks per stage, its own in-flight "
     "micro-batches) is not modelled; the 1F1B/interleaved schedule is estimated instead",
     "fine_grained_activation_offloading": "activations offloaded to host memory are counted "
@@ -92,7 +90,6 @@ _RELEVANT: dict[str, Callable[[Mapping[str, Any], TrainingSpec], bool]] = {
     ),
     "distribute_saved_activations": lambda merged, spec: spec.recompute == "full",
     "moe_shared_expert_overlap": _moe,
-    "overlap_moe_expert_parallel_comm": _moe,
 }
 # Read by the JSON config reader besides READ_KEYS (its own names).
 EXTRA_READ_KEYS = frozenset({"dtype", "model_type", "hetero_stage_layers", "hetero_stage_meshes"})

@@ -405,6 +405,7 @@ def spec_from_megatron_args(
         account_for_embedding=_flag(args, "account_for_embedding_in_pipeline_split"),
         account_for_loss=_flag(args, "account_for_loss_in_pipeline_split"),
         microbatch_group_size=_int(args, "microbatch_group_size_per_vp_stage"),
+        moe_a2a_overlap=_flag(args, "overlap_moe_expert_parallel_comm"),
         cp_comm_type=_cp_comm_type(args) if cp > 1 else "p2p",
         dp_assumed=dp_assumed,
     )

@@ -132,6 +132,7 @@ READ_KEYS = frozenset(NEGATED_FLAGS) | frozenset(
         "mtp_num_layers",
         "multi_latent_attention",
         "multiple_of",
+        "overlap_moe_expert_parallel_comm",
         "no_position_embedding",
         "normalization",
         "num_attention_heads",
