@@ -122,5 +122,7 @@ def test_the_job_page_lists_the_ranks_that_ran_out_and_the_others_headroom(
     peak = load_json(fits.report_path)["peak"]
     assert (summary["tightest_rank"], summary["tightest_headroom"]) == (
         1, roomy - peak["reserved_bytes"])  # fmt: skip
-    assert main(["visualize-runtime", "--report", str(job)]) == 0
+    # two single-rank runs put side by side: the job view refuses them unless told to merge
+    assert main(["visualize-runtime", "--report", str(job)]) == 2
+    assert main(["visualize-runtime", "--report", str(job), "--allow-mixed-runs"]) == 0
     assert '"tightest_rank":1' in (job / "job_report.html").read_text()

@@ -239,3 +239,23 @@ def test_a_capacity_limit_fails_an_op_as_a_full_device_would_and_keeps_accountin
         del a, b, c
     finally:
         ledger.stop()
+
+
+def test_a_phase_peak_is_the_highest_level_since_the_phase_began_not_the_steps():
+    ledger = _ledger()
+    try:
+        base = ledger.sample().allocated
+        big = torch.empty(10_000, dtype=torch.uint8)  # the step's high-water mark
+        del big
+        ledger.mark_phase()  # a later phase: it never comes near the step's mark
+        t = torch.empty(3000, dtype=torch.uint8)
+        u = torch.empty(1000, dtype=torch.uint8)
+        del t, u
+        sample = ledger.sample()
+        assert sample.allocated == base
+        assert sample.peak_allocated == base + 10_000
+        assert sample.phase_peak_allocated == base + 4000  # both temporaries live at once
+        ledger.mark_phase()
+        assert ledger.sample().phase_peak_allocated == base
+    finally:
+        ledger.stop()

@@ -5,7 +5,9 @@ end of its interval, not of its phase: the optimizer phase's events carry the ba
 peak when the optimizer never came near it. :class:`InPhaseMax` turns each reading into what
 its own phase reached: the window's mark when the mark rose during the reading's interval
 (the phase set it), else the highest allocation read in the interval (a lower bound of the
-phase's true maximum, which stayed below the step's mark).
+phase's true maximum, which stayed below the step's mark). A step-phase event that carries
+its phase's own running peak (``phase_max_allocated``: backends that see every allocation)
+gives the exact maximum whatever the step's mark did.
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ from memscope.events.schema import PHASE_STEP, READING_EVENTS, STEP_PHASE, Memor
 #: ``max_mem_allocated_source``: the phase set the step's high-water mark (the true maximum
 #: where the backend has a true peak), or the maximum is the highest allocation read in it.
 SOURCE_HIGH_WATER, SOURCE_READINGS = "high_water", "readings"
+#: ... or the phase's own running peak, exact (``MemoryEvent.phase_max_allocated``).
+SOURCE_PHASE_PEAK = "phase_peak"
+#: The sources that give a phase's true maximum (the others a lower bound).
+EXACT_SOURCES = frozenset({SOURCE_HIGH_WATER, SOURCE_PHASE_PEAK})
 
 
 class InPhaseMax:
@@ -42,6 +48,8 @@ class InPhaseMax:
         else:
             before = self._running
         self._running = max(self._running, e.max_mem_allocated)
+        if e.phase_max_allocated is not None:
+            return e.phase_max_allocated, SOURCE_PHASE_PEAK
         if e.max_mem_allocated > before:
             return e.max_mem_allocated, SOURCE_HIGH_WATER
         return max(e.mem_allocated_before, e.mem_allocated_after), SOURCE_READINGS

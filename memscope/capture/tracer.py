@@ -371,6 +371,8 @@ class MemoryTracer:
         extra: dict[str, Any] = {}
         if phase == s.PHASE_STEP and before.categories is not None:
             extra["categories_before"] = before.categories
+        if phase != s.PHASE_STEP and after.phase_peak_allocated is not None:
+            extra["phase_max_allocated"] = after.phase_peak_allocated
         first = self.step if self._first_step is None else self._first_step
         if phase == s.PHASE_STEP and self.step > first + 1:
             # born after the first step, in an earlier step than this one, still live
@@ -419,6 +421,7 @@ class MemoryTracer:
         self._param_before.clear()
         self.policy.step_started()
         self.backend.reset_peak()
+        self.backend.mark_phase()
         self._set_context("", None)
         self._step_start = self._phase_start = self._sample(detailed=True)
         self._step_started = self._phase_started = time.time() - self.t0
@@ -428,6 +431,7 @@ class MemoryTracer:
         self.in_window = self.in_window and next_phase == s.PHASE_FORWARD_BACKWARD
         self.policy.phase_ended(phase, next_phase)
         self._phase_start = self._step_phase(phase, self._phase_start, notes, self._phase_started)
+        self.backend.mark_phase()
         self._phase_started = time.time() - self.t0
         self.phase = next_phase
         self._set_context("", None)

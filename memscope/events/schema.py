@@ -144,6 +144,9 @@ class MemoryEvent:
     #: Whole-step events of a backend that keeps a ledger: activations and other memory born
     #: after the first step, in an earlier step than this one, and still live (largest first).
     survivors: tuple[Survivor, ...] | None = None
+    #: Step-phase events (not the whole step) of a backend with a true running peak: the
+    #: highest allocation within this phase alone (the window's mark covers the whole step).
+    phase_max_allocated: int | None = None
 
     @property
     def delta_allocated(self) -> int:
@@ -201,6 +204,8 @@ class MemoryEvent:
             out["categories_before"] = dict(zip(CATEGORIES, self.categories_before, strict=True))
         if self.survivors is not None:
             out["survivors"] = [item.to_dict() for item in self.survivors]
+        if self.phase_max_allocated is not None:
+            out["phase_max_allocated"] = self.phase_max_allocated
         return out
 
     @classmethod
@@ -250,6 +255,7 @@ class MemoryEvent:
             survivors=tuple(Survivor.from_dict(i) for i in d["survivors"])
             if d.get("survivors") is not None
             else None,
+            phase_max_allocated=_opt_int(d.get("phase_max_allocated")),
         )
 
 

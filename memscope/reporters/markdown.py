@@ -371,9 +371,10 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
     if report.get("phase_summary"):
         lines[-1:-1] = [
             "",
-            "A phase's maximum is the step's high-water mark where the phase set it; "
+            "A phase's maximum is its own running peak where the backend sees every "
+            "allocation (storage), else the step's high-water mark where the phase set it; "
             "≥ marks a phase that stayed below the mark set elsewhere in its step: its highest "
-            "reading.",
+            "reading (a lower bound).",
         ]
     lines += ["## Top events (deduplicated)", ""]
     lines += _table(

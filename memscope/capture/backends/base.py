@@ -29,6 +29,9 @@ class MemorySample:
     peak_reserved: int
     categories: tuple[int, ...] | None = None
     device: dict[str, int] | None = None
+    #: The high-water mark since the last :meth:`MemoryBackend.mark_phase` (backends with a
+    #: true running peak; ``None`` where only a process-wide counter exists).
+    phase_peak_allocated: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +122,10 @@ class MemoryBackend(abc.ABC):
     @abc.abstractmethod
     def reset_peak(self) -> None:
         """Start a new high-water window at the current allocation level."""
+
+    def mark_phase(self) -> None:  # noqa: B027 - optional hook
+        """Start a new phase's high-water mark (``MemorySample.phase_peak_allocated``) at the
+        current allocation level, without touching the step's window."""
 
     def synchronize(self) -> None:  # noqa: B027 - optional hook
         """Wait for queued device work (only meaningful with ``can_synchronize``)."""

@@ -257,6 +257,7 @@ class StorageLedgerBackend(MemoryBackend):
         self._totals = [0] * len(CATEGORIES)
         self._current = 0
         self._peak = 0
+        self._phase_peak = 0  # since the last mark_phase()
         self._peak_context: PeakContext | None = None
         self._peak_categories: tuple[int, ...] = tuple(self._totals)
         self._mode: _LedgerMode | None = None
@@ -475,6 +476,8 @@ class StorageLedgerBackend(MemoryBackend):
             self._composition_stale = False
 
     def _note_peak(self) -> None:
+        if self._current > self._phase_peak:
+            self._phase_peak = self._current
         if self._current > self._peak:
             self._peak = self._current
             self._peak_context = self._context
@@ -610,8 +613,13 @@ class StorageLedgerBackend(MemoryBackend):
     def sample(self, detailed: bool = False) -> MemorySample:
         with self._lock:
             current, peak, totals = self._current, self._peak, tuple(self._totals)
+            phase_peak = max(self._phase_peak, current)
         extras = {"live_storages": len(self._live)} if detailed else None
-        return MemorySample(current, current, peak, peak, totals, extras)
+        return MemorySample(current, current, peak, peak, totals, extras, phase_peak)
+
+    def mark_phase(self) -> None:
+        with self._lock:
+            self._phase_peak = self._current
 
     def reset_peak(self) -> None:
         with self._lock:
