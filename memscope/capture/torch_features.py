@@ -1,7 +1,8 @@
 """Which of torch's allocator APIs this torch has, checked before use.
 
 MemScope supports torch 2.7.1 (the version FlagScale 0.8.0 pins) and newer. Every allocator
-API it calls exists in 2.7.1 with the keywords it passes, but several are private
+API it calls exists in 2.7.1 with the keywords it passes (``tools/check_torch_wheel.py`` reads
+them from the 2.7.1 wheel), but several are private
 (``torch.cuda.memory._record_memory_history``, ``_snapshot``, ``torch._C`` hooks) and have
 changed signature before (``_record_memory_history`` took ``trace_alloc_max_entries`` until
 2.1), so each is feature-detected here: a missing attribute or keyword turns that one
