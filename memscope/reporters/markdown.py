@@ -369,12 +369,17 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
         ],
     )
     if report.get("phase_summary"):
+        bounded = any(_in_phase(p).startswith("≥") for p in report["phase_summary"])
         lines[-1:-1] = [
             "",
             "A phase's maximum is its own running peak where the backend sees every "
-            "allocation (storage), else the step's high-water mark where the phase set it; "
-            "≥ marks a phase that stayed below the mark set elsewhere in its step: its highest "
-            "reading (a lower bound).",
+            "allocation (storage), else the step's high-water mark where the phase set it"
+            + (
+                "; ≥ marks a phase that stayed below the mark set elsewhere in its step: its "
+                "highest reading (a lower bound)."
+                if bounded
+                else "."
+            ),
         ]
     lines += ["## Top events (deduplicated)", ""]
     lines += _table(
