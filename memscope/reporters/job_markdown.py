@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memscope.reporters.markdown import _table, md_code, md_text
+from memscope.reporters.markdown import md_code, md_table, md_text
 from memscope.units import format_bytes
 
 #: Rank rows printed at most (a row per run of missing ranks; the rest are counted).
@@ -60,7 +60,7 @@ def render_job_markdown(summary: dict[str, Any], max_rows: int = MAX_JOB_ROWS) -
         )
     lines.append("")
     rows = summary.get("ranks") or []
-    lines += _table(
+    lines += md_table(
         ["rank", "status", "pp", "tp", "dp", "peak allocated", "where", "static − runtime"],
         [
             [

@@ -42,7 +42,8 @@ def md_code(value: object) -> str:
     return f"{fence}{pad}{text}{pad}{fence}"
 
 
-def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+def md_table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table of already-escaped cells (``_none_`` when there are no rows)."""
     if not rows:
         return ["_none_", ""]
     out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
@@ -96,7 +97,7 @@ def _composition_lines(
     more = composition["total_bytes"] - shown
     lines = ["### Live at the peak", ""]
     headers = ["category", "created in module", "phase", "microbatch", "chunk", "bytes"]
-    lines += _table(headers, rows)
+    lines += md_table(headers, rows)
     if more:
         lines[-1:-1] = [f"| (further items) | | | | | {format_bytes(more)} |"]
     lines.append(
@@ -146,7 +147,7 @@ def _history_lines(history: dict[str, Any] | None, max_rows: int) -> list[str]:
         )
     peaks = history.get("step_peaks") or {}
     lines += ["", "True peak of each recorded step:", ""]
-    lines += _table(
+    lines += md_table(
         ["step", "allocated high-water mark"],
         [[t(k), format_bytes(v)] for k, v in list(peaks.items())[:max_rows]],
     )
@@ -158,7 +159,7 @@ def _history_lines(history: dict[str, Any] | None, max_rows: int) -> list[str]:
             "use would lower the window's peak by:",
             "",
         ]
-        lines += _table(
+        lines += md_table(
             ["holder", "category", "idle bytes at the peak", "blocks", "idle for",
              "peak drop", "pattern"],
             [
@@ -178,7 +179,7 @@ def _history_lines(history: dict[str, Any] | None, max_rows: int) -> list[str]:
             "allocator events); held at its peak:",
             "",
         ]
-        lines += _table(
+        lines += md_table(
             ["category", "holder", "bytes at the peak", "most in the step"],
             [
                 [t(b["category"]), code(b["label"]), format_bytes(b["bytes"][at]),
@@ -217,7 +218,7 @@ def _transition_lines(section: dict[str, Any] | None, max_rows: int) -> list[str
             lines += [f"    - at {md_code(frame)}" for frame in frames]
     if section.get("leaks"):
         lines.append("")
-    lines += _table(
+    lines += md_table(
         ["step", "kind", "allocated Δ", "reserved Δ", "outside PyTorch Δ", "cause"],
         [
             [
@@ -250,7 +251,7 @@ def _gpu_lines(meta: dict[str, Any], steps: list[dict[str, Any]], max_rows: int)
         ]
         for row in rows
     ]
-    lines += _table(["step", *(title for _, title in GPU_STEP_COLUMNS)], cells)
+    lines += md_table(["step", *(title for _, title in GPU_STEP_COLUMNS)], cells)
     last = rows[-1]
     lines += [
         "At each step's end: device used is `cudaMemGetInfo`'s, outside PyTorch is device used "
@@ -339,7 +340,7 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
             f"({format_ratio(comp.get('peak_diff_ratio'))})",
             "",
         ]
-        lines += _table(
+        lines += md_table(
             ["component", "static", "runtime", "static − runtime", "ratio"],
             [
                 [
@@ -354,7 +355,7 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
         )
 
     lines += ["## Per-phase maxima", ""]
-    lines += _table(
+    lines += md_table(
         ["phase", "events", "max allocated in the phase", "max allocated after", "max Δ", "min Δ"],
         [
             [
@@ -382,7 +383,7 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
             ),
         ]
     lines += ["## Top events (deduplicated)", ""]
-    lines += _table(
+    lines += md_table(
         [
             "event",
             "module",
@@ -417,7 +418,7 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
             "is its own. **← peak** marks where the run's peak was attributed.",
         ]
     lines += ["## Modules by largest allocation increase", ""]
-    lines += _table(
+    lines += md_table(
         ["module", "class", "events", "max allocated after", "max Δ", "min Δ"],
         [
             [
@@ -434,7 +435,7 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
     lines += _transition_lines(report.get("step_transitions"), max_rows)
     lines += _gpu_lines(meta, report.get("steps") or [], max_rows)
     lines += ["## Steps", ""]
-    lines += _table(
+    lines += md_table(
         ["step", "start", "end", "peak", "peak phase", "reserved peak", "host RSS"],
         [
             [
@@ -451,7 +452,7 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
     )
     if report.get("errors"):
         lines += ["## Tracing errors (training was not affected)", ""]
-        lines += _table(
+        lines += md_table(
             ["site", "count", "first error"],
             [
                 [t(e["site"]), t(e["count"]), t(e["first_error"])]
