@@ -11,6 +11,10 @@ import argparse
 import sys
 from collections.abc import Callable, Iterable
 
+#: What rendering a report that passed the reader's checks but has a malformed section raises
+#: (said as "malformed ... report", one line, exit code 2).
+MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError)
+
 
 class CliError(Exception):
     """A user-facing failure: printed as one line, exit code 2."""

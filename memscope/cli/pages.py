@@ -20,7 +20,7 @@ from memscope.analysis.job import (
     rank_summary,
     summarize_job,
 )
-from memscope.cli.common import CliError, check_output, progress, write_output
+from memscope.cli.common import MALFORMED, CliError, check_output, progress, write_output
 from memscope.io.rank_folders import ALL_RANK_PAGES_UP_TO, MAX_JOB_RANKS, REPORT_NAME
 from memscope.io.rank_folders import rank_folders as io_rank_folders
 from memscope.io.report_reader import ReportError, load_report
@@ -39,7 +39,6 @@ JOB_PAGE_NAME = "job_report.html"
 SAID_FAILURES = 3
 #: What a refusal of mixed rank reports tells the user to do.
 MIXED_HINT = "pass --run-id ID to keep one run's ranks, or --allow-mixed-runs to merge them flagged"
-_MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError)
 
 
 def load_runtime_report(path: str) -> dict[str, Any]:
@@ -65,7 +64,7 @@ def rank_page_html(report: dict[str, Any], report_path: str) -> str:
     """One rank's page; a report the payload can't use is a one-line error naming the file."""
     try:
         return render_runtime_html(runtime_payload(report))
-    except _MALFORMED as exc:
+    except MALFORMED as exc:
         raise CliError(f"{report_path}: malformed runtime report ({exc})") from None
 
 
@@ -136,11 +135,10 @@ def one_launch(
     return entries
 
 
-def rank_pages_to_write(entries: Sequence[RankEntry], every: bool) -> set[int]:
-    """The ranks whose page is written: every rank with a report when ``every`` or when there
-    are at most :data:`ALL_RANK_PAGES_UP_TO`; else those the job page plots (failed ranks,
-    each stage's heaviest, then the highest peaks)."""
-    reported = [e for e in entries if e.report is not None and e.where]
+def rank_pages_to_write(reported: Sequence[RankEntry], every: bool) -> set[int]:
+    """Of the ranks with a report in a folder, those whose page is written: every one when
+    ``every`` or when there are at most :data:`ALL_RANK_PAGES_UP_TO`; else those the job page
+    plots (failed ranks, each stage's heaviest, then the highest peaks)."""
     if every or len(reported) <= ALL_RANK_PAGES_UP_TO:
         return {e.rank for e in reported}
     return timeline_ranks([rank_row(e.rank, e.report) for e in reported if e.report is not None])
@@ -154,10 +152,11 @@ def write_rank_pages(
     time), and link it from the entry (relative to ``page_dir``, where the job page goes). A
     rank whose page can't be made is said and left unlinked. Returns (pages written, ranks
     with a report)."""
-    chosen = rank_pages_to_write(entries, every)
+    reported = [e for e in entries if e.report is not None and e.where]
+    chosen = rank_pages_to_write(reported, every)
     written, failed = 0, []
-    for entry in entries:
-        if entry.rank not in chosen or entry.report is None or not entry.where:
+    for entry in reported:
+        if entry.rank not in chosen:
             continue
         report_path = os.path.join(directory, entry.where, REPORT_NAME)
         try:
@@ -171,7 +170,7 @@ def write_rank_pages(
         progress(f"no rank page: {problem}")
     if len(failed) > SAID_FAILURES:
         progress(f"no rank page for {len(failed) - SAID_FAILURES} more rank(s)")
-    return written, sum(e.report is not None and bool(e.where) for e in entries)
+    return written, len(reported)
 
 
 def _checked_entry(rank: int, summary: dict[str, Any], where: str) -> RankEntry:
@@ -180,7 +179,7 @@ def _checked_entry(rank: int, summary: dict[str, Any], where: str) -> RankEntry:
     try:
         one = [RankEntry(rank, summary)]
         job_payload(summarize_job(one), rank_steps(one), max_points=16)
-    except _MALFORMED as exc:
+    except MALFORMED as exc:
         return RankEntry(rank, None, f"{where}: malformed ({exc})")
     return RankEntry(rank, summary)
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from memscope.cli.common import CliError, add_report_arguments
-
-_MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError)
+from memscope.cli.common import MALFORMED, CliError, add_report_arguments
 
 
 def register(sub: Any) -> None:
@@ -50,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         )
     try:
         text = render_runtime_markdown(report)  # every string from the report is escaped
-    except _MALFORMED as exc:
+    except MALFORMED as exc:
         raise CliError(f"{path}: malformed runtime report ({type(exc).__name__}: {exc})") from None
     print(text)
     return 0

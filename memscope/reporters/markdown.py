@@ -16,6 +16,7 @@ from memscope.reporters.views import (
     GPU_STEP_COLUMNS,
     composition_note,
     gpu_signals_note,
+    is_lower_bound,
     is_peak_row,
     module_kind,
     reserved_note,
@@ -118,7 +119,7 @@ def _composition_lines(
 def _in_phase(row: dict[str, Any]) -> str:
     """A phase's maximum, marked ``≥`` when it is its highest reading, not a high-water mark."""
     value = format_bytes(row["max_mem_allocated"])
-    return f"≥ {value}" if row.get("max_mem_allocated_source") == "readings" else value
+    return f"≥ {value}" if is_lower_bound(row) else value
 
 
 def _history_lines(history: dict[str, Any] | None, max_rows: int) -> list[str]:
@@ -370,7 +371,7 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
         ],
     )
     if report.get("phase_summary"):
-        bounded = any(_in_phase(p).startswith("≥") for p in report["phase_summary"])
+        bounded = any(is_lower_bound(p) for p in report["phase_summary"])
         lines[-1:-1] = [
             "",
             "A phase's maximum is its own running peak where the backend sees every "

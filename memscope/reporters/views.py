@@ -87,6 +87,12 @@ def is_peak_row(row: Mapping[str, Any], peak: Mapping[str, Any]) -> bool:
     return peak.get("attribution") != "interval" or peak.get("event_type") == row.get("event_type")
 
 
+def is_lower_bound(phase_row: Mapping[str, Any]) -> bool:
+    """Whether a phases-table row's maximum is its highest reading (a lower bound of what the
+    phase reached), not an exact high-water mark or running peak."""
+    return phase_row.get("max_mem_allocated_source") == "readings"
+
+
 def module_kind(row: Mapping[str, Any]) -> str:
     """``leaf`` or ``container`` (inclusive of its children) for a module forward row."""
     leaf = row.get("leaf")
