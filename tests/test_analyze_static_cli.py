@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import pytest
 
 from memscope.cli import main
+from memscope.units import format_bytes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(REPO, "configs", "static", "llama3_8b_tp4_pp2.json")
@@ -58,10 +59,17 @@ def test_json_config_gives_the_original_schema_plus_every_rank(tmp_path, cli):
     for key in ("name", "category", "phase", "inputs", "outputs", "memory_bytes", "persistent",
                 "formula", "notes", "extra"):  # fmt: skip
         assert key in op
-    assert report["allowance"]["cuda_context_bytes"] > 0
+    extra = report["allowance"]
+    assert extra["cuda_context_bytes"] > 0 and extra["nccl_buffer_bytes"] > 0
+    assert extra["device_total_bytes"] == (
+        s["peak_memory_bytes"] + extra["cuda_context_bytes"] + extra["nccl_buffer_bytes"]
+    )
     assert len(res.stdout.strip().splitlines()) == 9  # 8 positions + the summary line
+    headline = res.stdout.strip().splitlines()[-1]
+    assert f"on the device {format_bytes(extra['device_total_bytes'])}" in headline
     md = (tmp_path / "static_report.md").read_text()
     assert "## Ranks" in md and "GPU allowance" in md
+    assert f"On the device: **{format_bytes(extra['device_total_bytes'])}**" in md
 
 
 def test_rank_option_details_that_rank(tmp_path, cli):
