@@ -124,7 +124,7 @@ def job_entries(directory: str) -> list[RankEntry]:
         try:
             report = load_report(os.path.join(folder, REPORT_NAME), REPORT_TYPE_RUNTIME)
         except ReportError as exc:
-            entries.append(RankEntry(rank, None, str(exc)))
+            entries.append(RankEntry(rank, None, str(exc), where=name))
             continue
         summary = rank_summary(report, max_steps=MAX_POINTS)  # no more than a page plots
         entry = _checked_entry(rank, summary, f"{name}/{REPORT_NAME}")

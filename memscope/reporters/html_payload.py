@@ -212,6 +212,7 @@ def job_payload(
         "outliers": summary.get("outliers") or [],
         "grid": summary.get("grid") or {},
         "runs_warning": summary.get("runs_warning", ""),
+        "strays": (summary.get("strays") or [])[:MAX_ROWS],
         "timelines": {
             str(rank): _step_series(steps, max_points)
             for rank, steps in sorted(steps_by_rank.items())
