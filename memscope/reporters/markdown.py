@@ -464,7 +464,8 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
             for m in report.get("module_summary", [])[:max_rows]
         ],
     )
-    has_reserved = not reserved_note(meta)
+    # a reserved column only where the report names a backend that has one
+    has_reserved = not (meta.get("backend") and reserved_note(meta))
     lines += _transition_lines(report.get("step_transitions"), max_rows, has_reserved)
     lines += _gpu_lines(meta, report.get("steps") or [], max_rows)
     lines += ["## Steps", ""]
