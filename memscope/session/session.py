@@ -313,12 +313,8 @@ class TracingSession:
         self.analyzers = runtime_analyzers(cfg.top_k, self.static)
         self._steps = next(a for a in self.analyzers if isinstance(a, StepAnalyzer))
         consumers += [self.store, *self.analyzers]
-        if cfg.trace_jsonl:
-            sink = JsonlTraceSink(
-                os.path.join(self.report_dir, TRACE_JSONL),
-                self._trace_header(),
-                max_bytes=cfg.trace_max_mib * 2**20,
-            )
+        sink = self._open_trace_sink() if cfg.trace_jsonl else None
+        if sink is not None:
             self._trace = BufferedTraceWriter(sink)
             self._teardown.push("trace_sink", self._trace.close)
             consumers.append(self._trace)
@@ -366,6 +362,20 @@ class TracingSession:
             return
         self.step_peaks = board
         self._teardown.push("step_peaks", board.close)
+
+    def _open_trace_sink(self) -> JsonlTraceSink | None:
+        """The streamed ``trace.jsonl``, or ``None`` (recorded once, the report still
+        written) when it can't be opened, e.g. a symlink planted at its name."""
+        try:
+            return JsonlTraceSink(
+                os.path.join(self.report_dir, TRACE_JSONL),
+                self._trace_header(),
+                max_bytes=self.config.trace_max_mib * 2**20,
+            )
+        except OSError as exc:
+            self.failures.record("trace_sink", exc, disable=False)
+            self.warnings.append(f"trace.jsonl not written: {exc}")
+            return None
 
     def _trace_header(self) -> dict[str, Any]:
         """What ``memscope analyze`` needs to rebuild the report from the trace alone."""
