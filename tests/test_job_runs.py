@@ -241,3 +241,12 @@ def test_a_folder_without_a_report_inside_the_world_size_is_still_a_missing_rank
     entries = [RankEntry(0, _report(0, "run-a")), RankEntry(1, None, "no report", "rank00001")]
     summary = summarize_job(entries)
     assert (summary["world_size"], summary["missing"], summary["strays"]) == (2, 1, [])
+
+
+def test_a_rank_a_job_summary_names_as_missing_is_never_a_stray():
+    """A job summary's missing rank beyond the world size its summaries claim is a rank the
+    collector expected, not a leftover folder."""
+    entries = [RankEntry(0, _report(0, "run-a")), RankEntry(2, None, "no summary within 5 s")]
+    summary = summarize_job(entries)
+    assert (summary["world_size"], summary["strays"]) == (3, [])
+    assert [row["rank"] for row in summary["ranks"]] == [0, 1, 2]

@@ -97,7 +97,7 @@ def job_world_size(entries: Sequence[RankEntry]) -> int:
     :func:`summarize_job`, so ``world_size: 10**12`` can't make the page allocate."""
     claims = {_count(e.report.get("world_size")) for e in entries if e.report}
     claims.discard(None)
-    reported = [e.rank + 1 for e in entries if e.rank >= 0 and e.report]
+    reported = [e.rank + 1 for e in entries if e.rank >= 0 and not _empty_folder(e)]
     if len(claims) == 1:
         (agreed,) = claims
         assert agreed is not None
@@ -108,10 +108,15 @@ def job_world_size(entries: Sequence[RankEntry]) -> int:
     )
 
 
+def _empty_folder(entry: RankEntry) -> bool:
+    """A rank folder on disk without a usable report (not a rank a job summary names)."""
+    return entry.report is None and bool(entry.where)
+
+
 def stray_entries(entries: Sequence[RankEntry], world: int) -> list[RankEntry]:
     """Folders beyond the job's world size with no report: leftovers (another run's, an
     empty folder), named apart, never counted as missing ranks."""
-    return [e for e in entries if e.rank >= world and e.report is None]
+    return [e for e in entries if e.rank >= world and _empty_folder(e)]
 
 
 def rank_row(rank: int, report: dict[str, Any]) -> dict[str, Any]:

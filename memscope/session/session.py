@@ -151,7 +151,12 @@ class TracingSession:
         grad_attributes: Sequence[str] = ("grad",),
         dashboard_sink: Callable[[], Sink | None] | None = None,
     ) -> None:
-        self.config = config.validate()
+        # never raises into training: a setting it can't use takes its default, said once
+        self.config, put_back = config.settled()
+        setting_notes = [*config.notes, *put_back]
+        for note in put_back:
+            warnings.warn(note, stacklevel=2)
+        config = self.config
         self.parallel = parallel
         self.rank = parallel.rank
         self.static_estimate_provider = static_estimate
@@ -172,7 +177,7 @@ class TracingSession:
         self._failure_recorded = False
         self._exception: BaseException | None = None
         self.failures = FailureLog(rank=self.rank)
-        self.warnings: list[str] = []
+        self.warnings: list[str] = list(setting_notes)
         self.artifacts: dict[str, str] = {}
         self.report_path: str | None = None
         self.job_summary_path: str | None = None
