@@ -358,3 +358,39 @@ def test_an_unknown_setting_of_the_torch_adapter_is_warned_and_ignored(tmp_path)
     ms.finalize()
     report = json.loads((tmp_path / "rank00000" / "runtime_report.json").read_text())
     assert any("top_kk" in w for w in report["warnings"]) and report["status"] == "complete"
+
+
+def test_a_step_callback_that_turned_itself_off_makes_the_report_incomplete(tmp_path, monkeypatch):
+    """The step-start callback fails once (here in the tracer's step start) and turns itself
+    off: the later steps are not traced, so the report is incomplete and says why."""
+    real = tracer_mod.MemoryTracer.step_start
+    calls = {"n": 0}
+
+    def second_fails(self, step, notes=""):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("context lost")
+        return real(self, step, notes)
+
+    monkeypatch.setattr(tracer_mod.MemoryTracer, "step_start", second_fails)
+    model, opt = _build()
+    with MemScopeTorchRuntime(model, opt, outdir=str(tmp_path), backend="storage") as ms:
+        losses = _train(ms, model, opt, 4)
+    assert losses == _untraced_losses(4)
+    report = _report(ms.report_path)
+    assert report["status"] == "incomplete" and not report["complete"]
+    assert "on_train_step_start (RuntimeError: context lost" in report["status_reason"]
+    assert len(report["steps"]) < 4
+
+
+def test_a_hook_family_that_turned_itself_off_makes_the_report_incomplete(tmp_path, monkeypatch):
+    def broken(self, *args, **kwargs):
+        raise ValueError("bad module")
+
+    monkeypatch.setattr(tracer_mod.MemoryTracer, "module_enter", broken)
+    model, opt = _build()
+    with MemScopeTorchRuntime(model, opt, outdir=str(tmp_path), backend="storage") as ms:
+        assert _train(ms, model, opt, 2) == _untraced_losses(2)
+    report = _report(ms.report_path)
+    assert report["status"] == "incomplete"
+    assert "module_hooks (ValueError: bad module" in report["status_reason"]

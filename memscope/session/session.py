@@ -97,6 +97,11 @@ OOM_REPORT_MD = "oom_report.md"
 TRACE_JSONL = TRACE_NAME
 
 
+#: Sites whose loss leaves the report complete: an extra reading each step row marks as
+#: absent (``host_rss_end`` missing), not a gap in what was traced.
+OPTIONAL_SITES = frozenset({"host_rss"})
+
+
 def _isolated(site: str) -> Callable[[F], F]:
     """Run a training-loop callback only while tracing, and never let it raise."""
 
@@ -520,8 +525,25 @@ class TracingSession:
         if self.state is not SessionState.TRACING:
             return
         if self.status is ReportStatus.RUNNING:
-            self.status = ReportStatus.COMPLETE
+            off = self._parts_turned_off()
+            if off:  # a callback or hook family that turned itself off left gaps
+                self.status, self.status_reason = ReportStatus.INCOMPLETE, off
+            else:
+                self.status = ReportStatus.COMPLETE
         self._shutdown()
+
+    def _parts_turned_off(self) -> str:
+        """'' when every part of tracing ran to the end; else which turned itself off after
+        a failure (a callback, a hook family, a sampler), each with its first reason."""
+        off = [
+            f"{site} ({self.failures.sites[site]['first_error']})"
+            if site in self.failures.sites
+            else site
+            for site in sorted(self.failures.disabled - OPTIONAL_SITES)
+        ]
+        if not off:
+            return ""
+        return "parts of tracing turned themselves off after a failure: " + "; ".join(off)
 
     def _shutdown(self) -> None:
         self.state = SessionState.STOPPING
