@@ -32,6 +32,11 @@ setup(
             "regex",
             "hypothesis",
             "tensorboard",  # a real SummaryWriter for the dashboard test
+            # FlagScale 0.8.0's auto-tuner package imports these (the real AutoTuner test)
+            "pandas",
+            "psutil",
+            "aiohttp",
+            "tqdm",
         ],
     },
     entry_points={"console_scripts": ["memscope=memscope.cli:main"]},

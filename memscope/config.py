@@ -18,7 +18,7 @@ import functools
 import types
 import typing
 import warnings
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any
 
 BACKEND_CHOICES = ("auto", "cuda", "storage")
@@ -127,6 +127,32 @@ def _unpack(annotation: Any) -> tuple[type, bool]:
     return annotation, False
 
 
+class SettingError(ValueError):
+    """A setting :meth:`RuntimeConfig.validate` refuses; ``settings``: the fields to put
+    back to their defaults."""
+
+    def __init__(self, settings: tuple[str, ...], message: str) -> None:
+        super().__init__(message)
+        self.settings = settings
+
+
+def _has_type(value: Any, s: Setting) -> bool:
+    """Whether ``value`` is of the setting's type (``None`` where ``None`` is allowed)."""
+    if value is None:
+        return s.default is None or s.none_as is not None
+    if s.is_list:
+        return isinstance(value, list) and all(_has_type(v, _item(s)) for v in value)
+    if s.value_type is bool:
+        return isinstance(value, bool)
+    if s.value_type is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, s.value_type) and not isinstance(value, bool)
+
+
+def _item(s: Setting) -> Setting:
+    return replace(s, is_list=False, default=0, none_as=None)
+
+
 @dataclass
 class ProfilerSchedule:
     """A schedule in training steps: skip ``wait``, warm up ``warmup``, record ``active``."""
@@ -148,6 +174,8 @@ class RuntimeConfig:
     """Everything the runtime tracer needs; defaults are what ``--memscope`` alone gives."""
 
     enabled: bool = setting(False, "Enable MemScope runtime memory tracing", flag="--memscope")
+    #: Settings put back to their default when the config was read (not a setting itself).
+    notes: list[str] = field(default_factory=list, compare=False, repr=False)
     outdir: str = setting("memscope_outputs", "Report directory", metavar="DIR")
     top_k: int = setting(20, "Hot spots kept")
     backend: str = setting(
@@ -247,6 +275,8 @@ class RuntimeConfig:
         """
         out: dict[str, Any] = {}
         for f in fields(self):
+            if f.name == "notes":
+                continue
             schedule = _SCHEDULE_PARTS.get(f.name)
             if schedule is None:
                 out[f.name] = _copy(getattr(self, f.name))
@@ -255,35 +285,53 @@ class RuntimeConfig:
         return out
 
     def validate(self) -> RuntimeConfig:
-        """Raise ``ValueError`` naming the offending setting; return ``self``."""
+        """Raise :class:`SettingError` (a ``ValueError``) naming the offending setting;
+        return ``self``."""
         for s in runtime_settings():
             value = getattr(self, s.name)
             if s.choices is not None and value not in s.choices:
-                raise ValueError(f"memscope {s.name} must be one of {s.choices}, not {value!r}")
+                raise SettingError(
+                    (s.name,), f"memscope {s.name} must be one of {s.choices}, not {value!r}"
+                )
+            if not _has_type(value, s):
+                raise SettingError((s.name,), f"memscope {s.name} has the wrong type: {value!r}")
         if self.top_k < 1:
-            raise ValueError(f"memscope top_k must be >= 1, got {self.top_k}")
-        if not self.storage_capacity_mib >= 0:
-            raise ValueError(
-                f"memscope storage_capacity_mib must be >= 0, got {self.storage_capacity_mib}"
-            )
-        if not self.job_summary_timeout >= 0:
-            raise ValueError(
-                f"memscope job_summary_timeout must be >= 0, got {self.job_summary_timeout}"
-            )
-        if self.step_start < 0:
-            raise ValueError(f"memscope step_start must be >= 0, got {self.step_start}")
+            raise SettingError(("top_k",), f"memscope top_k must be >= 1, got {self.top_k}")
+        for name in ("storage_capacity_mib", "job_summary_timeout", "step_start", "detail_steps",
+                     "max_trace_events", "report_interval", "trace_max_mib"):  # fmt: skip
+            if not getattr(self, name) >= 0:  # NaN too
+                raise SettingError(
+                    (name,), f"memscope {name} must be >= 0, got {getattr(self, name)}"
+                )
         if self.step_end is not None and self.step_end <= self.step_start:
-            raise ValueError(
+            raise SettingError(
+                ("step_end",),
                 f"memscope step_end ({self.step_end}) must be greater than step_start "
-                f"({self.step_start})"
+                f"({self.step_start})",
             )
-        counts = ("detail_steps", "max_trace_events", "report_interval", "trace_max_mib")
-        for name in counts:
-            if getattr(self, name) < 0:
-                raise ValueError(f"memscope {name} must be >= 0, got {getattr(self, name)}")
-        self.profiler_schedule.validate("memscope profiler")
-        self.snapshot_schedule.validate("memscope snapshot")
+        for schedule in ("profiler_schedule", "snapshot_schedule"):
+            try:
+                getattr(self, schedule).validate("memscope " + schedule.split("_")[0])
+            except ValueError as exc:
+                parts = tuple(f for f, owner in _SCHEDULE_PARTS.items() if owner == schedule)
+                raise SettingError(parts, str(exc)) from None
         return self
+
+    def settled(self) -> tuple[RuntimeConfig, list[str]]:
+        """This config with every setting :meth:`validate` refuses put back to its default,
+        and one note per setting put back (what training sees instead of an exception)."""
+        current = self
+        notes: list[str] = []
+        defaults = {s.name: s.default for s in runtime_settings()}
+        for _ in range(len(defaults) + 1):
+            try:
+                return current.validate(), notes
+            except SettingError as exc:
+                reset = {name: _copy(defaults[name]) for name in exc.settings}
+                shown = ", ".join(f"{k}={v!r}" for k, v in reset.items())
+                notes.append(f"{exc}; using the default ({shown})")
+                current = replace(current, **reset)
+        raise AssertionError("the defaults themselves do not validate")  # pragma: no cover
 
     def traces_rank(self, rank: int) -> bool:
         return self.ranks is None or rank in self.ranks
@@ -326,13 +374,24 @@ class RuntimeConfig:
 
     @classmethod
     def from_megatron_args(cls, args: Any) -> RuntimeConfig:
-        """Build from an argparse namespace produced with ``add_memscope_args``.
+        """Build from an argparse namespace produced with ``add_memscope_args``. Never
+        raises into training: a value that can't be used (a wrong type, ``-1`` where a size
+        belongs, ...) takes its default, said once in :attr:`notes` (and so in the report's
+        warnings).
 
         Missing attributes fall back to the defaults, so a namespace from an older provider
         (the original flag set) works too.
         """
-        kwargs = {s.name: s.from_cli(getattr(args, s.dest, None)) for s in runtime_settings()}
-        return cls(**kwargs).validate()
+        kwargs, notes = {}, []
+        for s in runtime_settings():
+            try:
+                kwargs[s.name] = s.from_cli(getattr(args, s.dest, None))
+            except (TypeError, ValueError) as exc:
+                kwargs[s.name] = _copy(s.default)
+                notes.append(f"memscope {s.name} could not be read ({exc}); using the default")
+        config, more = cls(**kwargs).settled()
+        config.notes = notes + more
+        return config
 
 
 @functools.cache

@@ -76,6 +76,24 @@ def format_bytes(value: int | float | None, signed: bool = False) -> str:
     return f"{_signed(digits, number < 0, signed)} {_UNITS[unit]}"
 
 
+def format_duration(seconds: int | float | None) -> str:
+    """A duration in the unit that reads best: ``0.000412 -> '412 µs'``, ``0.0345 ->
+    '34.5 ms'``, ``2.5 -> '2.50 s'``, ``125 -> '2 min 5 s'``; ``None -> 'n/a'``."""
+    if seconds is None:
+        return "n/a"
+    number = _finite_number(seconds)
+    if number is None or number < 0:
+        return INVALID
+    if number >= 60:
+        minutes, rest = divmod(int(fixed(number, 0)), 60)
+        return f"{minutes} min {rest} s"
+    if number >= 1:
+        return f"{fixed(number, 2)} s"
+    if number >= 1e-3:
+        return f"{fixed(number * 1e3, 1)} ms"
+    return f"{fixed(number * 1e6, 0)} µs"
+
+
 def format_ratio(value: float | None) -> str:
     """A signed percentage, ``0.031 -> '+3.1%'``, ``-0.0001 -> '0.0%'``; ``None -> 'n/a'``;
     not a finite number -> ``'invalid'``."""

@@ -25,6 +25,20 @@ atexit.register(shutil.rmtree, _INDUCTOR_CACHE, True)
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", _INDUCTOR_CACHE)
 
 
+def session_basetemp(given: str | None) -> str:
+    """pytest's base temporary directory for this session: the one given with --basetemp,
+    else a fresh folder of its own. pytest's default, <temp>/pytest-of-<user>/pytest-N, is
+    shared by concurrent runs (each prunes the others' older folders and moves the
+    ``pytest-current`` link), so two test runs at once never share one."""
+    return given or tempfile.mkdtemp(prefix="memscope-tests-")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if getattr(config.option, "basetemp", None) is None:
+        config.option.basetemp = session_basetemp(None)
+        config.add_cleanup(lambda: shutil.rmtree(config.option.basetemp, True))
+
+
 def run_in_process(
     cfg: TinyGPTConfig, steps: int, memscope_argv: list[str] | None, **plants: Any
 ) -> InstrumentedResult:

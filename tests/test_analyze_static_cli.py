@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import pytest
 
 from memscope.cli import main
+from memscope.units import format_bytes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(REPO, "configs", "static", "llama3_8b_tp4_pp2.json")
@@ -58,10 +59,17 @@ def test_json_config_gives_the_original_schema_plus_every_rank(tmp_path, cli):
     for key in ("name", "category", "phase", "inputs", "outputs", "memory_bytes", "persistent",
                 "formula", "notes", "extra"):  # fmt: skip
         assert key in op
-    assert report["allowance"]["cuda_context_bytes"] > 0
+    extra = report["allowance"]
+    assert extra["cuda_context_bytes"] > 0 and extra["nccl_buffer_bytes"] > 0
+    assert extra["device_total_bytes"] == (
+        s["peak_memory_bytes"] + extra["cuda_context_bytes"] + extra["nccl_buffer_bytes"]
+    )
     assert len(res.stdout.strip().splitlines()) == 9  # 8 positions + the summary line
+    headline = res.stdout.strip().splitlines()[-1]
+    assert f"on the device {format_bytes(extra['device_total_bytes'])}" in headline
     md = (tmp_path / "static_report.md").read_text()
     assert "## Ranks" in md and "GPU allowance" in md
+    assert f"On the device: **{format_bytes(extra['device_total_bytes'])}**" in md
 
 
 def test_rank_option_details_that_rank(tmp_path, cli):
@@ -119,3 +127,38 @@ def test_warnings_are_one_line_each_and_kept_in_the_report(tmp_path, cli):
     assert len(lines) == 1 and "did you mean 'num_layers'?" in lines[0]
     report = json.loads((tmp_path / "out" / "static_report.json").read_text())
     assert report["warnings"] == [lines[0].split(f"{path}: ", 1)[1]]
+
+
+def test_a_runtime_report_given_as_config_is_named_for_what_it_is(tmp_path, cli):
+    report = os.path.join(REPO, "examples", "cpu_pp2_demo", "rank00000", "runtime_report.json")
+    res = cli("--config", report, "--outdir", str(tmp_path))
+    assert res.returncode == 2
+    (line,) = res.stderr.strip().splitlines()
+    assert "this is a MemScope runtime report, not a training config" in line
+    assert "vocab" not in line and not (tmp_path / "static_report.json").exists()
+
+
+def test_memscopes_own_settings_are_not_unused_keys_and_a_misspelt_one_is_warned(tmp_path, cli):
+    """The FlagScale example turns tracing on with ``memscope: true`` and ``memscope_*``
+    settings in its system section: the tracer's, neither unused by nor unknown to the
+    estimator; a misspelt one is named with the setting it resembles."""
+    import yaml
+
+    source = os.path.join(REPO, "configs", "flagscale", "train", "tiny_gpt.yaml")
+    with open(source, encoding="utf-8") as f:
+        config = yaml.safe_load(f)
+    system = config["system"]
+    assert system["memscope"] is True and "memscope_top_k" in system
+    res = cli("--config", source, "--outdir", str(tmp_path / "ok"))
+    assert res.returncode == 0, res.stderr
+    unused = json.loads((tmp_path / "ok" / "static_report.json").read_text())["coverage"][
+        "unused_keys"
+    ]
+    assert unused and not [k for k in unused if k.startswith("memscope")]
+    system["memscope_top_kk"] = 5
+    typo = tmp_path / "typo.yaml"
+    typo.write_text(yaml.safe_dump(config))
+    res = cli("--config", str(typo), "--outdir", str(tmp_path / "typo"))
+    assert res.returncode == 0, res.stderr
+    warned = [x for x in res.stderr.splitlines() if "memscope_top_kk" in x]
+    assert len(warned) == 1 and "did you mean 'memscope_top_k'?" in warned[0]

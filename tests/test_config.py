@@ -77,8 +77,10 @@ def test_backend_choices_live_in_config():
 
 
 def test_every_field_is_a_setting_with_help():
+    """Every field but ``notes`` (what reading the settings had to say) is a setting."""
     names = [s.name for s in runtime_settings()]
-    assert names == [f.name for f in dataclasses.fields(RuntimeConfig)]
+    assert names == [f.name for f in dataclasses.fields(RuntimeConfig) if f.name != "notes"]
+    assert "notes" not in RuntimeConfig().to_report_dict()
     assert all(s.help for s in runtime_settings())
 
 
@@ -126,5 +128,24 @@ def test_from_args_maps_a_negative_step_end_to_none_and_validates():
     ns = argparse.Namespace(memscope=True, memscope_step_end=-1, memscope_profiler_active=4)
     cfg = RuntimeConfig.from_megatron_args(ns)
     assert cfg.step_end is None and cfg.profiler_schedule.active == 4
-    with pytest.raises(ValueError, match="backend"):
-        RuntimeConfig.from_megatron_args(argparse.Namespace(memscope_backend="tpu"))
+    # an invalid setting never raises into training: its default, said once in the notes
+    tpu = RuntimeConfig.from_megatron_args(argparse.Namespace(memscope_backend="tpu"))
+    assert tpu.backend == RuntimeConfig().backend
+    assert len(tpu.notes) == 1 and "backend" in tpu.notes[0] and "default" in tpu.notes[0]
+
+
+@pytest.mark.parametrize(
+    ("namespace", "setting", "default"),
+    [({"memscope_trace_max_mib": -1}, "trace_max_mib", 1024),
+     ({"memscope_top_k": "many"}, "top_k", 20),
+     ({"memscope_top_k": 0}, "top_k", 20),
+     ({"memscope_step_start": 5, "memscope_step_end": 3}, "step_end", None),
+     ({"memscope_job_summary_timeout": float("nan")}, "job_summary_timeout", 60.0),
+     ({"memscope_snapshot_steps": 0}, "snapshot_steps", 2),
+     ({"memscope_ranks": "0,1"}, "ranks", None)],
+)  # fmt: skip
+def test_an_invalid_setting_from_args_takes_its_default_and_says_so(namespace, setting, default):
+    cfg = RuntimeConfig.from_megatron_args(argparse.Namespace(memscope=True, **namespace))
+    assert getattr(cfg, setting) == default and cfg.enabled
+    assert len(cfg.notes) == 1 and setting in cfg.notes[0]
+    assert cfg.validate() is cfg

@@ -114,3 +114,63 @@ def test_bad_input_is_one_line_and_exit_code_2(runs, tmp_path, capsys, args, mes
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
     assert not (tmp_path / "out" / "diff.json").exists()
+
+
+def test_a_peak_that_moved_to_another_microbatch_is_compared_over_microbatches(tmp_path, capsys):
+    """Two real runs, 2 and 4 microbatches: the peak is in the last microbatch's backward of
+    each (1 and 3), so per microbatch every item of microbatch 1 would vanish and reappear as
+    microbatch 3. Summed over microbatches, one row per (category, module) is left, each
+    naming the microbatches it had on each side."""
+    from memscope.analysis.diff import _composition, diff_compositions
+    from memscope.demo.tiny_gpt import TinyGPTConfig
+
+    folders = []
+    for microbatches in (2, 4):
+        cfg = TinyGPTConfig(
+            num_layers=2, hidden_size=64, num_attention_heads=4, num_microbatches=microbatches
+        )
+        out = tmp_path / f"mb{microbatches}"
+        run_in_process(cfg, 3, ["--memscope", "--memscope-outdir", str(out)])
+        folders.append(out / "rank00000")
+    assert main(["diff", *map(str, folders), "--out", str(tmp_path / "out")]) == 0
+    (pair,) = load_json(str(tmp_path / "out" / "diff.json"))["ranks"]
+    diff, comp = pair["diff"], pair["diff"]["composition"]
+    assert diff["peak"]["moved"]["microbatch"] == [1, 3]
+    assert comp["over_microbatches"]
+    keys = [(r["category"], r["module"]) for r in comp["rows"]]
+    assert len(keys) == len(set(keys))  # one row per (category, module)
+    assert sum(r["delta_bytes"] for r in comp["rows"]) == diff["peak"]["delta_bytes"]
+    a, b = (load_json(str(f / "runtime_report.json")) for f in folders)
+    per_microbatch = diff_compositions(_composition(a), _composition(b))
+    offsetting = [r for r in per_microbatch if r["status"] in ("new", "vanished")]
+    assert len(comp["rows"]) < len(per_microbatch) and len(offsetting) > len(comp["rows"])
+    moved = [r for r in comp["rows"] if r["microbatches_a"] != r["microbatches_b"]]
+    assert moved and all(3 in r["microbatches_b"] for r in moved)
+    md = (tmp_path / "out" / "diff.md").read_text()
+    assert "summed over microbatches" in md
+    out = capsys.readouterr().out
+    assert "rank 0: peak " in out and "microbatch 1 -> 3" in out and " bytes" not in out
+
+
+@pytest.mark.multiprocess
+def test_jobs_of_different_layouts_are_refused_unless_allowed(tmp_path, capsys):
+    """The committed example is a real PP=2 job; a real TP=2 demo job has the same ranks
+    holding other shards: paired by rank they are refused, and labelled when allowed."""
+    import os
+
+    example = os.path.join(os.path.dirname(__file__), "..", "examples", "cpu_pp2_demo")
+    tp_job = tmp_path / "tp"
+    assert main(["demo", "--parallel", "tp", "--steps", "2", "--outdir", str(tp_job)]) == 0
+    capsys.readouterr()
+    out = tmp_path / "out"
+    assert main(["diff", example, str(tp_job), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "different parallel layouts" in err and "--allow-layout-mismatch" in err
+    assert len(err.splitlines()) == 1 and not out.exists()
+    assert main(["diff", example, str(tp_job), "--out", str(out), "--allow-layout-mismatch"]) == 0
+    doc = load_json(str(out / "diff.json"))
+    assert [p["diff"]["layout"]["same"] for p in doc["ranks"]] == [False, False]
+    assert doc["ranks"][0]["diff"]["layout"]["a"].startswith("TP 1 PP 2")
+    assert doc["ranks"][0]["diff"]["layout"]["b"].startswith("TP 2 PP 1")
+    assert "Different parallel layouts" in (out / "diff.md").read_text()
+    assert "different layouts: A TP 1 PP 2" in capsys.readouterr().out

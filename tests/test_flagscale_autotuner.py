@@ -103,3 +103,66 @@ def test_trial_memory_reads_the_job_summary_when_the_run_gathered_one(tmp_path):
     atomic_write_json(str(tmp_path / JOB_SUMMARY_JSON), doc)
     expected = max(x["peak"]["reserved_bytes"] for x in reports.values()) / MIB
     assert trial_max_memory(str(tmp_path)) == expected
+
+
+def _tuner_experiment(gpu_memory_mb: int, exp_dir: Path):
+    """FlagScale 0.8.0's own auto-tuner example (aquila 7B on 8 GPUs) as its runner would
+    compose it: ``train: 7b`` from its defaults, the data path given as on the command line,
+    memory pruning turned on."""
+    conf = os.path.join(pristine_tree(), "examples", "aquila", "conf")
+    experiment = OmegaConf.load(os.path.join(conf, "train_auto_tuner.yaml"))
+    for key in ("defaults", "hydra"):
+        experiment.pop(key)
+    experiment.train = OmegaConf.load(os.path.join(conf, "train", "7b.yaml"))
+    experiment.train.data.data_path = "/data/pile_text_document"
+    experiment.experiment.exp_dir = str(exp_dir)
+    experiment.experiment.auto_tuner.memory_model = {"gpu_memory": gpu_memory_mb}
+    return experiment
+
+
+@pytest.fixture
+def flagscale_importable(monkeypatch):
+    """The real FlagScale tree importable in this process, and forgotten afterwards (other
+    tests import patched copies of it in their own processes)."""
+    import sys
+
+    monkeypatch.syspath_prepend(pristine_tree())
+    yield
+    for name in [n for n in sys.modules if n == "flagscale" or n.startswith("flagscale.")]:
+        del sys.modules[name]
+
+
+def test_flagscales_real_auto_tuner_estimates_and_prunes_every_strategy_with_it(
+    tmp_path, monkeypatch, flagscale_importable
+):
+    """The real ``AutoTuner`` (searcher, pruner, recorder, generator) built on FlagScale's
+    example with MemScope's model installed: every strategy its searcher builds carries
+    MemScope's estimate, and its own pruner prunes exactly the strategies that estimate puts
+    above the GPU (OOM) or outside the utilization band."""
+    import sys
+
+    from memscope.integrations.flagscale.autotuner import SEARCHER_MODULE, install_memory_model
+
+    previous = install_memory_model()
+    assert previous is not memory_model and previous.__module__.endswith("memory_model")
+    assert sys.modules[SEARCHER_MODULE].default_model is memory_model
+    from flagscale.runner.auto_tuner.tuner import AutoTuner
+
+    gpu_memory = 80_000
+    tuner = AutoTuner(_tuner_experiment(gpu_memory, tmp_path))
+    strategies = tuner.searcher.strategies
+    assert len(strategies) > 100  # FlagScale's search space for 8 GPUs, not a handful
+    config = tuner.config
+    for strategy in strategies:
+        assert strategy["memory_model"] == memory_model(strategy, config)
+    low, high = (gpu_memory * u for u in strategies[0]["gpu_utilization"])
+    pruned = [tuner.pruner.prune(dict(s), []) for s in strategies]
+    expected = [not low <= s["memory_model"] <= high for s in strategies]
+    assert pruned == expected and 0 < sum(pruned) < len(strategies)
+    assert tuner.pruner.pruned_by_memory_model == sum(expected)
+    oom = [s["memory_model"] > gpu_memory for s in strategies]
+    for strategy, is_oom in zip(strategies, oom, strict=True):
+        checked = dict(strategy)
+        tuner.pruner.prune(checked, [])
+        assert (checked.get("max_mem") == "OOM") is is_oom
+    assert 0 < sum(oom) < sum(expected)  # some over the GPU, more over the 80% band

@@ -216,5 +216,6 @@ def test_job_summary_is_plain_and_needs_no_reporter():
         "runs": [],
         "mixups": {},
         "runs_warning": "",
+        "strays": [],
     }
     json.dumps(summary)  # plain data

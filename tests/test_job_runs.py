@@ -215,3 +215,38 @@ def test_a_large_job_gets_the_pages_of_the_ranks_its_job_page_plots(tmp_path, ca
     assert links == paged
     rc, _, err = _cli(capsys, "visualize-runtime", "--report", str(job), "--all-rank-pages")
     assert rc == 0 and "wrote 18 rank page(s)" in err and "have no page" not in err
+
+
+def test_a_stray_folder_beyond_the_reported_world_size_is_named_not_counted(tmp_path, capsys):
+    """A leftover empty ``rank00007/`` beside the two ranks of a 2-rank run: the job is the 2
+    ranks the reports say, nothing missing, and the stray folder is named apart."""
+    job = tmp_path / "job"
+    for rank in (0, 1):
+        _write(job, rank, _report(rank, "run-a"))
+    (job / "rank00007").mkdir()
+    assert main(["summarize", "--report", str(job)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# MemScope job summary — 2 ranks")
+    assert "- 0 missing" in out and "not counted: rank00007" in out
+    assert main(["visualize-runtime", "--report", str(job), "--job-only"]) == 0
+    page = (job / "job_report.html").read_text()
+    data = json.loads(page.split('id="memscope-data">', 1)[1].split("</script>", 1)[0])
+    assert (data["world_size"], data["missing"]) == (2, 0)
+    assert [s["where"] for s in data["strays"]] == ["rank00007"]
+    assert [row["rank"] for row in data["ranks"]] == [0, 1]
+    capsys.readouterr()
+
+
+def test_a_folder_without_a_report_inside_the_world_size_is_still_a_missing_rank():
+    entries = [RankEntry(0, _report(0, "run-a")), RankEntry(1, None, "no report", "rank00001")]
+    summary = summarize_job(entries)
+    assert (summary["world_size"], summary["missing"], summary["strays"]) == (2, 1, [])
+
+
+def test_a_rank_a_job_summary_names_as_missing_is_never_a_stray():
+    """A job summary's missing rank beyond the world size its summaries claim is a rank the
+    collector expected, not a leftover folder."""
+    entries = [RankEntry(0, _report(0, "run-a")), RankEntry(2, None, "no summary within 5 s")]
+    summary = summarize_job(entries)
+    assert (summary["world_size"], summary["strays"]) == (3, [])
+    assert [row["rank"] for row in summary["ranks"]] == [0, 1, 2]

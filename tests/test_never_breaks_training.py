@@ -321,3 +321,76 @@ def test_an_output_directory_deleted_mid_run_is_recreated(tmp_path):
     for rel in report["artifacts"].values():
         assert os.path.exists(os.path.join(os.path.dirname(ms.report_path), rel))
     assert os.path.exists(tmp_path / "out" / "rank00000" / "trace.jsonl")
+
+
+def test_an_invalid_setting_wired_directly_is_its_default_and_the_report_says_so(tmp_path):
+    """The runtime built straight from Megatron-style args (not through the patched loop)
+    with settings it can't use: nothing raises, training is traced with the defaults, and
+    the report's warnings name each setting put back."""
+    import argparse
+
+    from memscope.integrations.megatron import add_memscope_args
+
+    argv = ["--memscope", "--memscope-outdir", str(tmp_path), "--memscope-trace-max-mib", "-1",
+            "--memscope-top-k", "0"]  # fmt: skip
+    args = add_memscope_args(argparse.ArgumentParser()).parse_args(argv)
+    runtime = MemScopeMegatronRuntime.from_megatron_args(args)
+    assert (runtime.config.trace_max_mib, runtime.config.top_k) == (1024, 20)
+    model, opt = _build()
+    ms = MemScopeTorchRuntime(model, opt, config=runtime.config)
+    ms.start()
+    losses = _train(ms, model, opt, 2)
+    ms.finalize()
+    assert losses == _untraced_losses(2)
+    report = json.loads((tmp_path / "rank00000" / "runtime_report.json").read_text())
+    assert report["status"] == "complete"
+    put_back = [w for w in report["warnings"] if "using the default" in w]
+    assert len(put_back) == 2
+    assert any("trace_max_mib" in w for w in put_back) and any("top_k" in w for w in put_back)
+
+
+def test_an_unknown_setting_of_the_torch_adapter_is_warned_and_ignored(tmp_path):
+    model, opt = _build()
+    with pytest.warns(UserWarning, match="unknown setting 'top_kk' ignored.*'top_k'"):
+        ms = MemScopeTorchRuntime(model, opt, outdir=str(tmp_path), top_kk=3)
+    ms.start()
+    _train(ms, model, opt, 1)
+    ms.finalize()
+    report = json.loads((tmp_path / "rank00000" / "runtime_report.json").read_text())
+    assert any("top_kk" in w for w in report["warnings"]) and report["status"] == "complete"
+
+
+def test_a_step_callback_that_turned_itself_off_makes_the_report_incomplete(tmp_path, monkeypatch):
+    """The step-start callback fails once (here in the tracer's step start) and turns itself
+    off: the later steps are not traced, so the report is incomplete and says why."""
+    real = tracer_mod.MemoryTracer.step_start
+    calls = {"n": 0}
+
+    def second_fails(self, step, notes=""):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("context lost")
+        return real(self, step, notes)
+
+    monkeypatch.setattr(tracer_mod.MemoryTracer, "step_start", second_fails)
+    model, opt = _build()
+    with MemScopeTorchRuntime(model, opt, outdir=str(tmp_path), backend="storage") as ms:
+        losses = _train(ms, model, opt, 4)
+    assert losses == _untraced_losses(4)
+    report = _report(ms.report_path)
+    assert report["status"] == "incomplete" and not report["complete"]
+    assert "on_train_step_start (RuntimeError: context lost" in report["status_reason"]
+    assert len(report["steps"]) < 4
+
+
+def test_a_hook_family_that_turned_itself_off_makes_the_report_incomplete(tmp_path, monkeypatch):
+    def broken(self, *args, **kwargs):
+        raise ValueError("bad module")
+
+    monkeypatch.setattr(tracer_mod.MemoryTracer, "module_enter", broken)
+    model, opt = _build()
+    with MemScopeTorchRuntime(model, opt, outdir=str(tmp_path), backend="storage") as ms:
+        assert _train(ms, model, opt, 2) == _untraced_losses(2)
+    report = _report(ms.report_path)
+    assert report["status"] == "incomplete"
+    assert "module_hooks (ValueError: bad module" in report["status_reason"]

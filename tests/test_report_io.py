@@ -2,9 +2,11 @@
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
+from memscope.cli import main
 from memscope.io.atomic import atomic_write_json, atomic_write_text
 from memscope.io.report_reader import ReportError, load_report
 from memscope.units import format_bytes, format_ratio
@@ -67,3 +69,49 @@ def test_atomic_write_respects_the_umask(tmp_path):
         assert (path.stat().st_mode & 0o777) == 0o644
     finally:
         os.umask(old)
+
+
+@pytest.mark.parametrize("command", ["summarize", "visualize-runtime", "diff"])
+def test_a_report_with_only_its_version_and_type_is_refused_by_every_reader(
+    tmp_path, capsys, command
+):
+    bare = tmp_path / "runtime_report.json"
+    bare.write_text('{"schema_version": "1.1", "report_type": "runtime"}')
+    argv = {
+        "summarize": ["summarize", "--report", str(bare)],
+        "visualize-runtime": ["visualize-runtime", "--report", str(bare)],
+        "diff": ["diff", str(bare), str(bare), "--out", str(tmp_path / "d")],
+    }[command]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "not a complete runtime report: no rank" in err
+    assert not (tmp_path / "runtime_report.html").exists() and not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize(
+    ("section", "value", "message"),
+    [("peak", None, "no peak"), ("steps", None, "no steps"),
+     ("metadata", [], "metadata must be an object"), ("status", 3, "status must be a string"),
+     ("steps", {}, "steps must be a list")],
+)  # fmt: skip
+def test_a_real_report_missing_or_mistyping_a_required_section_is_refused(
+    tmp_path, section, value, message
+):
+    report = json.loads(
+        (
+            Path(__file__).parent.parent / "examples/cpu_pp2_demo/rank00000/runtime_report.json"
+        ).read_text()
+    )
+    assert load_report_from(tmp_path, report)["peak"]  # the real one is fine
+    if value is None:
+        del report[section]
+    else:
+        report[section] = value
+    with pytest.raises(ReportError, match=message):
+        load_report_from(tmp_path, report)
+
+
+def load_report_from(tmp_path, doc):
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(doc))
+    return load_report(str(path), "runtime")

@@ -136,7 +136,9 @@ def test_a_failing_callback_is_logged_once_and_switched_off(tmp_path):
         "on_optimizer_step_end",
     }
     assert all(row["count"] == 1 for row in rows.values())
-    assert session.status is ReportStatus.COMPLETE
+    # switched off, those callbacks left gaps: the report is not complete, and says which
+    assert session.status is ReportStatus.INCOMPLETE
+    assert all(site in session.status_reason for site in rows)
 
 
 def test_a_rank_that_is_not_traced_is_disabled_and_inert(tmp_path):

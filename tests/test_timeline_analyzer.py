@@ -133,7 +133,7 @@ def test_markdown_shows_the_history_its_step_peaks_and_who_held_the_most():
     assert "window peak **30.00 MiB** at step 2, phase `backward`" in section
     assert "coverage 50.0%" in section
     assert "| 1 | 29.00 MiB |" in section and "| 2 | 30.00 MiB |" in section
-    assert "recording cost: median step 2.0 s with history, 1.0 s without (ratio 2.0)" in section
+    assert "recording cost: median step 2.00 s with history, 1.00 s without (×2.00)" in section
     assert "Active memory" not in section  # the event carried no timeline
     active = {"step": 2, "time_us": [0, 5, 9], "peak_index": 1, "events": 3, "bands": [
         {"category": "parameters", "label": "(held all step)", "bytes": [8 * MiB] * 3},

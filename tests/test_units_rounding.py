@@ -6,8 +6,17 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from memscope.reporters.html import render_runtime_html
-from memscope.units import ALARM_RATIO, NUMBER_RULES, format_bytes, format_percent, format_ratio
+from memscope.units import (
+    ALARM_RATIO,
+    NUMBER_RULES,
+    format_bytes,
+    format_duration,
+    format_percent,
+    format_ratio,
+)
 
 
 def test_ties_round_half_away_from_zero_like_javascripts_to_fixed():
@@ -31,3 +40,12 @@ def test_the_page_script_gets_the_same_rules(traced_run):
     rules = re.search(r"const RULES = (\{[^}]*\});", html)
     assert rules and json.loads(rules.group(1)) == NUMBER_RULES
     assert NUMBER_RULES["alarm_ratio"] == ALARM_RATIO
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0.000412, "412 µs"), (0.0345, "34.5 ms"), (2.5, "2.50 s"), (125, "2 min 5 s"),
+     (None, "n/a"), (-1, "invalid"), (float("nan"), "invalid")],
+)  # fmt: skip
+def test_durations_are_printed_in_the_unit_that_reads_best(seconds, text):
+    assert format_duration(seconds) == text

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import pathlib
+import re
 import shutil
 
 import pytest
@@ -111,3 +113,42 @@ def test_job_dir_with_a_malformed_and_an_incomplete_rank(tmp_path, capsys, trace
     assert [rows[r]["status"] for r in range(4)] == ["complete", "oom", "missing", "missing"]
     assert "no rank directory" in rows[2]["problem"] and "malformed" in rows[3]["problem"]
     assert not (job / "job_report.html").exists()
+
+
+EXAMPLE_JOB = pathlib.Path(__file__).parent.parent / "examples" / "cpu_pp2_demo"
+
+
+def _page_links(html: str) -> list[str]:
+    return re.findall(r'<a id="job-link" href="([^"]+)"', html)
+
+
+def test_rank_pages_of_a_job_show_their_grid_position_and_link_the_job_page(tmp_path, capsys):
+    """The real PP=2 example job: each rank page's title and heading give its position in
+    the grid, and its link resolves to the job page written beside the rank folders."""
+    job = tmp_path / "job"
+    shutil.copytree(EXAMPLE_JOB, job)
+    for page in job.glob("**/*.html"):
+        page.unlink()
+    assert main(["visualize-runtime", "--report", str(job)]) == 0
+    capsys.readouterr()
+    for rank, stage in ((0, 0), (1, 1)):
+        folder = job / f"rank{rank:05d}"
+        html = (folder / "runtime_report.html").read_text()
+        position = f"TP 0/1 · PP {stage}/2 · DP 0/1 · CP 0/1 · EP 0/1"
+        assert f"<title>MemScope — rank {rank} of 2 ({position})</title>" in html
+        assert f'id="grid-position">({position})</span>' in html
+        (link,) = _page_links(html)
+        assert (folder / link).resolve() == (job / "job_report.html").resolve()
+
+
+def test_a_rank_page_links_the_job_page_only_when_there_is_one(tmp_path, capsys):
+    job = tmp_path / "job"
+    shutil.copytree(EXAMPLE_JOB / "rank00001", job / "rank00001")
+    report = job / "rank00001" / "runtime_report.json"
+    page = job / "rank00001" / "runtime_report.html"
+    assert main(["visualize-runtime", "--report", str(report)]) == 0
+    assert _page_links(page.read_text()) == []
+    (job / "job_report.html").write_text("<html></html>")
+    assert main(["visualize-runtime", "--report", str(report)]) == 0
+    assert _page_links(page.read_text()) == ["../job_report.html"]
+    capsys.readouterr()

@@ -8,7 +8,15 @@ Two sides, each a runtime report and optionally one of its steps:
   available where the report has one (the storage backend, or a replayed allocator history);
 * **the step**: with a step on each side, its peak, start and end allocated, per-phase
   high-water marks and bytes per category at its end;
-* **per category**: at each side's peak (or step end).
+* **per category**: at each side's peak (or step end);
+* **the layout**: each side's parallel grid, and whether they differ (ranks of different
+  layouts hold different shards, so their items are not like for like).
+
+When the live microbatches differ between the sides (the peak moved to another microbatch,
+or a different pipeline schedule), a microbatch number names a different thing on each side
+and a per-microbatch comparison is a list of offsetting rows. The composition is then
+compared per (category, module), summed over microbatches, and each row lists the
+microbatches it had on each side.
 
 Plain dicts in, a plain dict out; nothing here reads files.
 """
@@ -24,16 +32,19 @@ T = TypeVar("T")
 MAX_ROWS = 200
 _MOMENT = ("step", "phase", "module", "microbatch")
 _STEP_TOTALS = ("allocated_start", "allocated_end", "peak_allocated", "reserved_end")
+CompositionKey = tuple[str, str, int | None]
+#: The parallel sizes that make two ranks hold like-for-like shards.
+LAYOUT_KEYS = ("world_size", "tp_size", "pp_size", "vpp_size", "cp_size", "ep_size", "dp_size")
 
 
-def _composition(report: Mapping[str, Any]) -> dict[tuple[str, str, int | None], int]:
+def _composition(report: Mapping[str, Any]) -> dict[CompositionKey, int]:
     peak = report.get("peak") or {}
     comp = peak.get("composition") or (report.get("allocator_timeline") or {}).get("composition")
     return _by_key((comp or {}).get("items") or [])
 
 
-def _by_key(items: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str, int | None], int]:
-    out: dict[tuple[str, str, int | None], int] = {}
+def _by_key(items: Sequence[Mapping[str, Any]]) -> dict[CompositionKey, int]:
+    out: dict[CompositionKey, int] = {}
     for item in items:
         key = (str(item["category"]), str(item["module"]), item.get("microbatch"))
         out[key] = out.get(key, 0) + int(item["bytes"])
@@ -41,8 +52,8 @@ def _by_key(items: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str, int | No
 
 
 def diff_compositions(
-    a: Mapping[tuple[str, str, int | None], int],
-    b: Mapping[tuple[str, str, int | None], int],
+    a: Mapping[CompositionKey, int],
+    b: Mapping[CompositionKey, int],
     limit: int = MAX_ROWS,
 ) -> list[dict[str, Any]]:
     """Rows per (category, module, microbatch): bytes on each side, B - A, and whether the
@@ -53,23 +64,103 @@ def diff_compositions(
         if before == after:
             continue
         category, module, microbatch = key
-        status = "new" if key not in a else "vanished" if key not in b else "changed"
-        rows.append(
-            {
-                "category": category,
-                "module": module,
-                "microbatch": microbatch,
-                "a_bytes": before,
-                "b_bytes": after,
-                "delta_bytes": after - before,
-                "status": status,
-            }
-        )
-    rows.sort(key=lambda r: (-abs(int(r["delta_bytes"])), str(r["category"]), str(r["module"])))
-    return rows[:limit]
+        rows.append(_row(category, module, before, after, key in a, key in b, microbatch))
+    return _largest_first(rows)[:limit]
 
 
-def _by_category(items: Mapping[tuple[str, str, int | None], int]) -> dict[str, int]:
+def diff_compositions_over_microbatches(
+    a: Mapping[CompositionKey, int],
+    b: Mapping[CompositionKey, int],
+    limit: int = MAX_ROWS,
+) -> tuple[list[dict[str, Any]], int]:
+    """Rows per (category, module), each side summed over its microbatches, with the
+    microbatches each side had (``microbatches_a`` / ``_b``); and how many (category, module)
+    items only moved between microbatches (same bytes on both sides, so no row)."""
+    sums: dict[tuple[str, str], list[int]] = {}
+    micro: dict[tuple[str, str], tuple[set[int], set[int]]] = {}
+    for side, comp in enumerate((a, b)):
+        for (category, module, microbatch), nbytes in comp.items():
+            key = (category, module)
+            sums.setdefault(key, [0, 0])[side] += nbytes
+            seen = micro.setdefault(key, (set(), set()))
+            if microbatch is not None:
+                seen[side].add(microbatch)
+    rows, moved_only = [], 0
+    for key, (before, after) in sums.items():
+        in_a, in_b = micro[key]
+        if before == after:
+            moved_only += in_a != in_b
+            continue
+        row = _row(*key, before, after, _has(a, key), _has(b, key), None)
+        row.update(microbatches_a=sorted(in_a), microbatches_b=sorted(in_b))
+        rows.append(row)
+    return _largest_first(rows)[:limit], moved_only
+
+
+def _has(comp: Mapping[CompositionKey, int], key: tuple[str, str]) -> bool:
+    return any(k[:2] == key for k in comp)
+
+
+def _row(
+    category: str, module: str, before: int, after: int, in_a: bool, in_b: bool,
+    microbatch: int | None,
+) -> dict[str, Any]:  # fmt: skip
+    status = "new" if not in_a else "vanished" if not in_b else "changed"
+    return {
+        "category": category,
+        "module": module,
+        "microbatch": microbatch,
+        "a_bytes": before,
+        "b_bytes": after,
+        "delta_bytes": after - before,
+        "status": status,
+    }
+
+
+def _largest_first(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(
+        rows, key=lambda r: (-abs(int(r["delta_bytes"])), str(r["category"]), str(r["module"]))
+    )
+
+
+def _live_microbatches(comp: Mapping[CompositionKey, int]) -> set[int]:
+    return {mb for (_, _, mb), nbytes in comp.items() if mb is not None and nbytes}
+
+
+def layout(report: Mapping[str, Any]) -> dict[str, Any]:
+    """A report's parallel grid (sizes only): what decides which shard a rank holds."""
+    meta = report.get("metadata") or {}
+    out = {k: meta.get(k) for k in LAYOUT_KEYS}
+    if out["world_size"] is None:
+        out["world_size"] = report.get("world_size")
+    return out
+
+
+def describe_layout(grid: Mapping[str, Any]) -> str:
+    """``TP 1 PP 2 DP 1 (world 2)``; sizes a report does not give are left out."""
+    names = (("tp_size", "TP"), ("pp_size", "PP"), ("vpp_size", "VPP"), ("cp_size", "CP"),
+             ("ep_size", "EP"), ("dp_size", "DP"))  # fmt: skip
+    parts = [f"{label} {grid[key]}" for key, label in names if grid.get(key) is not None]
+    world = grid.get("world_size")
+    return " ".join(parts) + (f" (world {world})" if world is not None else "")
+
+
+def layout_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    """Both sides' grids and whether they differ in a size both reports give."""
+    grid_a, grid_b = layout(a), layout(b)
+    differs = [
+        k for k in LAYOUT_KEYS
+        if grid_a[k] is not None and grid_b[k] is not None and grid_a[k] != grid_b[k]
+    ]  # fmt: skip
+    return {
+        "a": describe_layout(grid_a),
+        "b": describe_layout(grid_b),
+        "same": not differs,
+        "differs_in": differs,
+    }
+
+
+def _by_category(items: Mapping[CompositionKey, int]) -> dict[str, int]:
     out: dict[str, int] = {}
     for (category, _, _), nbytes in items.items():
         out[category] = out.get(category, 0) + nbytes
@@ -86,7 +177,7 @@ def _step_row(report: Mapping[str, Any], step: int) -> Mapping[str, Any]:
 
 def _step_peak(
     report: Mapping[str, Any], step: int
-) -> tuple[dict[str, Any], dict[tuple[str, str, int | None], int]]:
+) -> tuple[dict[str, Any], dict[CompositionKey, int]]:
     """A step's peak (bytes and phase) and what was live there: the step's own composition
     (``step_compositions``, kept for hooked steps), else the run's when its peak is in that
     step."""
@@ -149,11 +240,23 @@ def diff_reports(
             if stepped
             else "what was live at the peak is recorded by the storage backend, or by "
             "allocator history over the peak step",
-            "rows": diff_compositions(comp_a, comp_b) if comp_a and comp_b else [],
+            "rows": [],
+            "over_microbatches": False,
+            "moved_between_microbatches": 0,
             "by_category": _delta_maps(_by_category(comp_a), _by_category(comp_b)),
         },
         "steps": None,
+        "layout": layout_difference(a, b),
     }
+    if comp_a and comp_b:
+        composition = out["composition"]
+        if "microbatch" in moved or _live_microbatches(comp_a) != _live_microbatches(comp_b):
+            rows, moved_only = diff_compositions_over_microbatches(comp_a, comp_b)
+            composition.update(
+                rows=rows, over_microbatches=True, moved_between_microbatches=moved_only
+            )
+        else:
+            composition["rows"] = diff_compositions(comp_a, comp_b)
     if stepped:
         row_a, row_b = _step_row(a, sa), _step_row(b, sb)
         out["steps"] = {

@@ -89,15 +89,34 @@ def _count(value: Any) -> int | None:
 
 
 def job_world_size(entries: Sequence[RankEntry]) -> int:
-    """The job's world size: the largest rank seen or the largest ``world_size`` reported.
+    """The job's world size: what the reports agree on (widened to the highest rank that has
+    a report), else the largest rank seen or the largest ``world_size`` reported. A folder
+    without a report beyond the agreed size is a stray (:func:`stray_entries`), not a rank.
 
     A claim costs nothing: ranks nobody reported are one compact row per gap in
     :func:`summarize_job`, so ``world_size: 10**12`` can't make the page allocate."""
-    claims = [_count(e.report.get("world_size")) for e in entries if e.report]
+    claims = {_count(e.report.get("world_size")) for e in entries if e.report}
+    claims.discard(None)
+    reported = [e.rank + 1 for e in entries if e.rank >= 0 and not _empty_folder(e)]
+    if len(claims) == 1:
+        (agreed,) = claims
+        assert agreed is not None
+        return max([agreed, *reported])
     return max(
         [e.rank + 1 for e in entries if e.rank >= 0] + [c for c in claims if c is not None],
         default=0,
     )
+
+
+def _empty_folder(entry: RankEntry) -> bool:
+    """A rank folder on disk without a usable report (not a rank a job summary names)."""
+    return entry.report is None and bool(entry.where)
+
+
+def stray_entries(entries: Sequence[RankEntry], world: int) -> list[RankEntry]:
+    """Folders beyond the job's world size with no report: leftovers (another run's, an
+    empty folder), named apart, never counted as missing ranks."""
+    return [e for e in entries if e.rank >= world and _empty_folder(e)]
 
 
 def rank_row(rank: int, report: dict[str, Any]) -> dict[str, Any]:
@@ -295,9 +314,10 @@ def summarize_job(entries: Sequence[RankEntry]) -> dict[str, Any]:
     given, never by a claimed world size; the first entry of a rank counts, a duplicate is
     ignored."""
     world = job_world_size(entries)
+    strays = stray_entries(entries, world)
     by_rank: dict[int, RankEntry] = {}
     for e in entries:
-        if e.rank >= 0:
+        if e.rank >= 0 and e not in strays:
             by_rank.setdefault(e.rank, e)
     rows: list[dict[str, Any]] = []
     missing = 0
@@ -332,6 +352,10 @@ def summarize_job(entries: Sequence[RankEntry]) -> dict[str, Any]:
         "runs": runs,
         "mixups": mixups,
         "runs_warning": "; ".join(([warning] if warning else []) + others),
+        "strays": [
+            {"rank": e.rank, "where": e.where or e.name, "problem": e.problem or NO_REPORT}
+            for e in strays
+        ],
     }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -125,10 +126,20 @@ class SnapshotController:
         os.makedirs(self.outdir, exist_ok=True)
         path = os.path.join(self.outdir, name)
         snapshot = self._take()
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "wb") as f:
-            pickle.dump(snapshot, f, protocol=4)  # what memory_viz's unpickler reads
-        os.replace(tmp, path)
+        # a fresh temporary name (O_EXCL, never an existing file or planted link), renamed
+        # over the snapshot's name (a rename replaces a link there, never its target)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=name, dir=self.outdir)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                pickle.dump(snapshot, f, protocol=4)  # what memory_viz's unpickler reads
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; snapshots are for the team
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
         self.snapshots.append(path)
         if self.on_dump is not None:
             self.on_dump(path, snapshot)

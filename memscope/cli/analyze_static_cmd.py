@@ -148,6 +148,13 @@ def run(args: argparse.Namespace) -> int:
         f"{format_bytes(s['temporary_memory_bytes'])}, fixed workspaces "
         f"{format_bytes(s['workspace_memory_bytes'])}"
     )
+    extra = report["allowance"]
+    if extra["total_bytes"]:
+        line += (
+            f"; on the device {format_bytes(extra['device_total_bytes'])} with the CUDA "
+            f"context ({format_bytes(extra['cuda_context_bytes'])}) and NCCL buffers "
+            f"({format_bytes(extra['nccl_buffer_bytes'])}), before fragmentation"
+        )
     dp = report["data_parallel"]
     if dp["assumed"]:
         line += f"; {dp['note']}"

@@ -83,7 +83,9 @@ def run(args: argparse.Namespace) -> int:
     for r in results:
         if r.report_path is None:
             raise CliError(f"rank {r.rank} wrote no report")
-        html_path, report = pages.write_rank_page(r.report_path)
+        html_path, report = pages.write_rank_page(
+            r.report_path, job_page=pages.job_page_path(outdir)
+        )
         page = os.path.relpath(html_path, outdir).replace(os.sep, "/")
         entries.append(RankEntry(r.rank, report, page=page))  # linked from the job page
         peak, comp = report["peak"], report["comparisons"]

@@ -28,6 +28,12 @@ def register(sub: Any) -> None:
     p.add_argument("--step-a", type=int, default=None, help="a step of A to compare")
     p.add_argument("--step-b", type=int, default=None, help="a step of B (default: --step-a)")
     p.add_argument("--out", default="memscope_diff", help="directory for diff.json/.md/.html")
+    p.add_argument(
+        "--allow-layout-mismatch",
+        action="store_true",
+        help="pair the ranks of two jobs with different parallel layouts anyway (refused by "
+        "default: the same rank number holds a different shard); the output labels it",
+    )
     p.set_defaults(run=run)
 
 
@@ -40,6 +46,22 @@ def _reports(path: str) -> list[tuple[int, str]]:
         return rank_files(path)
     except ReportError as exc:
         raise CliError(str(exc)) from None
+
+
+def console_line(rank: Any, diff: dict[str, Any]) -> str:
+    """``rank 0: peak +1.50 MiB (11.20 MiB -> 12.70 MiB; moved: step 1 -> 3)``."""
+    from memscope.units import format_bytes
+
+    peak = diff["peak"]
+    moved = "; ".join(f"{k} {a} -> {b}" for k, (a, b) in peak["moved"].items())
+    line = (
+        f"rank {rank}: peak {format_bytes(peak['delta_bytes'], signed=True)} "
+        f"({format_bytes(peak['a_bytes'])} -> {format_bytes(peak['b_bytes'])}; "
+        f"{'moved: ' + moved if moved else 'same moment'})"
+    )
+    if not diff["layout"]["same"]:
+        line += f"; different layouts: A {diff['layout']['a']}, B {diff['layout']['b']}"
+    return line
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,6 +103,13 @@ def run(args: argparse.Namespace) -> int:
             raise CliError(f"rank {rank}: {exc}") from None
         except (KeyError, TypeError, AttributeError) as exc:
             raise CliError(f"rank {rank}: malformed report ({type(exc).__name__}: {exc})") from None
+        grids = diff["layout"]
+        if not grids["same"] and len(a_side) > 1 and not args.allow_layout_mismatch:
+            raise CliError(
+                f"the jobs have different parallel layouts (A: {grids['a']}, B: {grids['b']}): "
+                "the same rank number holds a different shard in each; pass "
+                "--allow-layout-mismatch to pair them by rank anyway"
+            )
         name_a = a + (f" step {args.step_a}" if args.step_a is not None else "")
         name_b = b + (f" step {step_b}" if step_b is not None else "")
         ranks.append({"rank": report_a.get("rank", rank), "a": name_a, "b": name_b, "diff": diff})
@@ -92,8 +121,6 @@ def run(args: argparse.Namespace) -> int:
     if unpaired:
         progress(f"ranks in only one job, not compared: {unpaired}")
     for r in ranks:
-        peak = r["diff"]["peak"]
-        print(f"rank {r['rank']}: peak {peak['delta_bytes']:+d} bytes "
-              f"({'moved' if peak['moved'] else 'same moment'})")  # fmt: skip
+        print(console_line(r["rank"], r["diff"]))
     print(f"-> {outs[0]}, {outs[1]}, {outs[2]}")
     return 0

@@ -60,25 +60,41 @@ def rank_page_path(report_path: str) -> str:
     return os.path.splitext(report_path)[0] + ".html"
 
 
-def rank_page_html(report: dict[str, Any], report_path: str) -> str:
-    """One rank's page; a report the payload can't use is a one-line error naming the file."""
+def rank_page_html(report: dict[str, Any], report_path: str, job_page: str | None = None) -> str:
+    """One rank's page (linking ``job_page``, a URL relative to the page); a report the
+    payload can't use is a one-line error naming the file."""
     try:
-        return render_runtime_html(runtime_payload(report))
+        return render_runtime_html(runtime_payload(report, job_page=job_page))
     except MALFORMED as exc:
         raise CliError(f"{report_path}: malformed runtime report ({exc})") from None
 
 
 def write_rank_page(
-    report_path: str, out: str | None = None, report: dict[str, Any] | None = None
+    report_path: str,
+    out: str | None = None,
+    report: dict[str, Any] | None = None,
+    job_page: str | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """Load (unless given) a rank's report, render its page and write it to ``out`` (default
-    next to the report). Returns the page's path and the report."""
+    next to the report), linking the job page at ``job_page`` (a path) when given. Returns
+    the page's path and the report."""
     out = out or rank_page_path(report_path)
     check_output(out, [report_path])  # before reading: a page never replaces its report
     if report is None:
         report = load_runtime_report(report_path)
-    write_page(out, rank_page_html(report, report_path), [report_path])
+    link = None
+    if job_page is not None:
+        link = os.path.relpath(job_page, os.path.dirname(os.path.abspath(out)) or ".")
+        link = link.replace(os.sep, "/")
+    write_page(out, rank_page_html(report, report_path, link), [report_path])
     return out, report
+
+
+def job_page_beside(report_path: str) -> str | None:
+    """The job page of the job directory holding this rank folder's report, if written."""
+    folder = os.path.dirname(os.path.abspath(report_path))
+    page = job_page_path(os.path.dirname(folder))
+    return page if os.path.isfile(page) else None
 
 
 def job_page_html(entries: Sequence[RankEntry]) -> str:
@@ -108,7 +124,7 @@ def job_entries(directory: str) -> list[RankEntry]:
         try:
             report = load_report(os.path.join(folder, REPORT_NAME), REPORT_TYPE_RUNTIME)
         except ReportError as exc:
-            entries.append(RankEntry(rank, None, str(exc)))
+            entries.append(RankEntry(rank, None, str(exc), where=name))
             continue
         summary = rank_summary(report, max_steps=MAX_POINTS)  # no more than a page plots
         entry = _checked_entry(rank, summary, f"{name}/{REPORT_NAME}")
@@ -145,13 +161,14 @@ def rank_pages_to_write(reported: Sequence[RankEntry], every: bool) -> set[int]:
 
 
 def write_rank_pages(
-    entries: Sequence[RankEntry], directory: str, page_dir: str, every: bool = False
+    entries: Sequence[RankEntry], directory: str, job_page: str, every: bool = False
 ) -> tuple[int, int]:
     """Write the page of each rank of :func:`rank_pages_to_write`, next to its report in its
     folder of the job ``directory`` (read again: only one full report is in memory at a
-    time), and link it from the entry (relative to ``page_dir``, where the job page goes). A
+    time), linking each to the job page (``job_page``, a path) and it from the entry. A
     rank whose page can't be made is said and left unlinked. Returns (pages written, ranks
     with a report)."""
+    page_dir = os.path.dirname(job_page) or "."
     reported = [e for e in entries if e.report is not None and e.where]
     chosen = rank_pages_to_write(reported, every)
     written, failed = 0, []
@@ -160,7 +177,7 @@ def write_rank_pages(
             continue
         report_path = os.path.join(directory, entry.where, REPORT_NAME)
         try:
-            page, _ = write_rank_page(report_path)
+            page, _ = write_rank_page(report_path, job_page=job_page)
         except CliError as exc:
             failed.append(str(exc))
             continue

@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         entries = pages.one_launch(entries, directory, args.run_id, args.allow_mixed_runs)
         if not args.job_only:
             written, reported = pages.write_rank_pages(
-                entries, directory, os.path.dirname(out) or ".", every=args.all_rank_pages
+                entries, directory, out, every=args.all_rank_pages
             )
             progress(
                 f"wrote {written} rank page(s), rankNNNNN/runtime_report.html "
@@ -94,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
         events = report.get("runtime_trace")
         if isinstance(events, list) and len(events) > 100_000:
             progress(f"downsampling {len(events)} events")
-        out, _ = pages.write_rank_page(report_path, out, report=report)
+        job_page = pages.job_page_beside(report_path)
+        out, _ = pages.write_rank_page(report_path, out, report=report, job_page=job_page)
     if time.perf_counter() - t0 > 2:
         size = os.path.getsize(out) / 2**20
         progress(f"wrote {size:.1f} MiB in {time.perf_counter() - t0:.1f} s")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Iterable
 from typing import Any
 
@@ -40,7 +41,14 @@ class JsonlTraceSink:
     def _open(self, truncate: bool) -> None:
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (os.O_TRUNC if truncate else 0)
+        # never through a symlink at the trace's own name: in a shared output folder anyone
+        # could have planted one (ELOOP then, and the session turns the trace file off)
+        flags |= getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
         self._fd = os.open(self.path, flags, 0o666)
+        if not stat.S_ISREG(os.fstat(self._fd).st_mode):
+            os.close(self._fd)
+            self._fd = None
+            raise OSError(f"{self.path}: not a regular file; the trace is not written there")
         self._size = os.fstat(self._fd).st_size
         if self._size == 0:
             self._write_whole(self._header)

@@ -60,6 +60,38 @@ def _check_numbers(path: str, data: dict[str, Any]) -> None:
             )
 
 
+#: What every reader of a report of each type relies on: the section and its JSON type.
+#: (Sections added in later minor versions are optional; these were in every 1.x report.)
+REQUIRED_SECTIONS: dict[str, dict[str, type]] = {
+    "runtime": {
+        "rank": int, "world_size": int, "status": str, "metadata": dict, "peak": dict,
+        "steps": list,
+    },
+}  # fmt: skip
+# (a job summary's lists are checked, with their own words, where it is read)
+
+
+def _check_sections(path: str, data: dict[str, Any]) -> None:
+    """A report of a known type has every section its readers need, each of its type."""
+    required = REQUIRED_SECTIONS.get(str(data.get("report_type")), {})
+    missing = [key for key in required if key not in data]
+    if missing:
+        names = ", ".join(missing[:6]) + (", ..." if len(missing) > 6 else "")
+        raise ReportError(
+            f"{path}: not a complete {data['report_type']} report: no {names} (a report "
+            "MemScope writes always has them; was it cut or edited?)"
+        )
+    for key, kind in required.items():
+        value = data[key]
+        if not isinstance(value, kind) or isinstance(value, bool):
+            name = _JSON_NAMES[kind]
+            article = "an" if name[0] in "aeiou" else "a"
+            raise ReportError(f"{path}: {key} must be {article} {name}, not {type(value).__name__}")
+
+
+_JSON_NAMES = {int: "integer", str: "string", dict: "object", list: "list"}
+
+
 def load_report(path: str, expected_type: str | None = None) -> dict[str, Any]:
     """Load and check a MemScope JSON report (``runtime`` or ``static``)."""
     try:
@@ -107,6 +139,7 @@ def load_report(path: str, expected_type: str | None = None) -> dict[str, Any]:
         raise ReportError(
             f"{path}: is a {data.get('report_type')!r:.40} report, expected {expected_type!r}"
         )
+    _check_sections(path, data)
     if data.get("report_type") == "runtime":
         _check_numbers(path, data)
     return data

@@ -7,9 +7,18 @@ An output only ever creates or replaces a *regular* file. :func:`resolve_output`
   would replace the device node itself), or a symlink to any of these or a dangling one;
 - a target that is one of the command's own inputs (the same file after resolving
   symlinks, ``..`` and hard links): ``--out`` equal to ``--report``, an input named
-  ``*.html`` whose default page would be itself, ``analyze --out`` equal to the trace.
+  ``*.html`` whose default page would be itself, ``analyze --out`` equal to the trace;
+- a symlink in a directory other users can write (sticky, group- or other-writable:
+  ``/tmp``, a team's shared output folder) as the file's own name, or on the way to it when
+  it belongs neither to us nor to that directory's owner: anyone could have planted it
+  there to make MemScope write a file of their choosing. The kernel's ``fs.protected_symlinks``
+  applies the same rule to its own path walks, but not once a path is resolved in user
+  space, so it is applied here.
 
-A symlink to a regular file is followed: the file it points to is replaced, the link stays.
+A symlink in a directory only its owner can write, or one of our own, was put there by the
+user: it is followed (the file it points to is replaced, the link stays). Everything else
+is written as a temporary file in the real directory, then renamed over the name, and a
+rename replaces a link planted after the check, never the file it points to.
 """
 
 from __future__ import annotations
@@ -39,10 +48,54 @@ def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
+def others_can_write(directory: str) -> bool:
+    """Whether users other than the directory's owner may create names in it: it is sticky
+    (``/tmp``), or group- or other-writable. Unknown (unreadable) counts as shared."""
+    try:
+        mode = os.stat(directory).st_mode
+    except OSError:
+        return True
+    return bool(mode & (stat.S_ISVTX | stat.S_IWGRP | stat.S_IWOTH))
+
+
+def foreign_link(path: str) -> str | None:
+    """The first symlink on the way to ``path`` that someone else could have planted: it sits
+    in a directory others can write and is the final name (the file written, never followed
+    there), or a directory on the way owned neither by us nor by that directory's owner
+    (``fs.protected_symlinks``' rule); ``None`` if none."""
+    parts = os.path.abspath(path).split(os.sep)
+    current = os.sep
+    for part in parts[1:]:
+        if not part:
+            continue
+        parent, current = os.path.realpath(current), os.path.join(current, part)
+        try:
+            link = os.lstat(current)
+        except OSError:
+            return None  # nothing further exists: nothing further to follow
+        if not stat.S_ISLNK(link.st_mode) or not others_can_write(parent):
+            continue
+        try:
+            owner = os.stat(parent).st_uid
+        except OSError:
+            owner = -1
+        final = current == os.path.join(os.sep, *[p for p in parts if p])
+        if final or link.st_uid not in (os.geteuid(), owner):
+            return current
+    return None
+
+
 def resolve_output(path: str, inputs: Iterable[str] = ()) -> str:
     """The real path to write ``path`` to, or :class:`OutputRefused` (see the module doc)."""
     if not path:
         raise OutputRefused("empty output path")
+    planted = foreign_link(path)
+    if planted is not None:
+        what = "is" if planted == os.path.abspath(path) else f"goes through {planted}, which is"
+        raise OutputRefused(
+            f"{path}: {what} a symlink in a directory other users can write; refusing to "
+            "follow it (remove the link or write elsewhere)"
+        )
     real = os.path.realpath(path)
     try:
         st: os.stat_result | None = os.stat(real)

@@ -13,9 +13,11 @@ import io
 import json
 import os
 import pickle
+import pickletools
 from dataclasses import dataclass, field
 from typing import Any
 
+from memscope.events.bounded_input import InputRefused, read_regular
 from memscope.events.ownership import OwnedRange, OwnershipIndex
 from memscope.events.schema import ContextMarker
 
@@ -30,19 +32,45 @@ class _PlainUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"refusing {module}.{name}: not a plain-data snapshot")
 
 
+#: Up to this size a pickle's opcodes are checked before unpickling (about 3 s per 10 MiB).
+PRESCAN_BYTES = 64 << 20
+_MEMO_PUTS = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
+_UNPICKLE_ERRORS = (
+    pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError,
+    AttributeError, OverflowError, RecursionError, MemoryError, UnicodeDecodeError,
+)  # fmt: skip
+
+
+def _prescan(data: bytes) -> None:
+    """Refuse a pickle whose opcodes ask for more than the file holds: a memo index beyond
+    the number of opcodes read so far, or a frame longer than what is left. The C
+    unpickler of Python before the fix of CPython issue 115952 allocates such sizes up
+    front, so a 12-byte file could ask for gigabytes."""
+    for count, (opcode, arg, pos) in enumerate(pickletools.genops(data)):
+        if opcode.name in _MEMO_PUTS and isinstance(arg, int) and arg > count:
+            raise ValueError(f"memo index {arg} at byte {pos} is beyond what the file holds")
+        if opcode.name == "FRAME" and isinstance(arg, int) and arg > len(data) - (pos or 0):
+            raise ValueError(f"a frame of {arg} bytes at byte {pos} is longer than the file")
+
+
 def read_snapshot(path: str) -> dict[str, Any]:
-    """The snapshot dict of ``path``; ``ValueError`` saying what is wrong with the file."""
+    """The snapshot dict of ``path``; ``ValueError`` saying what is wrong with the file.
+
+    Only a regular file is read (a FIFO or a device is refused before a byte is read), of at
+    most :data:`MAX_SNAPSHOT_BYTES`; a pickle up to :data:`PRESCAN_BYTES` has its opcodes
+    checked first; nothing in the file runs code, and any failure to unpickle (a truncated
+    file, an exhausted memory) is one ``ValueError``."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_SNAPSHOT_BYTES + 1)
-    except OSError as exc:
-        raise ValueError(f"{path}: {exc.strerror or exc}") from None
-    if len(data) > MAX_SNAPSHOT_BYTES:
-        raise ValueError(f"{path}: larger than {MAX_SNAPSHOT_BYTES >> 30} GiB; not read")
+        data = read_regular(path, MAX_SNAPSHOT_BYTES)
+    except InputRefused as exc:
+        raise ValueError(f"{path}: {exc}") from None
     try:
+        if len(data) <= PRESCAN_BYTES:
+            _prescan(data)
         snapshot = _PlainUnpickler(io.BytesIO(data)).load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError) as exc:
-        raise ValueError(f"{path}: not a readable allocator snapshot ({exc})") from None
+    except _UNPICKLE_ERRORS as exc:
+        reason = f"{type(exc).__name__}" + (f": {exc}" if str(exc) else "")
+        raise ValueError(f"{path}: not a readable allocator snapshot ({reason})") from None
     if not isinstance(snapshot, dict) or "segments" not in snapshot:
         raise ValueError(f"{path}: not an allocator snapshot (no 'segments')")
     if not isinstance(snapshot.get("device_traces", []), list):

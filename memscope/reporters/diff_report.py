@@ -17,6 +17,15 @@ def _moment(m: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def _microbatch(row: dict[str, Any]) -> str:
+    """One microbatch, or A's → B's microbatches of a row summed over them."""
+    if "microbatches_a" in row:
+        a = ",".join(str(m) for m in row["microbatches_a"]) or "—"
+        b = ",".join(str(m) for m in row["microbatches_b"]) or "—"
+        return md_text(a if a == b else f"{a} → {b}")
+    return "—" if row["microbatch"] is None else md_text(row["microbatch"])
+
+
 def _deltas(title: str, rows: dict[str, dict[str, int]]) -> list[str]:
     if not rows:
         return []
@@ -43,6 +52,13 @@ def render_rank_diff(
         + ("" if peak["moved"] else " (unchanged)"),
         "",
     ]
+    grids = diff.get("layout") or {"same": True}
+    if not grids["same"]:
+        lines += [
+            f"**Different parallel layouts**: A is {t(grids['a'])}, B is {t(grids['b'])}. "
+            "The two ranks hold different shards, so their items are not like for like.",
+            "",
+        ]
     steps = diff.get("steps")
     if steps:
         lines += [f"Step {t(steps['a_step'])} (A) against step {t(steps['b_step'])} (B).", ""]
@@ -54,14 +70,25 @@ def render_rank_diff(
     if not comp["available"]:
         lines += [f"No comparison of what was live: {md_text(comp['reason'])}.", ""]
     elif comp["rows"]:
-        lines += ["### Live at the peak: what changed", "",
-                  "| status | category | module | microbatch | A | B | B − A |",
+        lines += ["### Live at the peak: what changed", ""]
+        if comp.get("over_microbatches"):
+            lines += [
+                "The live microbatches differ between A and B, so items are compared per "
+                "category and module, summed over microbatches (A's → B's microbatches)"
+                + (
+                    f"; {comp['moved_between_microbatches']} more only moved between "
+                    "microbatches with the same bytes."
+                    if comp.get("moved_between_microbatches")
+                    else "."
+                ),
+                "",
+            ]
+        lines += ["| status | category | module | microbatch | A | B | B − A |",
                   "|---|---|---|---|---|---|---|"]  # fmt: skip
         for r in comp["rows"][:max_rows]:
             lines.append(
                 f"| {t(r['status'])} | {t(r['category'])} | "
-                f"{md_code(r['module']) if r['module'] else '—'} | "
-                f"{'—' if r['microbatch'] is None else t(r['microbatch'])} | "
+                f"{md_code(r['module']) if r['module'] else '—'} | {_microbatch(r)} | "
                 f"{format_bytes(r['a_bytes'])} | {format_bytes(r['b_bytes'])} | "
                 f"{format_bytes(r['delta_bytes'], signed=True)} |"
             )

@@ -85,6 +85,8 @@ def _render(template: str, payload: dict[str, Any], title: str) -> str:
 def render_runtime_html(payload: dict[str, Any]) -> str:
     """One rank's page from :func:`memscope.reporters.html_payload.runtime_payload`."""
     title = f"MemScope — rank {payload.get('rank')} of {payload.get('world_size')}"
+    if payload.get("grid"):
+        title += f" ({payload['grid']})"
     return _render("runtime.html.j2", payload, title)
 
 

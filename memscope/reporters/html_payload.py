@@ -113,10 +113,32 @@ def _transitions(section: dict[str, Any] | None, max_rows: int) -> dict[str, Any
     return {**section, "transitions": rows[:max_rows], "transitions_total": len(rows)}
 
 
+#: The parallel dimensions of a rank's grid position, in Megatron's order of the title.
+GRID_DIMENSIONS = (("tp", "TP"), ("pp", "PP"), ("dp", "DP"), ("cp", "CP"), ("ep", "EP"))
+
+
+def grid_position(meta: Mapping[str, Any]) -> str:
+    """``TP 0/2 · PP 1/2 · DP 0/1 · CP 0/1 · EP 0/1`` (rank / size of each dimension the
+    metadata gives; VPP as the number of chunks). Empty when it gives none."""
+    parts = []
+    for key, label in GRID_DIMENSIONS:
+        rank, size = meta.get(f"{key}_rank"), meta.get(f"{key}_size")
+        if isinstance(rank, int) and isinstance(size, int):
+            parts.append(f"{label} {rank}/{size}")
+    vpp = meta.get("vpp_size")
+    if isinstance(vpp, int) and vpp > 1:
+        parts.append(f"VPP {vpp} chunks")
+    return " · ".join(parts)
+
+
 def runtime_payload(
-    report: dict[str, Any], max_points: int = MAX_POINTS, max_rows: int = MAX_ROWS
+    report: dict[str, Any],
+    max_points: int = MAX_POINTS,
+    max_rows: int = MAX_ROWS,
+    job_page: str | None = None,
 ) -> dict[str, Any]:
-    """Everything the rank page shows, bounded in size."""
+    """Everything the rank page shows, bounded in size. ``job_page``: the job page's URL
+    relative to the rank page, linked from it."""
     meta = dict(report.get("metadata") or {})
     config = meta.pop("config", None)
     events = report.get("runtime_trace") or []
@@ -126,6 +148,8 @@ def runtime_payload(
         "kind": "rank",
         "rank": report.get("rank"),
         "world_size": report.get("world_size"),
+        "grid": grid_position(meta),
+        "job_page": job_page,
         "status": report.get("status"),
         "status_reason": report.get("status_reason", ""),
         "schema_version": report.get("schema_version"),
@@ -188,6 +212,7 @@ def job_payload(
         "outliers": summary.get("outliers") or [],
         "grid": summary.get("grid") or {},
         "runs_warning": summary.get("runs_warning", ""),
+        "strays": (summary.get("strays") or [])[:MAX_ROWS],
         "timelines": {
             str(rank): _step_series(steps, max_points)
             for rank, steps in sorted(steps_by_rank.items())

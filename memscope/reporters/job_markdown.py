@@ -48,6 +48,14 @@ def render_job_markdown(summary: dict[str, Any], max_rows: int = MAX_JOB_ROWS) -
         f"- {t(summary.get('missing'))} missing, {t(summary.get('incomplete'))} not complete",
         "- run: " + (", ".join(md_code(r["run_id"]) for r in runs[:4]) or "—"),
     ]
+    strays = summary.get("strays") or []
+    if strays:
+        names = ", ".join(md_text(x["where"]) for x in strays[:8])
+        more = f" and {len(strays) - 8} more" if len(strays) > 8 else ""
+        lines.append(
+            f"- not counted: {names}{more}: folder(s) beyond the world size "
+            f"{t(summary.get('world_size'))} the reports give, with no report"
+        )
     if summary.get("runs_warning"):
         lines.append(f"- **mixed reports**: {t(summary['runs_warning'])}")
     heavy = summary.get("imbalance") or {}

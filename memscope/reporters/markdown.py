@@ -21,7 +21,14 @@ from memscope.reporters.views import (
     module_kind,
     reserved_note,
 )
-from memscope.units import format_bytes, format_percent, format_ratio, printable
+from memscope.units import (
+    fixed,
+    format_bytes,
+    format_duration,
+    format_percent,
+    format_ratio,
+    printable,
+)
 
 _MD_SPECIAL = re.compile(r"([\\`*\[\]<>&])")
 # Frames of a leak suspect's creation stack listed (innermost first; the JSON has them all).
@@ -143,8 +150,9 @@ def _history_lines(history: dict[str, Any] | None, max_rows: int) -> list[str]:
     cost = history.get("recording_cost")
     if cost:
         lines.append(
-            f"- recording cost: median step {t(cost['recorded_median_s'])} s with history, "
-            f"{t(cost['other_median_s'])} s without (ratio {t(cost['ratio'])})"
+            f"- recording cost: median step {format_duration(cost['recorded_median_s'])} with "
+            f"history, {format_duration(cost['other_median_s'])} without"
+            + (f" (×{fixed(cost['ratio'], 2)})" if cost.get("ratio") is not None else "")
         )
     peaks = history.get("step_peaks") or {}
     lines += ["", "True peak of each recorded step:", ""]
@@ -191,7 +199,9 @@ def _history_lines(history: dict[str, Any] | None, max_rows: int) -> list[str]:
     return lines
 
 
-def _transition_lines(section: dict[str, Any] | None, max_rows: int) -> list[str]:
+def _transition_lines(
+    section: dict[str, Any] | None, max_rows: int, reserved: bool = True
+) -> list[str]:
     """Why memory changed between steps: the counts, leak candidates, the other changes."""
     if not section:
         return []
@@ -219,21 +229,39 @@ def _transition_lines(section: dict[str, Any] | None, max_rows: int) -> list[str
             lines += [f"    - at {md_code(frame)}" for frame in frames]
     if section.get("leaks"):
         lines.append("")
-    lines += md_table(
-        ["step", "kind", "allocated Δ", "reserved Δ", "outside PyTorch Δ", "cause"],
+    header = ["step", "kind", "allocated Δ", "reserved Δ", "outside PyTorch Δ", "cause"]
+    rows = [
         [
-            [
-                t(x["step"]),
-                t(x["kind"].replace("_", " ")),
-                format_bytes(x["allocated_delta"], signed=True),
-                format_bytes(x["reserved_delta"], signed=True),
-                format_bytes(x.get("outside_pytorch_delta"), signed=True),
-                t(x["cause"]),
-            ]
-            for x in (section.get("transitions") or [])[:max_rows]
-        ],
-    )
+            t(x["step"]),
+            t(x["kind"].replace("_", " ")),
+            format_bytes(x["allocated_delta"], signed=True),
+            format_bytes(x["reserved_delta"], signed=True),
+            format_bytes(x.get("outside_pytorch_delta"), signed=True),
+            t(x["cause"]),
+        ]
+        for x in (section.get("transitions") or [])[:max_rows]
+    ]
+    lines += md_table(*_without_reserved(header, rows, reserved, 3))
     return lines
+
+
+def _share(part: Any, whole: Any) -> float | None:
+    """``part`` over ``whole``: a component's difference weighed against the runtime peak
+    (a few bytes of a near-empty category are -100% of it but nothing of the peak)."""
+    if isinstance(part, int | float) and isinstance(whole, int | float) and whole:
+        return part / whole
+    return None
+
+
+def _without_reserved(
+    header: list[str], rows: list[list[str]], reserved: bool, column: int
+) -> tuple[list[str], list[list[str]]]:
+    """The table as is where the backend has a reserved figure; else without its reserved
+    column (a backend with no caching allocator has none to show)."""
+    if reserved:
+        return header, rows
+    keep = [i for i in range(len(header)) if i != column]
+    return [header[i] for i in keep], [[row[i] for i in keep] for row in rows]
 
 
 def _gpu_lines(meta: dict[str, Any], steps: list[dict[str, Any]], max_rows: int) -> list[str]:
@@ -306,7 +334,8 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
         + (f" ({t(report['status_reason'])})" if report.get("status_reason") else ""),
         f"- backend: {code(meta.get('backend'))} on {t(meta.get('device_name'))}; "
         f"TP={t(meta.get('tp_size'))} PP={t(meta.get('pp_size'))} DP={t(meta.get('dp_size'))} "
-        f"CP={t(meta.get('cp_size'))} EP={t(meta.get('ep_size'))} VPP={t(meta.get('vpp_size'))}",
+        f"CP={t(meta.get('cp_size'))} EP={t(meta.get('ep_size'))}"
+        + (f" VPP={t(meta['vpp_size'])}" if meta.get("vpp_size") else ""),
         f"- steps traced: {t(meta.get('steps_completed'))}; schema "
         f"{t(report.get('schema_version'))}, memscope {t(report.get('tool', {}).get('version'))}",
         *_run_lines(meta, report.get("training")),
@@ -342,14 +371,16 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
             "",
         ]
         lines += md_table(
-            ["component", "static", "runtime", "static − runtime", "ratio"],
+            ["component", "static", "runtime", "static − runtime", "of the runtime peak"],
             [
                 [
                     t(c["component"]),
                     format_bytes(c.get("static_bytes")),
                     format_bytes(c.get("runtime_bytes")),
                     format_bytes(c.get("diff_bytes"), signed=True),
-                    format_ratio(c.get("diff_ratio")),
+                    format_ratio(
+                        _share(c.get("diff_bytes"), comp.get("runtime_peak_memory_bytes"))
+                    ),
                 ]
                 for c in comp.get("components", [])[:max_rows]
             ],
@@ -433,24 +464,25 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
             for m in report.get("module_summary", [])[:max_rows]
         ],
     )
-    lines += _transition_lines(report.get("step_transitions"), max_rows)
+    # a reserved column only where the report names a backend that has one
+    has_reserved = not (meta.get("backend") and reserved_note(meta))
+    lines += _transition_lines(report.get("step_transitions"), max_rows, has_reserved)
     lines += _gpu_lines(meta, report.get("steps") or [], max_rows)
     lines += ["## Steps", ""]
-    lines += md_table(
-        ["step", "start", "end", "peak", "peak phase", "reserved peak", "host RSS"],
+    header = ["step", "start", "end", "peak", "peak phase", "reserved peak", "host RSS"]
+    rows = [
         [
-            [
-                t(st["step"]),
-                format_bytes(st["allocated_start"]),
-                format_bytes(st["allocated_end"]),
-                format_bytes(st["peak_allocated"]),
-                t(st["peak_phase"]),
-                format_bytes(st["peak_reserved"]),
-                format_bytes(st.get("host_rss_end")),
-            ]
-            for st in report.get("steps", [])[:max_rows]
-        ],
-    )
+            t(st["step"]),
+            format_bytes(st["allocated_start"]),
+            format_bytes(st["allocated_end"]),
+            format_bytes(st["peak_allocated"]),
+            t(st["peak_phase"]),
+            format_bytes(st["peak_reserved"]),
+            format_bytes(st.get("host_rss_end")),
+        ]
+        for st in report.get("steps", [])[:max_rows]
+    ]
+    lines += md_table(*_without_reserved(header, rows, has_reserved, 5))
     if report.get("errors"):
         lines += ["## Tracing errors (training was not affected)", ""]
         lines += md_table(

@@ -44,6 +44,16 @@ def render_static_markdown(report: dict[str, Any]) -> str:
         for label, key in _SUMMARY_ROWS
     ]
     lines += ["", f"Peak stage: {md_code(s['peak_stage'])}.", ""]
+    extra = report.get("allowance") or {}
+    if extra.get("total_bytes"):
+        lines += [
+            f"On the device: **{format_bytes(extra.get('device_total_bytes'))}** = the PyTorch "
+            f"peak {format_bytes(s['peak_memory_bytes'])} + CUDA context "
+            f"{format_bytes(extra.get('cuda_context_bytes'))} + NCCL buffers "
+            f"{format_bytes(extra.get('nccl_buffer_bytes'))} (allocator fragmentation comes "
+            "on top; see the GPU allowance).",
+            "",
+        ]
     lines += _coverage_lines(report.get("coverage"))
     lines += ["## Ranks", ""]
     lines.append(

@@ -148,7 +148,9 @@ def _report_run_id(directory: str) -> str | None:
 def _write_lock(directory: str, run: RunIdentity) -> None:
     body = {"run_id": run.run_id, "pid": os.getpid(), "host": socket.gethostname()}
     body["started"] = run.start_time
-    with open(os.path.join(directory, LOCK_NAME), "w", encoding="utf-8") as f:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(os.path.join(directory, LOCK_NAME), flags, 0o666)  # never through a link
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
         json.dump(body, f)
 
 

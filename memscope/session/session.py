@@ -97,6 +97,11 @@ OOM_REPORT_MD = "oom_report.md"
 TRACE_JSONL = TRACE_NAME
 
 
+#: Sites whose loss leaves the report complete: an extra reading each step row marks as
+#: absent (``host_rss_end`` missing), not a gap in what was traced.
+OPTIONAL_SITES = frozenset({"host_rss"})
+
+
 def _isolated(site: str) -> Callable[[F], F]:
     """Run a training-loop callback only while tracing, and never let it raise."""
 
@@ -151,7 +156,12 @@ class TracingSession:
         grad_attributes: Sequence[str] = ("grad",),
         dashboard_sink: Callable[[], Sink | None] | None = None,
     ) -> None:
-        self.config = config.validate()
+        # never raises into training: a setting it can't use takes its default, said once
+        self.config, put_back = config.settled()
+        setting_notes = [*config.notes, *put_back]
+        for note in put_back:
+            warnings.warn(note, stacklevel=2)
+        config = self.config
         self.parallel = parallel
         self.rank = parallel.rank
         self.static_estimate_provider = static_estimate
@@ -172,7 +182,7 @@ class TracingSession:
         self._failure_recorded = False
         self._exception: BaseException | None = None
         self.failures = FailureLog(rank=self.rank)
-        self.warnings: list[str] = []
+        self.warnings: list[str] = list(setting_notes)
         self.artifacts: dict[str, str] = {}
         self.report_path: str | None = None
         self.job_summary_path: str | None = None
@@ -313,12 +323,8 @@ class TracingSession:
         self.analyzers = runtime_analyzers(cfg.top_k, self.static)
         self._steps = next(a for a in self.analyzers if isinstance(a, StepAnalyzer))
         consumers += [self.store, *self.analyzers]
-        if cfg.trace_jsonl:
-            sink = JsonlTraceSink(
-                os.path.join(self.report_dir, TRACE_JSONL),
-                self._trace_header(),
-                max_bytes=cfg.trace_max_mib * 2**20,
-            )
+        sink = self._open_trace_sink() if cfg.trace_jsonl else None
+        if sink is not None:
             self._trace = BufferedTraceWriter(sink)
             self._teardown.push("trace_sink", self._trace.close)
             consumers.append(self._trace)
@@ -366,6 +372,20 @@ class TracingSession:
             return
         self.step_peaks = board
         self._teardown.push("step_peaks", board.close)
+
+    def _open_trace_sink(self) -> JsonlTraceSink | None:
+        """The streamed ``trace.jsonl``, or ``None`` (recorded once, the report still
+        written) when it can't be opened, e.g. a symlink planted at its name."""
+        try:
+            return JsonlTraceSink(
+                os.path.join(self.report_dir, TRACE_JSONL),
+                self._trace_header(),
+                max_bytes=self.config.trace_max_mib * 2**20,
+            )
+        except OSError as exc:
+            self.failures.record("trace_sink", exc, disable=False)
+            self.warnings.append(f"trace.jsonl not written: {exc}")
+            return None
 
     def _trace_header(self) -> dict[str, Any]:
         """What ``memscope analyze`` needs to rebuild the report from the trace alone."""
@@ -505,8 +525,25 @@ class TracingSession:
         if self.state is not SessionState.TRACING:
             return
         if self.status is ReportStatus.RUNNING:
-            self.status = ReportStatus.COMPLETE
+            off = self._parts_turned_off()
+            if off:  # a callback or hook family that turned itself off left gaps
+                self.status, self.status_reason = ReportStatus.INCOMPLETE, off
+            else:
+                self.status = ReportStatus.COMPLETE
         self._shutdown()
+
+    def _parts_turned_off(self) -> str:
+        """'' when every part of tracing ran to the end; else which turned itself off after
+        a failure (a callback, a hook family, a sampler), each with its first reason."""
+        off = [
+            f"{site} ({self.failures.sites[site]['first_error']})"
+            if site in self.failures.sites
+            else site
+            for site in sorted(self.failures.disabled - OPTIONAL_SITES)
+        ]
+        if not off:
+            return ""
+        return "parts of tracing turned themselves off after a failure: " + "; ".join(off)
 
     def _shutdown(self) -> None:
         self.state = SessionState.STOPPING

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memscope.analysis.static.config import TrainingSpec
-from memscope.analysis.static.validation import READ_KEYS, show
+from memscope.analysis.static.validation import READ_KEYS, memscope_keys, show
 
 # Memory-relevant Megatron / FlagScale arguments the estimator does not model: key -> what
 # memory effect the estimate misses when the config sets it. A key the estimator reads
@@ -362,7 +362,7 @@ def config_coverage(
     """Coverage of the config keys ``merged`` (as :func:`.sources.load_config` gives them) by the
     estimate of ``spec``; ``world_source`` says where the world size came from (``None`` or
     empty: the config)."""
-    read = READ_KEYS | EXTRA_READ_KEYS
+    read = READ_KEYS | EXTRA_READ_KEYS | memscope_keys()  # MemScope's own: the tracer's
     missing = not_modelled(merged, spec)
     features = [
         f"{group[0].key}={group[0].value}" if len(group) == 1 else ", ".join(n.key for n in group)

@@ -209,6 +209,19 @@ def summary(est: RankEstimate) -> dict[str, Any]:
     }
 
 
+def device_total(allowance_doc: dict[str, Any], rank_summary: dict[str, Any]) -> dict[str, Any]:
+    """The allowance with ``device_total_bytes``: the selected rank's estimated PyTorch peak
+    plus the CUDA context and NCCL buffers outside the caching allocator (what decides
+    whether it fits near the limit; fragmentation still comes on top)."""
+    total = int(rank_summary["peak_memory_bytes"]) + int(allowance_doc["total_bytes"])
+    formulas = {
+        **allowance_doc["formulas"],
+        "device_total_bytes": "peak_memory_bytes + cuda_context_bytes + nccl_buffer_bytes "
+        "(before allocator rounding and fragmentation)",
+    }
+    return {**allowance_doc, "device_total_bytes": total, "formulas": formulas}
+
+
 def build_static_report(
     spec: TrainingSpec,
     estimates: list[RankEstimate],
@@ -237,7 +250,7 @@ def build_static_report(
         },
         "operators": operator_records(spec, selected),
         "ranks": ranks,
-        "allowance": allowance(spec).to_dict(),
+        "allowance": device_total(allowance(spec).to_dict(), summary(selected)),
         "metadata": {
             "mode": "static",
             "model_type": "gpt",

@@ -699,6 +699,7 @@ def load_config(
         data = _parse_json(path, text) if is_json else _parse_yaml(path, text)
         if not isinstance(data, dict):
             raise ValueError(f"{path}: the config must be a mapping at the top level")
+        _refuse_memscope_output(path, data)
         if is_json:
             return _from_json_config(data, vocab_size, world_size)
         train = train_config_of(path, data)  # an experiment YAML: the train config it names
@@ -720,6 +721,18 @@ def load_config(
 
 
 UNEXPECTED = "unexpected value"  # the safety net's words (the fuzz tests look for them)
+
+
+def _refuse_memscope_output(path: str, data: dict[str, Any]) -> None:
+    """A file MemScope wrote (it has a ``report_type`` and a ``schema_version``) is no
+    training config: say so instead of asking it for a vocabulary size."""
+    kind = data.get("report_type")
+    if isinstance(kind, str) and "schema_version" in data:
+        raise ValueError(
+            f"{path}: this is a MemScope {kind} report, not a training config (give a "
+            "FlagScale YAML or a MemScope JSON config; a runtime report is read by summarize, "
+            "visualize-runtime and diff)"
+        )
 
 
 def _parse_json(path: str, text: str) -> Any:

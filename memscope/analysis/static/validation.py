@@ -16,6 +16,7 @@ Three kinds of findings:
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import warnings
 from collections.abc import Iterable
@@ -307,16 +308,39 @@ def as_int_list(value: Any, field: str) -> list[int]:
 # Unknown keys
 
 
+@functools.cache
+def memscope_keys() -> frozenset[str]:
+    """MemScope's own settings as a training config spells them (``memscope`` and
+    ``memscope_<setting>``, :mod:`memscope.config`): the tracer reads them, the estimator
+    has no use for them, so they are neither unused nor unknown."""
+    from memscope.config import runtime_settings
+
+    return frozenset({"memscope", *(s.dest for s in runtime_settings())})
+
+
+def memscope_key_warnings(keys: Iterable[str]) -> list[str]:
+    """One warning per ``memscope*`` key that is no MemScope setting (a typo the tracer
+    would also not know), with the nearest setting."""
+    known = sorted(memscope_keys())
+    out = []
+    for key in keys:
+        if key.startswith("memscope") and key not in known:
+            near = difflib.get_close_matches(key, known, n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            out.append(f"config key {key!r} is not a MemScope setting (ignored){hint}")
+    return out
+
+
 def unknown_key_warnings(keys: Iterable[str], known: Iterable[str], yaml: bool) -> list[str]:
     """One warning per key the estimator does not read.
 
     JSON (``yaml=False``): every unknown key, with the nearest known key when one is close.
     FlagScale YAML: only a key that is very close to a memory-relevant key we read and is no
     Megatron argument we know of (most YAML keys are Megatron's and simply not ours)."""
-    known = sorted(set(known))
-    out = []
+    known = sorted(set(known) | memscope_keys())
+    out = memscope_key_warnings(keys)
     for key in keys:
-        if key in known:
+        if key in known or key.startswith("memscope"):
             continue
         if yaml:
             if key in MEGATRON_LOOKALIKES:

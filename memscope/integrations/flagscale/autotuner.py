@@ -6,9 +6,14 @@
   pruner compares with ``experiment.auto_tuner.memory_model.gpu_memory``. Where FlagScale's
   default is Megatron's first-stage formula, this is MemScope's per-rank estimator for every
   pipeline stage of the strategy, the worst stage's peak returned.
+* :func:`install_memory_model` puts :func:`memory_model` where FlagScale's searcher looks.
 * :func:`trial_max_memory` replaces grepping "max reserved" from a trial's log: given a
   trial's MemScope output directory (``job_summary.json``, or ``rankNNNNN/`` folders), the
-  highest reserved peak over all ranks, in MiB (``None`` when nothing there says).
+  highest reserved peak over all ranks, in MiB (``None`` when nothing there says). FlagScale's
+  ``Recorder.grep_max_memory`` takes the largest "max reserved" (MB = MiB) printed in the
+  trial's host logs, which Megatron's ``report_memory`` prints only for data-parallel rank 0
+  of each (TP, PP) position and only at the first logging interval(s); this is every traced
+  rank over the whole run, in the same unit.
 
 Torch-free: the auto-tuner's process never trains.
 """
@@ -93,6 +98,28 @@ def memory_model(strategy: Mapping[str, Any], config: Any) -> float:
     and unit; see the module docstring)."""
     peaks = stage_peaks(strategy_spec(strategy, config))
     return max(peaks) / MIB
+
+
+SEARCHER_MODULE = "flagscale.runner.auto_tuner.search.searcher"
+
+
+def install_memory_model() -> Any:
+    """Make FlagScale's auto-tuner estimate every strategy with :func:`memory_model`.
+
+    FlagScale 0.8.0 has no registry for memory models: its searcher calls the
+    ``default_model`` it imported from ``memory_model.py`` (and accepts only
+    ``model_name: default``), so the name in the searcher's module is replaced. Call it
+    before the ``AutoTuner`` is built; returns what was there, to put back if wanted.
+    FlagScale must be importable (its ``auto_tuner`` package imports pandas, psutil, aiohttp
+    and tqdm)."""
+    import importlib
+
+    searcher = importlib.import_module(SEARCHER_MODULE)
+    previous = getattr(searcher, "default_model", None)
+    if previous is None:
+        raise ValueError(f"{SEARCHER_MODULE} has no default_model: not FlagScale 0.8.0's searcher")
+    setattr(searcher, "default_model", memory_model)  # noqa: B010 (a module of FlagScale's)
+    return previous
 
 
 def trial_max_memory(path: str) -> float | None:

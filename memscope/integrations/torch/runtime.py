@@ -22,6 +22,8 @@ Megatron config), so the report's ``comparisons`` says so.
 from __future__ import annotations
 
 import contextlib
+import difflib
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from types import TracebackType
@@ -30,7 +32,7 @@ from typing import Any
 import torch
 
 from memscope.capture.parallel import process_parallel_info
-from memscope.config import RuntimeConfig
+from memscope.config import RuntimeConfig, runtime_settings
 from memscope.session import TracingSession
 
 NO_STATIC_ESTIMATE = "no static estimate: it needs a Megatron config (memscope analyze-static)"
@@ -49,7 +51,18 @@ class MemScopeTorchRuntime:
         """``config`` (or keyword ``settings`` such as ``outdir="..."``, ``backend="storage"``,
         overriding it) holds the same settings as the ``--memscope-*`` flags; tracing is on."""
         base = config or RuntimeConfig()
-        cfg = replace(base, enabled=True, **settings)
+        known = {s.name for s in runtime_settings()}
+        unknown = sorted(set(settings) - known)
+        notes = list(base.notes)
+        for name in unknown:  # never a TypeError into training: said once, then ignored
+            near = difflib.get_close_matches(name, sorted(known), n=1)
+            notes.append(
+                f"memscope: unknown setting {name!r} ignored"
+                + (f" (did you mean {near[0]!r}?)" if near else "")
+            )
+            warnings.warn(notes[-1], stacklevel=2)
+        cfg = replace(base, enabled=True, **{k: v for k, v in settings.items() if k not in unknown})
+        cfg.notes = notes
         self.session = TracingSession(
             cfg,
             process_parallel_info(),
