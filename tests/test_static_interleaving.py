@@ -35,10 +35,10 @@ def test_schedule_replay_counts_one_last_chunk_microbatch_on_the_last_stage():
     spec = _spec(LARGE_VOCAB)
     # last stage: warm-up (vpp - 1) pp = 2 chunk-0 forwards; each chunk-1 forward is followed
     # by its own backward, so at most one last-chunk microbatch is ever alive
-    assert max(alive[1] for _, alive in schedule_states(spec, 1)) == 1
-    assert (1, (2, 1)) in schedule_states(spec, 1)
+    assert max(alive[1] for _, alive, _ in schedule_states(spec, 1)) == 1
+    assert (1, (2, 1), None) in schedule_states(spec, 1)
     # first stage: warm-up 2 (pp - 1) + (vpp - 1) pp = 4, then forward 5 before backward 1
-    assert max(sum(alive) for _, alive in schedule_states(spec, 0)) == 5
+    assert max(sum(alive) for _, alive, _ in schedule_states(spec, 0)) == 5
     act = activation_estimate(spec, 1, [1, 1])
     last, other = act.saved_per_chunk[1], act.saved_per_chunk[0]
     assert act.in_flight_per_chunk == (2, 1)
@@ -50,7 +50,7 @@ def test_all_warmup_keeps_every_last_chunk_microbatch():
     # M = pp: the first stage's warm-up covers every chunk-microbatch (all forwards first)
     spec = _spec(dict(LARGE_VOCAB, num_microbatches=2))
     states = schedule_states(spec, 0)
-    assert states[0] == (1, (2, 2))
+    assert states[0] == (1, (2, 2), None)
 
 
 @pytest.mark.integration
