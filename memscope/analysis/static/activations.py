@@ -718,8 +718,11 @@ def loss_moments(spec: TrainingSpec, x: Dims, ce_saved: int) -> dict[str, int]:
     ``cross_entropy``: the 16-bit logits the output layer produced stay alive beside their
     fp32 copy while the loss is computed (forward; the same pair exists in backward, when
     autograd casts the fp32 gradient back to the logits' dtype). Under ``native`` fusion the
-    helpers are ``torch.compile``d (megatron/core/jit.py), whose functionalisation of the
-    in-place subtraction and ``exp`` materialises one more fp32 ``[s, b, V/t]`` buffer.
+    helpers are ``torch.compile``d (megatron/core/jit.py) and Inductor's
+    ``calculate_gradients`` writes the gradient into a new fp32 ``[s, b, V/t]`` buffer instead
+    of updating the saved softmax in place, so the backward holds one more of them: measured
+    on CPU by tools/measure_fused_cross_entropy.py (backward peak 1.5 fp32 logits compiled,
+    0.5 eager; the forward is the same both ways), tests/test_fused_cross_entropy_measured.py.
     ``output_layer_backward``: the fp32 softmax is gone, the logits' gradient (activation
     dtype), the input gradient ``[s, b, h]`` and, without ``gradient_accumulation_fusion``,
     the ``[V/t, h]`` weight-gradient temporary are alive (megatron/core/tensor_parallel/
