@@ -19,7 +19,8 @@ from; ``tests/test_gpu_benchmark_fresh.py`` fails when any of them is stale).
 
 Per modelled case, one line: the measured steady allocation (``mem-allocated-bytes`` at the
 last logged iteration: what stays allocated between iterations, ~ weights + gradients +
-optimizer state + global buffers), the measured peak (max of ``mem-max-allocated-bytes``), our
+optimizer state + global buffers + what the pipeline schedule leaves referenced), the
+measured peak (max of ``mem-max-allocated-bytes``), our
 persistent and peak estimate for the last rank, the ratio estimate / measured peak, and the
 term that differs most: ``persistent`` (our persistent part vs the measured steady
 allocation) or ``transient`` (our peak - persistent vs measured peak - steady: activations,
@@ -459,6 +460,7 @@ def estimate_case(
             "steady_bytes": persistent,
             "workspace_bytes": est.workspace_bytes,
             "buffer_bytes": est.activations.buffer_bytes,
+            "retained_input_bytes": est.retained_input_bytes,
             "weight_bytes": est.persistent.weight_bytes,
             "grad_bytes": est.persistent.grad_bytes,
             "optimizer_bytes": est.persistent.optimizer_bytes,
@@ -548,7 +550,8 @@ def render(result: dict[str, Any]) -> str:
         "mem-max-allocated-bytes; est = ours for that rank; term = where ours differs most "
         "(steady: est steady - steady; transient: (est peak - est steady) - (peak - steady)); "
         "est steady = weights + gradients + optimizer state + fixed cuBLAS/TE workspaces + "
-        "megatron's global buffer (+ fp16 fp32 gradient copies); the GPU is the golden file's"
+        "megatron's global buffer (+ fp16 fp32 gradient copies) + the last pipeline input and "
+        "its gradient each model chunk keeps; the GPU is the golden file's"
     )
     header = (
         f"{'case':<100} {'golden':<10} {'world':>5} {'rank':>4} {'tp,pp':>5} "

@@ -825,6 +825,24 @@ def activation_estimate(
     )
 
 
+def retained_inputs_bytes(spec: TrainingSpec, pp_rank: int, chunks: int) -> int:
+    """What the pipeline schedule leaves allocated after a step: per model chunk that
+    receives its input from another stage, the last received ``[s/sp, b, h]`` input and its
+    gradient.
+
+    megatron/core/pipeline_parallel/schedules.py ``forward_step`` hands each received input to
+    ``set_input_tensor``, and megatron/core/transformer/transformer_block.py keeps it as
+    ``self.input_tensor``; ``backward_step`` calls ``retain_grad()`` on it, so after the
+    chunk's last backward the tensor and its ``.grad`` stay referenced by the block until the
+    next step's first forward of that chunk replaces them (before any backward of the next
+    step, so never at the activation peak). The first stage's first chunk gets the
+    embedding's output instead (``input_tensor`` None)."""
+    if spec.parallel.pp == 1:
+        return 0
+    receiving = chunks - (1 if pp_rank == 0 else 0)
+    return receiving * 2 * dims(spec).hidden
+
+
 def optimizer_step_bytes(spec: TrainingSpec, largest_param_numel: int) -> int:
     """Temporaries of the optimizer step (beyond its state).
 
