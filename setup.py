@@ -16,7 +16,13 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["memscope", "memscope.*"]),
-    package_data={"memscope": ["py.typed", "reporters/templates/*"]},
+    package_data={
+        "memscope": [
+            "py.typed",
+            "reporters/templates/*",
+            "analysis/static/gpu_benchmark_summary.json",  # the planner's band
+        ]
+    },
     install_requires=["torch>=2.7.1", "pyyaml", "jinja2", "plotly"],  # 2.7.1: FlagScale 0.8.0
     extras_require={
         "megatron": ["megatron-core==0.16.1"],

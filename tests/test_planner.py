@@ -132,8 +132,8 @@ def test_plans_are_ranked_by_the_stated_cost_model_and_fit():
 
 def test_the_uncertainty_band_is_the_gpu_benchmarks_worst_error():
     text = (ROOT / "benchmarks" / "static_gpu_golden.txt").read_text()
-    worst = float(re.search(r"^worst: (-?[0-9.]+)%", text, re.M).group(1))
-    assert pytest.approx(abs(worst) / 100) == ESTIMATE_UNCERTAINTY
+    worst = float(re.search(r"^worst: ([-+]?[0-9.]+)%", text, re.M).group(1))
+    assert pytest.approx(abs(worst) / 100, abs=5e-4) == ESTIMATE_UNCERTAINTY
 
 
 def test_plan_command_writes_json_markdown_and_prints_flags_and_yaml(tmp_path, capsys):

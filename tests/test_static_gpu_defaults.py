@@ -31,6 +31,7 @@ from memscope.analysis.static.workspaces import (
     MIB,
     te_workspace_bytes,
     torch_cublas_workspace_bytes,
+    torch_default_workspace_bytes,
     workspace_terms,
 )
 from memscope.demo.launcher import free_port, spawn
@@ -150,11 +151,12 @@ def test_fp16_gradients_get_fp32_copies_that_outlive_the_step():
 
 
 def test_fixed_workspaces_by_gpu_config_and_transformer_impl():
-    assert torch_cublas_workspace_bytes(9, None) == 32 * MIB
-    assert torch_cublas_workspace_bytes(8, None) == 8 * MIB + 128 * 1024
-    assert torch_cublas_workspace_bytes(8, ":4096:8") == 32 * MIB
-    assert torch_cublas_workspace_bytes(9, ":4096:2:16:8") == 8 * MIB + 128 * 1024
-    assert te_workspace_bytes(9) == 32 * MIB and te_workspace_bytes(8) == 4 * MIB
+    older = 8 * MIB + 128 * 1024  # ":4096:2:16:8"
+    assert torch_cublas_workspace_bytes((9, 0), None) == 32 * MIB
+    assert torch_cublas_workspace_bytes((8, 0), None) == older
+    assert torch_cublas_workspace_bytes((8, 0), ":4096:8") == 32 * MIB
+    assert torch_cublas_workspace_bytes((9, 0), ":4096:2:16:8") == older
+    assert te_workspace_bytes((9, 0)) == 32 * MIB and te_workspace_bytes((8, 0)) == 4 * MIB
     h100 = workspace_terms(spec())
     assert h100 == {"torch_cublas_workspaces": 64 * MIB, "te_cublas_workspace": 32 * MIB}
     a100_local = workspace_terms(dataclasses.replace(spec(transformer_impl="local"), gpu="a100"))
@@ -443,3 +445,31 @@ def test_num_virtual_stages_per_pipeline_rank_sets_the_interleaving():
         spec(
             **args, num_virtual_stages_per_pipeline_rank=2, num_layers_per_virtual_pipeline_stage=1
         )
+
+
+@pytest.mark.parametrize(
+    ("capability", "torch_2_13", "torch_2_7", "te"),
+    [
+        ((8, 0), 8 * MIB + 128 * 1024, 8 * MIB + 128 * 1024, 4 * MIB),  # A100
+        ((9, 0), 32 * MIB, 32 * MIB, 32 * MIB),  # H100
+        ((10, 0), 32 * MIB, 8 * MIB + 128 * 1024, 32 * MIB),  # B200
+        ((12, 0), 32 * MIB, 8 * MIB + 128 * 1024, 32 * MIB),  # RTX PRO 6000
+        ((11, 0), 8 * MIB + 128 * 1024, 8 * MIB + 128 * 1024, 32 * MIB),  # neither list
+    ],
+)
+def test_workspaces_per_compute_capability(capability, torch_2_13, torch_2_7, te):
+    # torch's CublasHandlePool.cpp default: majors 9/10/12 since 2.11, exactly 9.0 before;
+    # TE's get_cublas_workspace_size_bytes: major >= 9
+    assert torch_default_workspace_bytes(capability, (2, 13)) == torch_2_13
+    assert torch_default_workspace_bytes(capability, (2, 7)) == torch_2_7
+    assert torch_cublas_workspace_bytes(capability, None) == torch_2_13  # the assumed torch
+    assert te_workspace_bytes(capability) == te
+
+
+def test_blackwell_gpu_names_get_their_capability_workspaces():
+    b200 = workspace_terms(dataclasses.replace(spec(), gpu="b200"))
+    assert b200 == {"torch_cublas_workspaces": 64 * MIB, "te_cublas_workspace": 32 * MIB}
+    rtx = workspace_terms(dataclasses.replace(spec(transformer_impl="local"), gpu="rtx_pro_6000"))
+    assert rtx == {"torch_cublas_workspaces": 64 * MIB}
+    with pytest.raises(ValueError, match="unknown"):
+        workspace_terms(dataclasses.replace(spec(), gpu="tpu"))

@@ -13,7 +13,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "too
 
 from bench_static_accuracy import BASE, measure
 
-from memscope.analysis.static.activations import activation_estimate, schedule_states
+from memscope.analysis.static.activations import (
+    activation_estimate,
+    dims,
+    retained_inputs_bytes,
+    schedule_states,
+)
 from memscope.analysis.static.estimator import estimate_rank
 from memscope.analysis.static.params import RankPosition
 from memscope.analysis.static.sources import spec_from_megatron_args
@@ -35,10 +40,10 @@ def test_schedule_replay_counts_one_last_chunk_microbatch_on_the_last_stage():
     spec = _spec(LARGE_VOCAB)
     # last stage: warm-up (vpp - 1) pp = 2 chunk-0 forwards; each chunk-1 forward is followed
     # by its own backward, so at most one last-chunk microbatch is ever alive
-    assert max(alive[1] for _, alive in schedule_states(spec, 1)) == 1
-    assert (1, (2, 1)) in schedule_states(spec, 1)
+    assert max(alive[1] for _, alive, _ in schedule_states(spec, 1)) == 1
+    assert (1, (2, 1), None) in schedule_states(spec, 1)
     # first stage: warm-up 2 (pp - 1) + (vpp - 1) pp = 4, then forward 5 before backward 1
-    assert max(sum(alive) for _, alive in schedule_states(spec, 0)) == 5
+    assert max(sum(alive) for _, alive, _ in schedule_states(spec, 0)) == 5
     act = activation_estimate(spec, 1, [1, 1])
     last, other = act.saved_per_chunk[1], act.saved_per_chunk[0]
     assert act.in_flight_per_chunk == (2, 1)
@@ -50,7 +55,7 @@ def test_all_warmup_keeps_every_last_chunk_microbatch():
     # M = pp: the first stage's warm-up covers every chunk-microbatch (all forwards first)
     spec = _spec(dict(LARGE_VOCAB, num_microbatches=2))
     states = schedule_states(spec, 0)
-    assert states[0] == (1, (2, 2))
+    assert states[0] == (1, (2, 2), None)
 
 
 @pytest.mark.integration
@@ -64,3 +69,24 @@ def test_vpp_large_vocab_last_stage_within_bound_of_a_real_run():
     print(f"last stage: measured {last['measured']:,} estimated {est.peak_memory_bytes:,}")
     assert abs(error) <= TOLERANCE, (last["measured"], est.peak_memory_bytes, error)
     assert last["in_report"] == est.peak_memory_bytes  # the runtime report carries it too
+
+
+def test_pipeline_inputs_kept_between_steps_count_in_steady_not_in_the_peak():
+    # transformer_block.set_input_tensor keeps each chunk's last received input and
+    # backward_step's retain_grad keeps its gradient: 2 [s/sp, b, h] per receiving chunk
+    spec = _spec(LARGE_VOCAB)
+    hidden = dims(spec).hidden
+    first, last = (estimate_rank(spec, RankPosition(0, r)) for r in (0, 1))
+    assert first.retained_input_bytes == 2 * hidden  # chunk 0 of stage 0 gets the embedding
+    assert last.retained_input_bytes == 2 * 2 * hidden  # both chunks receive
+    assert retained_inputs_bytes(spec, 1, 2) == last.retained_input_bytes
+    plain = _spec(dict(LARGE_VOCAB, pp=2, vpp=None))
+    assert retained_inputs_bytes(plain, 1, 1) == 2 * hidden
+    no_pp = _spec(dict(LARGE_VOCAB, pp=1, vpp=None), world=1)
+    assert estimate_rank(no_pp, RankPosition(0, 0)).retained_input_bytes == 0
+    without = dataclasses.replace(last, retained_input_bytes=0)
+    assert last.steady_bytes - without.steady_bytes == 2 * 2 * hidden
+    # replaced by the next step's first forward of each chunk, before any backward: the
+    # forward/backward peak does not hold them
+    assert last.peak_stage == "forward_backward"
+    assert last.peak_memory_bytes == without.peak_memory_bytes

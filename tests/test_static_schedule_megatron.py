@@ -14,7 +14,9 @@ from megatron.core.pipeline_parallel.schedules import get_pp_rank_microbatches, 
 
 from memscope.analysis.static.activations import (
     _schedule_states,
+    activation_estimate,
     in_flight_microbatches,
+    paired_forward,
     schedule_states,
 )
 from memscope.analysis.static.sources import spec_from_megatron_args
@@ -53,7 +55,7 @@ def test_in_flight_microbatches_follow_megatrons_schedule(pp, vpp, per_stage):
         expected = total if all_warmup else warmup + 1
         assert in_flight_microbatches(spec, rank) == expected, (pp, vpp, rank)
         # and per chunk: the forwards run before the first backward, by Megatron's table
-        first_backward_chunk, alive = schedule_states(spec, rank)[0]
+        first_backward_chunk, alive, _ = schedule_states(spec, rank)[0]
         started = table[: min(total, warmup + (0 if all_warmup else 1))]
         assert list(alive) == [sum(1 for _, c in started if c == k) for k in range(chunks)]
         assert first_backward_chunk == chunks - 1 - table[0][1]
@@ -71,7 +73,7 @@ def test_moe_all_to_all_overlap_adds_megatrons_extra_warmup_forward(pp, vpp, per
         )  # fmt: skip
         states = _schedule_states(pp, rank, vpp, microbatches, pp, a2a_overlap=True)
         expected = total if all_warmup else warmup + 1
-        assert max(sum(alive) for _, alive in states) == expected, (pp, vpp, rank)
+        assert max(sum(alive) for _, alive, _ in states) == expected, (pp, vpp, rank)
 
 
 def _moe_spec(**extra):
@@ -83,11 +85,46 @@ def _moe_spec(**extra):
     return spec_from_megatron_args({**args, **extra})
 
 
-def test_moe_all_to_all_overlap_without_pipelining_holds_two_microbatches():
+def test_moe_all_to_all_overlap_without_pipelining_pairs_forward_and_backward_layers():
     plain, overlapped = _moe_spec(), _moe_spec(overlap_moe_expert_parallel_comm=True)
     assert in_flight_microbatches(plain, 0) == 1
-    # combined_1f1b_schedule_for_no_pipelining: microbatch i+1's forward beside i's backward
+    # combined_1f1b_schedule_for_no_pipelining: microbatch i+1's forward beside i's backward,
+    # counted in flight but only partly built
     assert in_flight_microbatches(overlapped, 0) == 2
+    assert schedule_states(overlapped, 0) == ((0, (2,), 0),)
+    a, b = activation_estimate(plain, 0, [4]), activation_estimate(overlapped, 0, [4])
+    partner = paired_forward(overlapped, 4, first=True)
+    assert 0 < partner.attention < partner.layer
+    # model_chunk_schedule_plan.py: forward layer j beside backward layer L-1-j, so one
+    # microbatch's layers plus about one more layer and the partner's inputs: never a
+    # second microbatch (the old two-microbatch bound)
+    grown = b.total_bytes - a.total_bytes
+    assert partner.base <= grown <= partner.base + partner.layer
+    assert b.saved_bytes == a.saved_bytes  # the partner is priced as working bytes
+    assert grown < a.chunk_saved_bytes
+    # the pair's attention backward sees one more forward layer than its MLP backward
+    assert partner.held(0, "attention_backward") - partner.held(0, "mlp_backward") == (
+        partner.layer - partner.attention
+    )
+    assert partner.held(9, "mlp_backward") == partner.base + 4 * partner.layer  # left over
+
+
+def test_moe_all_to_all_overlap_with_interleaving_prices_the_paired_forward_partly():
+    args = dict(pipeline_model_parallel_size=2, num_layers_per_virtual_pipeline_stage=1,
+                world_size=4, overlap_moe_expert_parallel_comm=True)  # fmt: skip
+    overlapped = _moe_spec(**args)
+    states = schedule_states(overlapped, 0)
+    assert any(paired is not None for _, _, paired in states)  # the steady phase
+    assert all(paired is None for _, _, paired in states[-2:])  # the cool-down runs alone
+    act = activation_estimate(overlapped, 0, [1, 1])
+    # get_pp_rank_microbatches' extra warm-up forward is in flight, but the forward paired
+    # with the peak backward is not counted as fully saved
+    assert act.in_flight == in_flight_microbatches(overlapped, 0)
+    assert sum(act.in_flight_per_chunk) in (act.in_flight, act.in_flight - 1)
+    fully = sum(n * b for n, b in zip(max((st[1] for st in states), key=sum),
+                                      act.saved_per_chunk, strict=False))  # fmt: skip
+    assert act.saved_bytes < fully
+
     with pytest.raises(ValueError, match="needs a virtual pipeline"):
         _moe_spec(overlap_moe_expert_parallel_comm=True, pipeline_model_parallel_size=2,
                   world_size=4).validate()  # fmt: skip

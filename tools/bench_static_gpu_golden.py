@@ -10,11 +10,17 @@ pipeline stage), so every number here is that rank's. The FlagScale 0.8.0 wheel 
 cases (megatron-core 0.15) under ``third_party/Megatron-LM/tests/functional_tests/test_cases``.
 
     python tools/bench_static_gpu_golden.py [--json OUT] [--filter SUBSTR]
-        [--gpu h100|a100] [--golden dev|lts]
+        [--gpu h100|a100] [--golden dev|lts] [--write]
+
+``--write`` regenerates the committed results: ``benchmarks/static_gpu_golden.txt`` (the
+table), ``.json`` (every row) and ``memscope/analysis/static/gpu_benchmark_summary.json``
+(the last line's figures, which the planner's band and the docs' accuracy figures come
+from; ``tests/test_gpu_benchmark_fresh.py`` fails when any of them is stale).
 
 Per modelled case, one line: the measured steady allocation (``mem-allocated-bytes`` at the
 last logged iteration: what stays allocated between iterations, ~ weights + gradients +
-optimizer state + global buffers), the measured peak (max of ``mem-max-allocated-bytes``), our
+optimizer state + global buffers + what the pipeline schedule leaves referenced), the
+measured peak (max of ``mem-max-allocated-bytes``), our
 persistent and peak estimate for the last rank, the ratio estimate / measured peak, and the
 term that differs most: ``persistent`` (our persistent part vs the measured steady
 allocation) or ``transient`` (our peak - persistent vs measured peak - steady: activations,
@@ -454,6 +460,7 @@ def estimate_case(
             "steady_bytes": persistent,
             "workspace_bytes": est.workspace_bytes,
             "buffer_bytes": est.activations.buffer_bytes,
+            "retained_input_bytes": est.retained_input_bytes,
             "weight_bytes": est.persistent.weight_bytes,
             "grad_bytes": est.persistent.grad_bytes,
             "optimizer_bytes": est.persistent.optimizer_bytes,
@@ -484,6 +491,49 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def summary_file(s: dict[str, Any]) -> dict[str, Any]:
+    """What the package reads (``memscope.analysis.static.accuracy``): the last line's
+    figures."""
+    return {
+        "source": "benchmarks/static_gpu_golden.txt (tools/bench_static_gpu_golden.py --write)",
+        "cases": s["cases"],
+        "worst_error": s["worst_error"],
+        "worst_case": s["worst_case"],
+        "median_abs_error": s["median_abs_error"],
+        "over_5_percent": s["over_5_percent"],
+        "over_10_percent": len(s["over_10_percent"]),
+    }
+
+
+def committed_paths() -> dict[str, str]:
+    """Where ``--write`` puts the results (txt, json, the package's summary)."""
+    root = os.path.dirname(HERE)
+    return {
+        "txt": os.path.join(root, "benchmarks", "static_gpu_golden.txt"),
+        "json": os.path.join(root, "benchmarks", "static_gpu_golden.json"),
+        "summary": os.path.join(
+            root, "memscope", "analysis", "static", "gpu_benchmark_summary.json"
+        ),
+    }
+
+
+def json_text(data: Any) -> str:
+    return json.dumps(data, indent=1, sort_keys=True) + "\n"
+
+
+def write_committed(result: dict[str, Any]) -> None:
+    """Write the txt, json and summary that the repository commits."""
+    paths = committed_paths()
+    outputs = {
+        "txt": render(result) + "\n",
+        "json": json_text(result),
+        "summary": json_text(summary_file(result["summary"])),
+    }
+    for key, text in outputs.items():
+        with open(paths[key], "w", encoding="utf-8") as f:
+            f.write(text)
+
+
 def _gib(n: float) -> str:
     return f"{n / GIB:7.2f}"
 
@@ -500,7 +550,8 @@ def render(result: dict[str, Any]) -> str:
         "mem-max-allocated-bytes; est = ours for that rank; term = where ours differs most "
         "(steady: est steady - steady; transient: (est peak - est steady) - (peak - steady)); "
         "est steady = weights + gradients + optimizer state + fixed cuBLAS/TE workspaces + "
-        "megatron's global buffer (+ fp16 fp32 gradient copies); the GPU is the golden file's"
+        "megatron's global buffer (+ fp16 fp32 gradient copies) + the last pipeline input and "
+        "its gradient each model chunk keeps; the GPU is the golden file's"
     )
     header = (
         f"{'case':<100} {'golden':<10} {'world':>5} {'rank':>4} {'tp,pp':>5} "
@@ -574,6 +625,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu", choices=sorted(GPU_ARCH), default="h100")
     parser.add_argument("--golden", choices=("dev", "lts"), default="dev")
     parser.add_argument("--tree", help="FlagScale root (default: tools/flagscale_wheel.py)")
+    parser.add_argument(
+        "--write", action="store_true", help="regenerate the committed results (all cases)"
+    )
     parser.add_argument("--_worker", metavar="TREE", help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
     if opts._worker:
@@ -585,12 +639,15 @@ def main(argv: list[str] | None = None) -> int:
         from flagscale_wheel import flagscale_tree
 
         tree = flagscale_tree()
+    if opts.write and (opts.filter or opts.gpu != "h100" or opts.golden != "dev"):
+        parser.error("--write regenerates the committed run: no --filter, --gpu or --golden")
     result = run(tree, opts.gpu, opts.golden, opts.filter)
     print(render(result))
     if opts.json:
         with open(opts.json, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1, sort_keys=True)
-            f.write("\n")
+            f.write(json_text(result))
+    if opts.write:
+        write_committed(result)
     return 0
 
 

@@ -436,7 +436,9 @@ class ActivationEstimate:
     buffer_bytes: int  # megatron's global "mpu" buffer (attention scores / SP all-gather)
     logits_bytes: int  # last stage: what the cross entropy keeps (one microbatch)
     detail: dict[str, int] = field(default_factory=dict)
-    # per virtual chunk: its microbatches in flight at the peak, one microbatch's saved bytes
+    # per virtual chunk: its microbatches in flight at the peak whose saved tensors are all
+    # there (a forward paired with the backward under MoE all-to-all overlap is priced in
+    # backward_working_bytes instead), one microbatch's saved bytes
     in_flight_per_chunk: tuple[int, ...] = ()
     saved_per_chunk: tuple[int, ...] = ()
 
@@ -458,9 +460,10 @@ class ActivationEstimate:
 @lru_cache(maxsize=256)
 def _schedule_states(
     pp: int, pp_rank: int, chunks: int, microbatches: int, group: int, a2a_overlap: bool = False
-) -> tuple[tuple[int, tuple[int, ...]], ...]:
+) -> tuple[tuple[int, tuple[int, ...], int | None], ...]:
     """Every distinct moment a backward starts on stage ``pp_rank``: (the chunk running it,
-    the chunk-microbatches per chunk whose saved tensors are alive, its own included).
+    the chunk-microbatches per chunk whose saved tensors are alive, its own included, and
+    the chunk whose forward runs paired with that backward, or None).
 
     Replays megatron-core's schedules (megatron/core/pipeline_parallel/schedules.py):
     ``get_pp_rank_microbatches`` gives the warm-up forwards (``pp - rank - 1`` without
@@ -473,14 +476,17 @@ def _schedule_states(
     microbatch's loss (and the logits' softmax) is computed inside its forward and freed by
     its backward, so the last chunk's extras count only for its own in-flight microbatches.
 
-    With MoE all-to-all overlap (``a2a_overlap``, megatron/core/pipeline_parallel/
-    combined_1f1b.py) one microbatch's forward runs alongside another's backward:
-    ``get_pp_rank_microbatches`` adds one warm-up forward to the interleaved schedule, and
-    without pipelining microbatch ``i + 1``'s forward runs with ``i``'s backward, so two are
-    in flight (an upper bound: the backward frees layer by layer as the forward saves).
+    With MoE all-to-all overlap (``a2a_overlap``) a steady-phase forward does not finish
+    before its backward starts: it runs *paired* with it, layer by layer
+    (megatron/core/pipeline_parallel/combined_1f1b.py, ``combined_1f1b_schedule_for_no_
+    pipelining``: microbatch ``i + 1``'s forward with ``i``'s backward;
+    ``combined_1f1b_schedule_for_interleaved_pipelining``: forward ``k + warmup`` with
+    backward ``k``, ``get_pp_rank_microbatches`` adding one warm-up forward). Its entry in
+    the alive counts is that partly built forward (the paired chunk, third field);
+    :func:`chunk_activations` prices what it holds at each moment of the backward.
     """
     if pp == 1:  # forward_backward_no_pipelining: forward then backward, per microbatch
-        return ((0, (2,)),) if a2a_overlap and microbatches > 1 else ((0, (1,)),)
+        return ((0, (2,), 0),) if a2a_overlap and microbatches > 1 else ((0, (1,), None),)
     table: list[int] = []  # forward order: the chunk of each chunk-microbatch
     for start in range(0, microbatches, group):
         size = microbatches - start if start + group >= microbatches else group
@@ -494,17 +500,21 @@ def _schedule_states(
     alive = [0] * chunks
     for k in range(warmup):
         alive[table[k]] += 1
-    states: dict[tuple[int, tuple[int, ...]], None] = {}
-    for k in range(total):  # backward k, after forward k + warmup in the steady phase
+    states: dict[tuple[int, tuple[int, ...], int | None], None] = {}
+    for k in range(total):  # backward k, after (or, overlapped, with) forward k + warmup
+        paired = None
         if k + warmup < total:
             alive[table[k + warmup]] += 1
+            paired = table[k + warmup] if a2a_overlap else None
         chunk = chunks - 1 - table[k]
-        states.setdefault((chunk, tuple(alive)), None)
+        states.setdefault((chunk, tuple(alive), paired), None)
         alive[chunk] -= 1
     return tuple(states)
 
 
-def schedule_states(spec: TrainingSpec, pp_rank: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
+def schedule_states(
+    spec: TrainingSpec, pp_rank: int
+) -> tuple[tuple[int, tuple[int, ...], int | None], ...]:
     """:func:`_schedule_states` for ``spec``'s stage ``pp_rank``."""
     p = spec.parallel
     chunks = p.vpp if p.vpp is not None and p.pp > 1 else 1
@@ -517,9 +527,10 @@ def in_flight_microbatches(spec: TrainingSpec, pp_rank: int) -> int:
 
     No pipelining: one. 1F1B: ``min(M, pp - rank)`` (warm-up forwards plus one). Interleaved
     1F1B: Megatron's warm-up ``2 (pp - rank - 1) + (vpp - 1) pp`` chunk-forwards plus one.
-    MoE all-to-all overlap adds one (see :func:`_schedule_states`).
+    MoE all-to-all overlap adds the forward paired with the backward (see
+    :func:`_schedule_states`), counted here though it is only partly built.
     """
-    return max(sum(alive) for _, alive in schedule_states(spec, pp_rank))
+    return max(sum(alive) for _, alive, _ in schedule_states(spec, pp_rank))
 
 
 def _checkpointed(spec: TrainingSpec, n_layers: int) -> list[int | None]:
@@ -532,10 +543,78 @@ def _checkpointed(spec: TrainingSpec, n_layers: int) -> list[int | None]:
     return [i // k for i in range(n_layers)]
 
 
+def chunk_inputs(spec: TrainingSpec, x: Dims, first: bool) -> dict[str, int]:
+    """What a chunk-microbatch holds before its first layer: its input (received, or the
+    embedding's output), the causal mask of unfused attention and, on the first chunk, the
+    token (and position) ids and the embedding dropout mask."""
+    out: dict[str, int] = {"chunk_input": x.hidden}
+    if not spec.flash_attention and not fused_softmax(spec, x):
+        out["causal_mask"] = x.s * x.s  # [1, 1, s, s] bool, kept by the masked fill
+    if first:
+        positions = spec.model.position_embedding_type == "learned_absolute"
+        out["token_ids"] = x.s * x.b * INT64 * (2 if positions else 1)
+        if spec.model.hidden_dropout > 0:
+            out["embedding_dropout_mask"] = x.hidden_mask
+    return out
+
+
+@dataclass(frozen=True)
+class PairedForward:
+    """A forward chunk-microbatch that runs layer by layer beside a backward (MoE all-to-all
+    overlap): what it holds as the pairs advance.
+
+    megatron/core/models/common/model_chunk_schedule_plan.py
+    (``TransformerModelChunkSchedulePlan.run``): the backward's loss and output layer run
+    first (``post_process.backward``) next to the forward's embedding (``pre_process``); then
+    forward layer ``j`` runs with backward layer ``L - 1 - j`` (``pop_layer``), the backward
+    layer's state released after each pair; the backward layers left over run alone, then the
+    forward layers left over, then the forward's loss (``post_process.forward``).
+    ``TransformerLayerSchedulePlan.run`` orders one pair as: combine backward, attention
+    forward, MLP backward, dispatch forward/backward, MLP forward, combine forward, attention
+    backward (``ep_overlap_early_attn_memory_release`` off, the default). So at the MLP
+    backward of pair ``j`` the forward holds ``j`` layers and the attention part of layer
+    ``j``; at the attention backward, ``j + 1`` layers."""
+
+    base: int  # held before its first layer (:func:`chunk_inputs`)
+    layer: int  # one layer's saved bytes
+    attention: int  # of them, what the attention half of the layer saves
+    layers: int  # its chunk's layer count
+
+    def held(self, pair: int, moment: str) -> int:
+        """Bytes held at ``moment`` (``mlp_backward`` / ``attention_backward``) of pair
+        ``pair`` (0 = the first backward layer, the chunk's last)."""
+        if pair >= self.layers:  # a backward layer left over: the forward's layers are done
+            return self.base + self.layers * self.layer
+        if moment == "mlp_backward":
+            return self.base + pair * self.layer + self.attention
+        return self.base + (pair + 1) * self.layer
+
+
+def paired_forward(spec: TrainingSpec, n_layers: int, first: bool) -> PairedForward:
+    """:class:`PairedForward` of a chunk of ``n_layers`` layers (first chunk: ``first``).
+
+    A layer's attention half is everything it saves but the MLP's tensors, the pre-MLP norm's
+    output and statistics, the layer's output and the MLP's residual dropout mask."""
+    x = dims(spec)
+    full = layer_saved(spec, x)
+    kept = sum(full.values()) - sum(recompute_discarded(spec, x, full).values())
+    second_half = full["mlp"] + full["layer_output"]
+    second_half += (full["norm_outputs"] + full["norm_statistics"]) // 2
+    second_half += full.get("residual_dropout_masks", 0) // 2
+    base = sum(chunk_inputs(spec, x, first).values())
+    return PairedForward(base, kept, max(0, kept - second_half), n_layers)
+
+
 def chunk_activations(
-    spec: TrainingSpec, n_layers: int, first: bool, last: bool
+    spec: TrainingSpec,
+    n_layers: int,
+    first: bool,
+    last: bool,
+    partner: PairedForward | None = None,
 ) -> tuple[int, int, str, dict[str, int]]:
-    """(saved bytes, peak working bytes above them, peak moment, detail) of one chunk."""
+    """(saved bytes, peak working bytes above them, peak moment, detail) of one chunk; with
+    ``partner``, the forward running paired with this backward is priced in the working
+    bytes (MoE all-to-all overlap, :class:`PairedForward`)."""
     x = dims(spec)
     full = layer_saved(spec, x)
     groups = _checkpointed(spec, n_layers)
@@ -544,14 +623,7 @@ def chunk_activations(
     kept = layer_total - discarded  # what a layer holds until its backward recomputes it
     offloaded = offloaded_layers(spec) if first and last else 0  # pp == 1 only
     moved = offloadable_bytes(full)
-    extras: dict[str, int] = {"chunk_input": x.hidden}
-    if not spec.flash_attention and not fused_softmax(spec, x):
-        extras["causal_mask"] = x.s * x.s  # [1, 1, s, s] bool, kept by the masked fill
-    if first:
-        positions = spec.model.position_embedding_type == "learned_absolute"
-        extras["token_ids"] = x.s * x.b * INT64 * (2 if positions else 1)
-        if spec.model.hidden_dropout > 0:
-            extras["embedding_dropout_mask"] = x.hidden_mask
+    extras = chunk_inputs(spec, x, first)
     if last:
         extras["final_norm"] = x.hidden + x.stats
         extras["cross_entropy_softmax"] = cross_entropy_saved(spec, x)
@@ -574,6 +646,11 @@ def chunk_activations(
         best, moment = max(
             (w, name) for name, w in loss_moments(spec, x, extras["cross_entropy_softmax"]).items()
         )
+        if partner is not None:
+            # the loss backward runs beside the partner's embedding output; the partner's
+            # loss forward, after every backward layer, beside this microbatch's leftovers
+            # (its input gradient, its inputs): about one chunk input either way
+            best += partner.base
         if spec.defer_embedding_wgrad:
             # up to wgrad_deferral_limit microbatches (0: all) wait in the buffers: the
             # others' while the last one computes its loss, all of them at the drain
@@ -611,6 +688,8 @@ def chunk_activations(
             ("attention_backward", attention_backward_work(spec, x, full, output_stored)),
             ("mlp_backward", mlp_backward_work(spec, x, full, output_stored)),
         ):
+            if partner is not None:
+                work += partner.held(n_layers - 1 - i, name)
             if base + work > best:
                 best, moment = base + work, f"layer {i} {name}"
     detail = dict(extras)
@@ -639,8 +718,11 @@ def loss_moments(spec: TrainingSpec, x: Dims, ce_saved: int) -> dict[str, int]:
     ``cross_entropy``: the 16-bit logits the output layer produced stay alive beside their
     fp32 copy while the loss is computed (forward; the same pair exists in backward, when
     autograd casts the fp32 gradient back to the logits' dtype). Under ``native`` fusion the
-    helpers are ``torch.compile``d (megatron/core/jit.py), whose functionalisation of the
-    in-place subtraction and ``exp`` materialises one more fp32 ``[s, b, V/t]`` buffer.
+    helpers are ``torch.compile``d (megatron/core/jit.py) and Inductor's
+    ``calculate_gradients`` writes the gradient into a new fp32 ``[s, b, V/t]`` buffer instead
+    of updating the saved softmax in place, so the backward holds one more of them: measured
+    on CPU by tools/measure_fused_cross_entropy.py (backward peak 1.5 fp32 logits compiled,
+    0.5 eager; the forward is the same both ways), tests/test_fused_cross_entropy_measured.py.
     ``output_layer_backward``: the fp32 softmax is gone, the logits' gradient (activation
     dtype), the input gradient ``[s, b, h]`` and, without ``gradient_accumulation_fusion``,
     the ``[V/t, h]`` weight-gradient temporary are alive (megatron/core/tensor_parallel/
@@ -705,14 +787,27 @@ def activation_estimate(
     # the highest moment over the schedule: every in-flight chunk-microbatch's saved tensors
     # (the last chunk's logits/loss only for its own microbatches) plus the working set of
     # the chunk whose backward runs
-    best: tuple[int, int, tuple[int, ...]] | None = None
-    for chunk, alive in schedule_states(spec, pp_rank):
-        total = sum(n * b for n, b in zip(alive, saved_each, strict=False)) + chunks[chunk][1]
+    best: (
+        tuple[int, int, tuple[int, ...], tuple[int, int, str, dict[str, int]], tuple[int, ...]]
+        | None
+    ) = None
+    for chunk, alive, paired in schedule_states(spec, pp_rank):
+        result = chunks[chunk]
+        total = sum(n * b for n, b in zip(alive, saved_each, strict=False))
+        if paired is not None:  # MoE all-to-all overlap: that forward is only partly built
+            partner = paired_forward(spec, layer_counts[paired], pp_rank == 0 and paired == 0)
+            first = pp_rank == 0 and chunk == 0
+            last = pp_rank == p.pp - 1 and chunk == len(layer_counts) - 1
+            result = chunk_activations(spec, layer_counts[chunk], first, last, partner)
+            total -= saved_each[paired]
+        total += result[1]
         if best is None or total > best[0]:
-            best = (total, chunk, alive)
+            held = list(alive)
+            if paired is not None:  # priced in the working bytes, not as saved
+                held[paired] -= 1
+            best = (total, chunk, alive, result, tuple(held))
     assert best is not None
-    _, peak_chunk, alive = best
-    saved, work, moment, detail = chunks[peak_chunk]
+    _, peak_chunk, alive, (saved, work, moment, detail), held_per_chunk = best
     if len(chunks) > 1:
         moment = f"chunk {peak_chunk} {moment}"
     logits = cross_entropy_saved(spec, x) if pp_rank == p.pp - 1 else 0
@@ -725,9 +820,27 @@ def activation_estimate(
         buffer_bytes=buffer_bytes(spec, last=pp_rank == p.pp - 1),
         logits_bytes=logits,
         detail=detail,
-        in_flight_per_chunk=alive,
+        in_flight_per_chunk=held_per_chunk,
         saved_per_chunk=saved_each,
     )
+
+
+def retained_inputs_bytes(spec: TrainingSpec, pp_rank: int, chunks: int) -> int:
+    """What the pipeline schedule leaves allocated after a step: per model chunk that
+    receives its input from another stage, the last received ``[s/sp, b, h]`` input and its
+    gradient.
+
+    megatron/core/pipeline_parallel/schedules.py ``forward_step`` hands each received input to
+    ``set_input_tensor``, and megatron/core/transformer/transformer_block.py keeps it as
+    ``self.input_tensor``; ``backward_step`` calls ``retain_grad()`` on it, so after the
+    chunk's last backward the tensor and its ``.grad`` stay referenced by the block until the
+    next step's first forward of that chunk replaces them (before any backward of the next
+    step, so never at the activation peak). The first stage's first chunk gets the
+    embedding's output instead (``input_tensor`` None)."""
+    if spec.parallel.pp == 1:
+        return 0
+    receiving = chunks - (1 if pp_rank == 0 else 0)
+    return receiving * 2 * dims(spec).hidden
 
 
 def optimizer_step_bytes(spec: TrainingSpec, largest_param_numel: int) -> int:

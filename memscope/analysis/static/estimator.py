@@ -19,6 +19,7 @@ from memscope.analysis.static.activations import (
     ActivationEstimate,
     activation_estimate,
     optimizer_step_bytes,
+    retained_inputs_bytes,
 )
 from memscope.analysis.static.config import TrainingSpec, stage_spec
 from memscope.analysis.static.params import (
@@ -45,6 +46,9 @@ class RankEstimate:
     optimizer_step_bytes: int  # optimizer-step temporaries
     workspaces: dict[str, int]  # fixed GPU workspaces (cuBLAS, Transformer Engine), by source
     post_step_bytes: int = 0  # what the optimizer step leaves until the next zero_grad
+    # the last received pipeline input (and its gradient) each model chunk keeps until the
+    # next step's forward (activations.retained_inputs_bytes)
+    retained_input_bytes: int = 0
 
     @property
     def workspace_bytes(self) -> int:
@@ -59,12 +63,19 @@ class RankEstimate:
             + self.workspace_bytes
             + self.activations.buffer_bytes
             + self.post_step_bytes
+            + self.retained_input_bytes
         )
 
     @property
     def _step_transient_bytes(self) -> int:
-        """Non-persistent bytes at the optimizer step (buffer, temporaries, grad copies)."""
-        return self.activations.buffer_bytes + self.optimizer_step_bytes + self.post_step_bytes
+        """Non-persistent bytes at the optimizer step (buffer, temporaries, grad copies, the
+        pipeline inputs the schedule left referenced)."""
+        return (
+            self.activations.buffer_bytes
+            + self.optimizer_step_bytes
+            + self.post_step_bytes
+            + self.retained_input_bytes
+        )
 
     @property
     def peak_stage(self) -> str:
@@ -107,6 +118,7 @@ class RankEstimate:
             "workspaces": dict(self.workspaces),
             "steady_bytes": self.steady_bytes,
             "post_step_bytes": self.post_step_bytes,
+            "retained_input_bytes": self.retained_input_bytes,
             "peak_memory_bytes": self.peak_memory_bytes,
             "peak_stage": self.peak_stage,
         }
@@ -133,6 +145,7 @@ def estimate_rank(spec: TrainingSpec, position: RankPosition) -> RankEstimate:
         optimizer_step_bytes=optimizer_step_bytes(spec, largest),
         workspaces=workspace_terms(spec),
         post_step_bytes=fp32_grad_copies(spec, params),
+        retained_input_bytes=retained_inputs_bytes(spec, position.pp_rank, len(per_chunk)),
     )
 
 

@@ -1,18 +1,28 @@
 """Fixed GPU-resident workspaces: allocated once through the caching allocator, kept forever.
 
-Two workspaces appear in ``torch.cuda.memory_allocated()`` after the first step and stay:
+Each size below is what the named source computes from the GPU's compute capability
+(``major.minor``); :data:`GPU_COMPUTE_CAPABILITY` maps the GPU names a spec may give to it.
 
-- **torch's cuBLAS workspace**, one per (cuBLAS handle, stream) that ran a GEMM
-  (aten/src/ATen/cuda/CublasHandlePool.cpp, ``getNewWorkspace`` allocates it through
-  ``CUDACachingAllocator``). Its size is ``CUBLAS_WORKSPACE_CONFIG`` (``:SIZE:COUNT`` pairs,
-  SIZE in KiB, summed) when set, else ``parseChosenWorkspaceSize``'s default: 32 MiB
-  (``4096 KiB x 8``) on compute capability 9.x and newer, ``4096 KiB x 2 + 16 KiB x 8`` before.
-  cuBLAS handles are per thread (``DeviceThreadHandlePool``) and autograd runs backward on
-  its own device thread, so a training step that runs torch GEMMs in forward and backward on
-  one stream (``CUDA_DEVICE_MAX_CONNECTIONS=1``) holds two.
+- **torch's cuBLAS workspace**, one per (thread, stream) that ran a GEMM
+  (aten/src/ATen/cuda/CublasHandlePool.cpp: ``setCublasWorkspace`` allocates
+  ``getChosenWorkspaceSize()`` through ``CUDACachingAllocator``). Its size is
+  ``CUBLAS_WORKSPACE_CONFIG`` (``:SIZE:COUNT`` pairs, SIZE in KiB, summed) when set, else
+  ``parseChosenWorkspaceSize``'s default: 32 MiB (``4096 KiB x 8``) or ``4096 KiB x 2 +
+  16 KiB x 8``. Which capabilities get 32 MiB depends on torch: up to torch 2.10 only
+  compute capability 9.0 exactly (``major == 9 && minor == 0``, pytorch/pytorch#89027);
+  from torch 2.11 majors 9, 10 and 12 (pytorch/pytorch#175344, "32MiB for Hopper and
+  Blackwell"). Any other capability (8.x, 11.x, 9.x before 2.11 with minor != 0) gets
+  8.125 MiB. cuBLAS handles and their workspaces are per thread and autograd runs backward
+  on its own device thread, so a training step that runs torch GEMMs in forward and backward
+  on one stream (``CUDA_DEVICE_MAX_CONNECTIONS=1``) holds two.
+- **torch's cuBLASLt workspace**: with the unified workspaces torch builds by default
+  (``TORCH_CUBLASLT_UNIFIED_WORKSPACE`` unset, same file ``getCUDABlasLtWorkspace``), a
+  cuBLASLt GEMM uses the cuBLAS workspace of its (thread, stream): nothing more.
 - **Transformer Engine's cuBLAS workspace** (transformer_engine/pytorch/module/base.py,
-  ``get_workspace`` / ``get_cublas_workspace_size_bytes``): a ``uint8`` tensor of 32 MiB on
-  compute capability >= 9, 4 MiB before, created at the first TE GEMM.
+  ``get_workspace`` / ``get_cublas_workspace_size_bytes``; later TE releases moved it to
+  cpp_extensions/gemm.py): a ``uint8`` tensor of 32 MiB when the major is 9 or more (Hopper,
+  Blackwell, every later GPU), 4 MiB before, created at the first TE GEMM. (Newer TE adds
+  1 KiB of scale/alignment room for NVFP4, below what these estimates resolve.)
 - **Transformer Engine's multi-stream cuBLAS workspaces** (same file,
   ``get_multi_stream_cublas_workspace``): one workspace of that size per cuBLAS stream
   (``num_compute_streams`` = 4, transformer_engine/common/util/multi_stream.h), created at the
@@ -35,21 +45,30 @@ if TYPE_CHECKING:
 
 KIB = 1024
 MIB = 1024 * KIB
-# GPU name -> CUDA compute capability major (what the workspace sizes depend on)
-GPU_COMPUTE_MAJOR = {
-    "a100": 8,
-    "a800": 8,
-    "a10": 8,
-    "l40s": 8,
-    "h100": 9,
-    "h800": 9,
-    "h20": 9,
-    "h200": 9,
-    "gh200": 9,
-    "b200": 10,
-    "gb200": 10,
+# GPU name -> CUDA compute capability (major, minor): what the workspace sizes depend on
+GPU_COMPUTE_CAPABILITY: dict[str, tuple[int, int]] = {
+    "a100": (8, 0),
+    "a800": (8, 0),
+    "a10": (8, 6),
+    "l40s": (8, 9),
+    "h100": (9, 0),
+    "h800": (9, 0),
+    "h20": (9, 0),
+    "h200": (9, 0),
+    "gh200": (9, 0),
+    "b200": (10, 0),
+    "gb200": (10, 0),
+    "b300": (10, 3),
+    "rtx_pro_6000": (12, 0),
 }
 ASSUMED_GPU = "h100"  # when the spec names none (stated in the report's assumptions)
+# the torch whose workspace rule applies: the version CI pins (README); stated in
+# docs/static-estimator.md
+ASSUMED_TORCH = (2, 13)
+# the first torch whose default gives 32 MiB to majors 9, 10 and 12 (pytorch/pytorch#175344)
+TORCH_BLACKWELL_WORKSPACE_SINCE = (2, 11)
+TORCH_32MIB = 4096 * 8 * KIB  # parseChosenWorkspaceSize: ":4096:8"
+TORCH_OLDER = 4096 * 2 * KIB + 16 * 8 * KIB  # ":4096:2:16:8"
 TE_WORKSPACE_HOPPER = 32 * MIB
 TE_WORKSPACE_OLDER = 4 * MIB
 # threads that run torch GEMMs in a training step: the main (forward) thread and autograd's
@@ -59,17 +78,38 @@ TE_CUBLAS_STREAMS = 4  # transformer_engine/common/util/multi_stream.h num_compu
 _PAIR = re.compile(r":([0-9]+):([0-9]+)")
 
 
+def compute_capability(gpu: str | None) -> tuple[int, int]:
+    """Compute capability of ``gpu`` (``None``: the assumed Hopper GPU)."""
+    name = (gpu or ASSUMED_GPU).lower()
+    if name not in GPU_COMPUTE_CAPABILITY:
+        raise ValueError(f"gpu {gpu!r} is unknown; use one of {sorted(GPU_COMPUTE_CAPABILITY)}")
+    return GPU_COMPUTE_CAPABILITY[name]
+
+
 def compute_major(gpu: str | None) -> int:
     """Compute capability major of ``gpu`` (``None``: the assumed Hopper GPU)."""
-    name = (gpu or ASSUMED_GPU).lower()
-    if name not in GPU_COMPUTE_MAJOR:
-        raise ValueError(f"gpu {gpu!r} is unknown; use one of {sorted(GPU_COMPUTE_MAJOR)}")
-    return GPU_COMPUTE_MAJOR[name]
+    return compute_capability(gpu)[0]
 
 
-def torch_cublas_workspace_bytes(major: int, config: str | None) -> int:
-    """torch's cuBLAS workspace for one handle and stream (``parseChosenWorkspaceSize``)."""
-    default = 4096 * 8 * KIB if major >= 9 else 4096 * 2 * KIB + 16 * 8 * KIB
+def torch_default_workspace_bytes(
+    capability: tuple[int, int], torch_version: tuple[int, int] = ASSUMED_TORCH
+) -> int:
+    """``parseChosenWorkspaceSize``'s default for ``capability`` under ``torch_version``."""
+    major, minor = capability
+    if torch_version >= TORCH_BLACKWELL_WORKSPACE_SINCE:
+        big = major in (9, 10, 12)
+    else:
+        big = (major, minor) == (9, 0)
+    return TORCH_32MIB if big else TORCH_OLDER
+
+
+def torch_cublas_workspace_bytes(
+    capability: tuple[int, int],
+    config: str | None,
+    torch_version: tuple[int, int] = ASSUMED_TORCH,
+) -> int:
+    """torch's cuBLAS workspace for one thread and stream (``parseChosenWorkspaceSize``)."""
+    default = torch_default_workspace_bytes(capability, torch_version)
     if not config:
         return default
     pairs = _PAIR.findall(config)
@@ -78,21 +118,21 @@ def torch_cublas_workspace_bytes(major: int, config: str | None) -> int:
     return sum(int(size) * int(count) * KIB for size, count in pairs)
 
 
-def te_workspace_bytes(major: int) -> int:
-    """Transformer Engine's GEMM workspace (``get_cublas_workspace_size_bytes``)."""
-    return TE_WORKSPACE_HOPPER if major >= 9 else TE_WORKSPACE_OLDER
+def te_workspace_bytes(capability: tuple[int, int]) -> int:
+    """Transformer Engine's GEMM workspace (``get_cublas_workspace_size_bytes``: major >= 9)."""
+    return TE_WORKSPACE_HOPPER if capability[0] >= 9 else TE_WORKSPACE_OLDER
 
 
 def workspace_terms(spec: TrainingSpec) -> dict[str, int]:
     """The fixed workspaces of one rank of ``spec``, by source (empty on CPU)."""
     if spec.device != "cuda":
         return {}
-    major = compute_major(spec.gpu)
-    one = torch_cublas_workspace_bytes(major, spec.cublas_workspace_config)
+    capability = compute_capability(spec.gpu)
+    one = torch_cublas_workspace_bytes(capability, spec.cublas_workspace_config)
     out = {"torch_cublas_workspaces": TORCH_GEMM_THREADS * one}
     if spec.model.transformer_impl == "transformer_engine":
-        out["te_cublas_workspace"] = te_workspace_bytes(major)
+        out["te_cublas_workspace"] = te_workspace_bytes(capability)
         m = spec.model
         if m.num_experts and m.moe_grouped_gemm and not m.moe_use_legacy_grouped_gemm:
-            out["te_grouped_gemm_workspaces"] = TE_CUBLAS_STREAMS * te_workspace_bytes(major)
+            out["te_grouped_gemm_workspaces"] = TE_CUBLAS_STREAMS * te_workspace_bytes(capability)
     return out

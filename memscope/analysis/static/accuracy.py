@@ -1,0 +1,48 @@
+"""The estimator's measured accuracy, read from the GPU benchmark's committed summary.
+
+``tools/bench_static_gpu_golden.py --write`` regenerates ``benchmarks/static_gpu_golden.*``
+and this package's ``gpu_benchmark_summary.json`` (its last line's figures: worst signed
+error, median absolute error, case counts). Code that quotes the estimator's accuracy (the
+planner's band) reads it here; ``tests/test_gpu_benchmark_fresh.py`` re-runs the benchmark
+and fails when the committed files, or a figure in the docs, differ from a fresh run.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+SUMMARY_FILE = "gpu_benchmark_summary.json"
+
+
+@dataclass(frozen=True)
+class BenchmarkSummary:
+    """The figures of one run of the GPU golden-value benchmark."""
+
+    cases: int
+    worst_error: float  # signed (estimate - measured) / measured of the worst case
+    worst_case: str
+    median_abs_error: float
+    over_5_percent: int
+    over_10_percent: int
+
+    @property
+    def worst_abs_error(self) -> float:
+        return abs(self.worst_error)
+
+
+@lru_cache(maxsize=1)
+def gpu_benchmark_summary() -> BenchmarkSummary:
+    """The committed summary of ``benchmarks/static_gpu_golden.txt``."""
+    text = resources.files(__package__).joinpath(SUMMARY_FILE).read_text(encoding="utf-8")
+    data = json.loads(text)
+    return BenchmarkSummary(
+        cases=int(data["cases"]),
+        worst_error=float(data["worst_error"]),
+        worst_case=str(data["worst_case"]),
+        median_abs_error=float(data["median_abs_error"]),
+        over_5_percent=int(data["over_5_percent"]),
+        over_10_percent=int(data["over_10_percent"]),
+    )

@@ -1,0 +1,76 @@
+"""The committed GPU benchmark cannot go stale: a fresh run of tools/bench_static_gpu_golden.py
+(the estimator at this commit against Megatron-LM's functional-test golden values, ~10 s)
+must reproduce benchmarks/static_gpu_golden.{txt,json} and the package's summary; the
+planner's band and every accuracy figure in the docs must be that summary's."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+
+import pytest
+from flagscale_trees import ROOT, pristine_tree
+
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import bench_static_gpu_golden as bench
+
+from memscope.analysis.static.accuracy import gpu_benchmark_summary
+from memscope.analysis.static.planner import ESTIMATE_UNCERTAINTY
+
+pytestmark = pytest.mark.integration
+REGENERATE = "stale: run `python tools/bench_static_gpu_golden.py --write` and commit the result"
+
+
+@pytest.fixture(scope="module")
+def fresh() -> dict:
+    return bench.run(pristine_tree())
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def test_committed_table_is_what_the_benchmark_prints_now(fresh):
+    paths = bench.committed_paths()
+    assert _read(paths["txt"]) == bench.render(fresh) + "\n", REGENERATE
+
+
+def test_committed_rows_are_what_the_benchmark_computes_now(fresh):
+    paths = bench.committed_paths()
+    assert json.loads(_read(paths["json"])) == json.loads(bench.json_text(fresh)), REGENERATE
+
+
+def test_package_summary_is_the_fresh_runs_last_line(fresh):
+    paths = bench.committed_paths()
+    assert json.loads(_read(paths["summary"])) == bench.summary_file(fresh["summary"]), REGENERATE
+    s = gpu_benchmark_summary()
+    last = bench.render(fresh).splitlines()[-1]
+    assert last == f"worst: {100 * s.worst_error:+.1f}%  median: {100 * s.median_abs_error:.1f}%"
+    assert s.cases == fresh["summary"]["cases"] > 100
+
+
+def test_planner_band_is_the_benchmarks_worst_error():
+    assert gpu_benchmark_summary().worst_abs_error == ESTIMATE_UNCERTAINTY
+
+
+def test_every_accuracy_figure_in_the_docs_is_the_summarys():
+    s = gpu_benchmark_summary()
+    worst, median = f"{100 * s.worst_error:+.1f}", f"{100 * s.median_abs_error:.1f}"
+    estimator = _read(os.path.join(ROOT, "docs", "static-estimator.md"))
+    found = re.findall(
+        r"Last run: (\d+) GPT/MoE cases, median \|error\| ([0-9.]+)%, worst ([-+][0-9.]+)% "
+        r"\(`([^`]+)`[^)]*\); (\d+) cases? beyond 5%, (\d+) beyond 10%",
+        " ".join(estimator.split()),
+    )
+    assert found == [
+        (str(s.cases), median, worst, s.worst_case, str(s.over_5_percent), str(s.over_10_percent))
+    ]
+    planner = " ".join(_read(os.path.join(ROOT, "docs", "planner.md")).split())
+    band = re.findall(
+        r"`benchmarks/static_gpu_golden.txt`: ([0-9.]+)% over (\d+) cases, median ([0-9.]+)%",
+        planner,
+    )
+    assert band == [(f"{100 * s.worst_abs_error:.1f}", str(s.cases), median)]
