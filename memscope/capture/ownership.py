@@ -144,8 +144,8 @@ class OwnershipRegistry:
                     owner = names.get(id(param)) or main_names.get(id(param)) or "optimizer"
                     for key, value in entries.items():
                         add(value, f"{owner}:{key}", OwnerCategory.OPTIMIZER_STATE)
-        for key, tensor in _global_memory_buffers():
-            add(tensor, f"global_memory_buffer[{key}]", OwnerCategory.BUFFERS)
+        for owner, tensor in run_long_buffers():
+            add(tensor, owner, OwnerCategory.BUFFERS)
         self.index = OwnershipIndex(ranges)  # the first owner of a shared tensor keeps it
         self.generation += 1
 
@@ -172,11 +172,22 @@ class OwnershipRegistry:
         return self.index.totals()
 
 
-def _global_memory_buffers() -> list[tuple[str, torch.Tensor]]:
-    """Megatron's global memory buffer tensors, when megatron-core is in use."""
+def run_long_buffers() -> list[tuple[str, torch.Tensor]]:
+    """Run-long scratch MemScope can see, as (owner name, tensor): Megatron's global memory
+    buffer (megatron/core/utils.py ``GlobalMemoryBuffer``, the singleton of
+    megatron/core/parallel_state.py ``_GLOBAL_MEMORY_BUFFER``): a dict keyed by (name, dtype)
+    whose tensors ``get_tensor`` grows to the largest request and never frees, so they live
+    for the whole run whichever module first asked (the local attention's score buffer, the
+    sequence-parallel all-gathers). Named ``global_memory_buffer[name, dtype]``."""
     import sys
 
     state = sys.modules.get("megatron.core.parallel_state")
     buffer = getattr(state, "_GLOBAL_MEMORY_BUFFER", None) if state else None
     tensors = getattr(buffer, "buffer", None) or {}
-    return [(str(key), t) for key, t in tensors.items() if isinstance(t, torch.Tensor)]
+    out = []
+    for key, tensor in tensors.items():
+        if isinstance(tensor, torch.Tensor):
+            parts = key if isinstance(key, tuple) else (key,)
+            label = ", ".join(str(p).removeprefix("torch.") for p in parts)
+            out.append((f"global_memory_buffer[{label}]", tensor))
+    return out
