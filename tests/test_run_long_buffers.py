@@ -57,3 +57,7 @@ def test_megatrons_global_memory_buffer_is_a_run_long_buffer_in_every_view(histo
     assert first["step"] == 0 and first["kind"] == "one_time_growth"
     assert first["category_deltas"]["buffers"] == expected
     assert transitions["leaks"] == []
+    # the static comparison sets the estimator's buffer term (activations.py buffer_bytes)
+    # against it, like for like
+    rows = {c["component"]: c for c in report["comparisons"]["components"]}
+    assert rows["buffers"]["static_bytes"] == rows["buffers"]["runtime_bytes"] == expected
