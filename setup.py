@@ -31,7 +31,8 @@ setup(
             "six",
             "regex",
             "hypothesis",
-            "tensorboard",  # a real SummaryWriter for the dashboard test
+            "tensorboard",  # a real SummaryWriter for the dashboard tests
+            "wandb",  # a real W&B run, offline, for the dashboard tests
         ],
     },
     entry_points={"console_scripts": ["memscope=memscope.cli:main"]},
