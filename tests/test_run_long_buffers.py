@@ -61,3 +61,20 @@ def test_megatrons_global_memory_buffer_is_a_run_long_buffer_in_every_view(histo
     # against it, like for like
     rows = {c["component"]: c for c in report["comparisons"]["components"]}
     assert rows["buffers"]["static_bytes"] == rows["buffers"]["runtime_bytes"] == expected
+
+
+def test_megatron_fsdps_own_global_memory_buffer_is_run_long_too():
+    from megatron.core.distributed.fsdp.src.megatron_fsdp import utils as fsdp_utils
+
+    from memscope.capture.ownership import run_long_buffers
+
+    before = getattr(fsdp_utils, "_GLOBAL_MEMORY_BUFFER", None)
+    # its get_tensor allocates on torch.cuda.current_device(): the tensor it would keep, on CPU
+    fsdp_utils._GLOBAL_MEMORY_BUFFER = fsdp_utils.GlobalMemoryBuffer()
+    scratch = torch.empty(256, dtype=torch.bfloat16)
+    fsdp_utils._GLOBAL_MEMORY_BUFFER.buffer[("fsdp_ag", torch.bfloat16)] = scratch
+    try:
+        found = dict(run_long_buffers())
+    finally:
+        fsdp_utils._GLOBAL_MEMORY_BUFFER = before
+    assert found["megatron_fsdp.global_memory_buffer[fsdp_ag, bfloat16]"] is scratch

@@ -183,6 +183,15 @@ def _tensor_args(args: Any, kwargs: Any) -> Iterator[torch.Tensor]:
                     yield item
 
 
+def _intern(table: dict[Any, int], values: list[Any], value: Any) -> int:
+    """``value``'s index in ``values`` (``table`` maps each to its index), added if new."""
+    found = table.get(value)
+    if found is None:
+        found = table[value] = len(values)
+        values.append(value)
+    return found
+
+
 def _mib(nbytes: int) -> str:
     return f"{nbytes / 2**20:.2f} MiB"
 
@@ -364,11 +373,7 @@ class StorageLedgerBackend(MemoryBackend):
             entry.context = context
 
     def _context_key(self, key: tuple[Any, ...]) -> int:
-        found = self._contexts.get(key)
-        if found is None:
-            found = self._contexts[key] = len(self._context_list)
-            self._context_list.append(key)
-        return found
+        return _intern(self._contexts, self._context_list, key)
 
     def adopt_existing(self, category: int = CAT_OTHER) -> int:
         """Adopt every live tensor Python can reach (allocations made before ``start``)."""
@@ -475,12 +480,7 @@ class StorageLedgerBackend(MemoryBackend):
         entry = self._live[key] = _Entry(storage, self._release, key, nbytes, category, context)
         entry.born = self._step
         if tensor is not None:
-            desc = (tensor.shape, tensor.dtype)
-            found = self._descs.get(desc)
-            if found is None:
-                found = self._descs[desc] = len(self._desc_list)
-                self._desc_list.append(desc)
-            entry.desc = found
+            entry.desc = _intern(self._descs, self._desc_list, (tensor.shape, tensor.dtype))
         if self._record_stacks:
             entry.stack = self._stack_id(caller_frames())
         self.storages_seen += 1
@@ -572,11 +572,7 @@ class StorageLedgerBackend(MemoryBackend):
             self._record_stacks = False
 
     def _stack_id(self, frames: tuple[Frame, ...]) -> int:
-        found = self._stacks.get(frames)
-        if found is None:
-            found = self._stacks[frames] = len(self._stack_list)
-            self._stack_list.append(frames)
-        return found
+        return _intern(self._stacks, self._stack_list, frames)
 
     def history_snapshot(self) -> dict[str, Any]:
         """The history and the live storages as a CUDA allocator snapshot would hold them
