@@ -75,17 +75,20 @@ def test_a_failing_store_is_reported_once_and_publishing_goes_on():
     assert len(errors) == 1 and "store server is gone" in str(errors[0])
 
 
-def test_the_dashboard_sink_writes_the_job_max_and_each_rank():
-    class Board:  # the one method a TensorBoard SummaryWriter is asked for
-        def __init__(self):
-            self.scalars = []
+def test_the_dashboard_sink_writes_the_job_max_and_each_rank_at_the_iteration(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
 
-        def add_scalar(self, tag, value, step):
-            self.scalars.append((tag, value, step))
-
-    tb = Board()
-    DashboardSink(tensorboard=tb)(7, {0: 5, 1: 9, 2: 9})
-    got = {tag: value for tag, value, step in tb.scalars if step == 7}
+    writer = SummaryWriter(str(tmp_path))
+    DashboardSink(tensorboard=writer, iteration_offset=1)(7, {0: 5, 1: 9, 2: 9})
+    writer.close()
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    got = {}
+    for tag in events.Tags()["scalars"]:
+        (scalar,) = events.Scalars(tag)
+        assert scalar.step == 8  # step 7 is Megatron's iteration 8
+        got[tag] = scalar.value
     prefix = "memscope/peak-allocated-bytes/"
     assert got[prefix + "job-max"] == 9 and got[prefix + "job-max-rank"] == 1
     assert [got[f"{prefix}rank{r}"] for r in range(3)] == [5, 9, 9]

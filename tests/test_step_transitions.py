@@ -192,6 +192,16 @@ def test_one_time_model_state_growth_inside_a_leak_run_is_not_leak():
     assert "activations grew most" in by_step[2]["cause"]  # not the optimizer's state
 
 
+def test_a_one_time_jump_inside_a_leak_is_not_its_rate_without_categories():
+    # the cuda backend classifies nothing: the optimizer's state (50 MiB) appears at step 2,
+    # its first real step, on top of a 1 MiB/step leak; the median ignores the one-off jump
+    sizes = [100, 101, 153, 154, 155]  # MiB
+    rows = [_row(s, n * MiB, 300 * MiB) for s, n in enumerate(sizes)]
+    section = StepTransitionAnalyzer().sections({"steps": rows})["step_transitions"]
+    (leak,) = section["leaks"]
+    assert (leak["first_step"], leak["last_step"], leak["bytes_per_step"]) == (1, 4, MiB)
+
+
 @pytest.mark.integration
 def test_a_leak_from_step_0_is_rated_from_the_steps_after_the_optimizer_state_exists(
     tmp_path, small_cfg
