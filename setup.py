@@ -37,7 +37,8 @@ setup(
             "six",
             "regex",
             "hypothesis",
-            "tensorboard",  # a real SummaryWriter for the dashboard test
+            "tensorboard",  # a real SummaryWriter for the dashboard tests
+            "wandb",  # a real W&B run, offline, for the dashboard tests
             # FlagScale 0.8.0's auto-tuner package imports these (the real AutoTuner test)
             "pandas",
             "psutil",

@@ -159,7 +159,9 @@ def test_cpu_page_marks_the_peak_and_says_what_the_backend_cannot_show(tmp_path,
     _, report, _ = traced_run
     dom = _page_dom(tmp_path, render_runtime_html(runtime_payload(report)))
     assert 'class="peak-row"' in dom and "← peak" in dom  # the top event holding the peak
-    assert "run peak " in dom  # the within-step chart's peak marker
+    assert "run peak " in dom  # the within-step chart's peak marker, named as the card names it
+    peak = report["peak"]
+    assert f"· {peak['phase']} · {peak['module']} · microbatch {peak['microbatch']}" in dom
     assert "no caching allocator on CPU" in dom  # the reserved card, not a figure
     assert "Not available with the storage backend" in dom and "--memscope-backend cuda" in dom
     assert "-0.0%" not in dom

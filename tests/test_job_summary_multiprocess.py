@@ -99,10 +99,11 @@ def test_the_writer_rank_logs_every_ranks_step_peak_and_the_job_maximum(tmp_path
     series = {tag: {e.step: e.value for e in events.Scalars(tag)}
               for tag in events.Tags()["scalars"]}  # fmt: skip
     rows = {r.rank: load_json(r.report_path)["steps"] for r in results}
-    per_rank = {rank: {row["step"]: row["peak_allocated"] for row in steps}
+    # on Megatron's iteration axis: the iteration logged after step s is s + 1
+    per_rank = {rank: {row["step"] + 1: row["peak_allocated"] for row in steps}
                 for rank, steps in rows.items()}  # fmt: skip
     steps = sorted(per_rank[0])
-    assert steps == [0, 1, 2, 3]
+    assert steps == [1, 2, 3, 4]
     prefix = "memscope/peak-allocated-bytes/"
     for rank in (0, 1):  # each rank's own peaks, as its report has them
         assert series[f"{prefix}rank{rank}"] == pytest.approx(per_rank[rank], rel=1e-6)

@@ -126,3 +126,28 @@ def test_the_job_page_lists_the_ranks_that_ran_out_and_the_others_headroom(
     assert main(["visualize-runtime", "--report", str(job)]) == 2
     assert main(["visualize-runtime", "--report", str(job), "--allow-mixed-runs"]) == 0
     assert '"tightest_rank":1' in (job / "job_report.html").read_text()
+
+
+@pytest.mark.integration
+def test_an_oom_after_a_leak_names_the_leak_and_leads_with_fixing_it(tmp_path, small_cfg):
+    leaked = small_cfg.seq_length * small_cfg.micro_batch_size * small_cfg.hidden_size * 4
+    leaking = run_in_process(small_cfg, 3, _argv(tmp_path / "free"), leak_from_step=0)
+    free = load_json(leaking.report_path)
+    # room for four and a half more leaked outputs above step 1's peak: fails in step 6
+    capacity = free["steps"][1]["peak_allocated"] + 9 * leaked // 2
+    with pytest.raises(torch.OutOfMemoryError):
+        run_in_process(small_cfg, 10, _argv(tmp_path / "oom", capacity), leak_from_step=0)
+    rank = tmp_path / "oom" / "rank00000"
+    doc = load_json(str(rank / "oom_report.json"))
+    assert doc["trend"] == "growth" and doc["where"]["step"] == 6
+    leak = doc["leak"]
+    assert (leak["bytes_per_step"], leak["first_step"]) == (leaked, 1)
+    assert leak["suspect"]["module"] == "decoder.layers.0.mlp.linear_fc2"
+    assert doc["trend_reason"].startswith("a leak: allocated grew 16384 bytes per step")
+    assert "decoder.layers.0.mlp.linear_fc2" in doc["trend_reason"]
+    first, *settings = doc["remedies"]  # the leak first, then the estimator's settings
+    assert first["name"] == "fix the leak" and "linear_fc2" in first["note"]
+    assert settings and all(r["name"] != "fix the leak" for r in settings)
+    text = (rank / "oom_report.md").read_text()
+    assert "- cause: **a leak**: allocated grew 16.00 KiB per step since step 1" in text
+    assert text.index("fix the leak") < text.index("micro-batch size")

@@ -4,6 +4,7 @@ state is one-time growth, a planted leak is flagged within three steps with its 
 
 from __future__ import annotations
 
+from math import prod
 from typing import Any
 
 import pytest
@@ -47,7 +48,8 @@ def test_allocated_growing_in_three_consecutive_steps_is_a_leak_candidate():
     section = StepTransitionAnalyzer().sections({"steps": rows})["step_transitions"]
     assert section["leaks"] == [{"first_step": 2, "last_step": 4, "steps": 3,
                                  "bytes_added": 3 * MiB, "bytes_per_step": MiB,
-                                 "suspects": []}]  # fmt: skip  # no ledger: no suspects
+                                 "rate_basis": "median of the recurring growth of steps 2–4 "
+                                 "(3 steps)", "suspects": []}]  # fmt: skip  # no ledger
     assert section["counts"]["leak_candidate"] == 3
 
 
@@ -102,7 +104,7 @@ def test_a_planted_leak_is_flagged_within_three_steps_with_its_size(tmp_path, sm
     assert suspect["module"] == "decoder.layers.0.mlp.linear_fc2"
     assert (suspect["phase"], suspect["microbatch"]) == ("forward", 0)
     assert suspect["birth_steps"] == [2, 3, 4] and suspect["bytes_per_step"] == leaked
-    assert "stack" not in suspect  # stacks cost a frame walk per allocation: only when asked
+    assert "stack" not in suspect and "line" not in suspect  # stacks: only when asked
     text = (tmp_path / "rank00000" / "runtime_report.md").read_text()
     assert "suspect `decoder.layers.0.mlp.linear_fc2` (forward, microbatch 0)" in text
     kinds = {t["step"]: t for t in section["transitions"]}
@@ -119,6 +121,7 @@ def test_deep_mode_names_the_python_frames_that_created_a_leak_suspect(tmp_path,
     (leak,) = load_json(result.report_path)["step_transitions"]["leaks"]
     (suspect,) = leak["suspects"]
     stack = suspect["stack"]
+    assert suspect["line"] == stack[0]  # the creating code line
     # innermost first: megatron-core's row-parallel linear made the tensor, called from its
     # MLP's forward; torch's and MemScope's own frames are left out
     assert "megatron/core/tensor_parallel/layers.py" in stack[0]
@@ -168,3 +171,57 @@ def test_leak_suspects_group_survivors_by_where_they_were_born():
     assert (small["phase"], small["microbatch"], small["virtual_chunk"], small["count"]) == (
         "backward", 2, 1, 2)  # fmt: skip
     assert leak_suspects(survivors, limit=1) == [big]
+
+
+def test_one_time_model_state_growth_inside_a_leak_run_is_not_leak():
+    # the optimizer's state appears at step 2 (its first real step: 1 and 0 were skipped, as
+    # loss-scale overflows skip them) on top of a 1 MiB/step activation leak
+    acts = [0, 1, 2, 3, 4]
+    rows = []
+    for s, a in enumerate(acts):
+        opt = 50 * MiB if s >= 2 else 0
+        cats = {"activations": a * MiB, "optimizer_state": opt}
+        rows.append(_row(s, 100 * MiB + a * MiB + opt, 300 * MiB, categories_end=cats))
+    rows[0]["categories_start"] = {"activations": 0, "optimizer_state": 0}
+    section = StepTransitionAnalyzer().sections({"steps": rows})["step_transitions"]
+    (leak,) = section["leaks"]
+    assert (leak["first_step"], leak["bytes_per_step"], leak["bytes_added"]) == (1, MiB, 4 * MiB)
+    assert "less 52428800 bytes of one-time" in leak["rate_basis"]
+    by_step = {t["step"]: t for t in section["transitions"]}
+    assert "52428800 bytes of it one-time growth" in by_step[2]["cause"]
+    assert "activations grew most" in by_step[2]["cause"]  # not the optimizer's state
+
+
+def test_a_one_time_jump_inside_a_leak_is_not_its_rate_without_categories():
+    # the cuda backend classifies nothing: the optimizer's state (50 MiB) appears at step 2,
+    # its first real step, on top of a 1 MiB/step leak; the median ignores the one-off jump
+    sizes = [100, 101, 153, 154, 155]  # MiB
+    rows = [_row(s, n * MiB, 300 * MiB) for s, n in enumerate(sizes)]
+    section = StepTransitionAnalyzer().sections({"steps": rows})["step_transitions"]
+    (leak,) = section["leaks"]
+    assert (leak["first_step"], leak["last_step"], leak["bytes_per_step"]) == (1, 4, MiB)
+
+
+@pytest.mark.integration
+def test_a_leak_from_step_0_is_rated_from_the_steps_after_the_optimizer_state_exists(
+    tmp_path, small_cfg
+):
+    result = run_in_process(small_cfg, 6, ["--memscope", "--memscope-outdir", str(tmp_path)],
+                            leak_from_step=0)  # fmt: skip
+    section = load_json(result.report_path)["step_transitions"]
+    leaked = small_cfg.seq_length * small_cfg.micro_batch_size * small_cfg.hidden_size * 4
+    (leak,) = section["leaks"]
+    # step 0 also creates Adam's state (and the global memory buffer): never leak
+    assert (leak["first_step"], leak["last_step"], leak["bytes_per_step"]) == (1, 5, leaked)
+    assert "first traced step (0) grew once and is left out" in leak["rate_basis"]
+    first = section["transitions"][0]
+    assert (first["step"], first["kind"]) == (0, "one_time_growth")
+    assert first["category_deltas"]["optimizer_state"] == result.optimizer_state_bytes
+    (suspect,) = leak["suspects"]
+    # what is leaking: the MLP's fc2 output, as the op that created the storage shaped it
+    assert suspect["dtype"] == "float32"
+    assert 4 * prod(suspect["shape"]) == leaked == suspect["bytes_per_step"]
+    text = (tmp_path / "rank00000" / "runtime_report.md").read_text()
+    shape = ", ".join(str(n) for n in suspect["shape"])
+    assert f"suspect `decoder.layers.0.mlp.linear_fc2` (forward, microbatch 0): `[{shape}]` " \
+        "float32 16.00 KiB per step" in text  # fmt: skip

@@ -14,6 +14,9 @@ From the ``oom`` event MemScope records when training raises ``torch.OutOfMemory
 * **what was live**: the composition at the failure (backends that keep a ledger);
 * **growth or spike**: the last steps' peaks and the step-to-step verdict: memory that grew
   step after step (a leak candidate) is not fixed by the same remedies as one step's spike;
+  when the leak has suspects (backends that keep a ledger), the ``leak`` record names it as
+  the cause (rate, since which step, what is leaking: module, shape, dtype, code line) and
+  the first remedy is to fix it: no setting cures a leak, a smaller batch only delays it;
 * **the static estimate**, term by term, and **remedies**: settings ranked by the saving the
   estimator predicts for this rank (computed with the estimate, from the run's own args).
 """
@@ -81,11 +84,15 @@ class OomAnalyzer:
         )
         used = last_device.get("device_used_bytes")
         transitions = prior.get("step_transitions") or {}
-        growing = bool(transitions.get("leaks"))
+        leaks = list(transitions.get("leaks") or [])
+        growing = bool(leaks)
         estimate = self.static.estimate or {}
         remedies = list(estimate.get("remedies") or [])
         if fragmentation:
             remedies.insert(0, _expandable_segments(cached_free))
+        leak = _leak_cause(leaks)
+        if leak is not None:
+            remedies.insert(0, _fix_the_leak(leak))
         return {
             "oom": {
                 "where": {
@@ -113,14 +120,68 @@ class OomAnalyzer:
                     for s in steps[-RECENT_STEPS:]
                 ],
                 "trend": "growth" if growing else "spike",
-                "trend_reason": "allocated grew step after step before the failure (a leak "
-                "candidate: see step_transitions)"
-                if growing
-                else "no step-to-step growth: the failing step's own peak is too high",
+                "trend_reason": _trend_reason(leaks, leak),
+                "leak": leak,
                 "static": (prior.get("comparisons") or {}).get("components") or [],
                 "remedies": remedies,
             }
         }
+
+
+def _leak_cause(leaks: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The leak that caused the failure, when one with suspects was found: the latest."""
+    named = [leak for leak in leaks if leak.get("suspects")]
+    if not named:
+        return None
+    leak = named[-1]
+    return {
+        "first_step": leak["first_step"],
+        "last_step": leak["last_step"],
+        "bytes_per_step": leak["bytes_per_step"],
+        "rate_basis": leak.get("rate_basis", ""),
+        "suspect": leak["suspects"][0],
+    }
+
+
+def suspect_text(suspect: dict[str, Any]) -> str:
+    """One suspect in words: module (phase, microbatch), shape and dtype, code line."""
+    where = f"{suspect.get('module') or '(no module)'} ({suspect.get('phase')}"
+    if suspect.get("microbatch") is not None:
+        where += f", microbatch {suspect['microbatch']}"
+    where += ")"
+    if suspect.get("shape") is not None:
+        shape = "×".join(str(n) for n in suspect["shape"])
+        where += f", tensors of shape [{shape}] {suspect.get('dtype', '')}".rstrip()
+    if suspect.get("line"):
+        where += f", created at {suspect['line']}"
+    return where
+
+
+def _trend_reason(leaks: list[dict[str, Any]], leak: dict[str, Any] | None) -> str:
+    if leak is not None:
+        return (
+            f"a leak: allocated grew {leak['bytes_per_step']} bytes per step since step "
+            f"{leak['first_step']}, kept by {suspect_text(leak['suspect'])}"
+        )
+    if leaks:
+        return (
+            "allocated grew step after step before the failure (a leak candidate: see "
+            "step_transitions)"
+        )
+    return "no step-to-step growth: the failing step's own peak is too high"
+
+
+def _fix_the_leak(leak: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": "fix the leak",
+        "flags": "",
+        "args": {},
+        "predicted_peak_bytes": None,
+        "saving_bytes": None,
+        "note": f"{leak['bytes_per_step']} bytes per step kept since step {leak['first_step']} "
+        f"by {suspect_text(leak['suspect'])}; release them (no setting cures a leak; a "
+        "smaller batch or more recompute only delays the failure)",
+    }
 
 
 def _reason(fragmentation: bool, requested: int | None, cached_free: int) -> str:

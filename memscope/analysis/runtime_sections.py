@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from memscope.analysis.base import Analyzer
+from collections.abc import Iterable
+from typing import Any
+
+from memscope.analysis.base import Analyzer, replay
 from memscope.analysis.hot_spots import HotSpotAnalyzer
 from memscope.analysis.modules import ModuleAnalyzer
 from memscope.analysis.oom import OomAnalyzer
@@ -13,6 +16,7 @@ from memscope.analysis.step_compositions import StepCompositionAnalyzer
 from memscope.analysis.step_transitions import StepTransitionAnalyzer
 from memscope.analysis.steps import StepAnalyzer
 from memscope.analysis.timeline import AllocatorTimelineAnalyzer
+from memscope.events.schema import MemoryEvent
 
 #: The report sections the default analyzers produce.
 RUNTIME_SECTIONS = (
@@ -43,3 +47,10 @@ def runtime_analyzers(top_k: int, static: StaticEstimate) -> list[Analyzer]:
         StaticComparisonAnalyzer(static),
         OomAnalyzer(static),
     ]
+
+
+def attributed_peak(events: Iterable[MemoryEvent]) -> dict[str, Any]:
+    """The ``peak`` section of a trace's events, built as the report builds it (after the
+    allocator history, which gives a backend without a composition of its own one): the one
+    attributed peak (step, phase, module, microbatch) every output names."""
+    return replay(events, [AllocatorTimelineAnalyzer(), PeakAnalyzer()])["peak"]

@@ -54,6 +54,19 @@ def measured_in_flight(composition: Mapping[str, Any] | None) -> dict[str, Any] 
     return {"microbatches": len(per), "bytes_by_microbatch": dict(sorted(per.items()))}
 
 
+def _static_parts(estimate: Mapping[str, Any]) -> dict[str, int]:
+    """The estimate's bytes per runtime category. The estimator counts Megatron's global
+    memory buffer (``buffer_bytes``, activations.py) inside its activation-side transient; at
+    runtime that buffer is the run-long ``buffers`` category, so it is moved there, like for
+    like."""
+    parts = dict(estimate.get("components") or {})
+    buffer = estimate.get("buffer_bytes")
+    if "buffers" not in parts and buffer and parts.get("activations") is not None:
+        parts["buffers"] = int(buffer)
+        parts["activations"] = int(parts["activations"]) - int(buffer)
+    return parts
+
+
 def compare_with_static(
     runtime_peak_bytes: int,
     runtime_categories: Mapping[str, int] | None,
@@ -79,7 +92,7 @@ def compare_with_static(
     static_peak = estimate.get("peak_memory_bytes")
     diff, ratio = _diff(static_peak, runtime_peak_bytes)
     components = []
-    static_parts = estimate.get("components") or {}
+    static_parts = _static_parts(estimate)
     for name in CATEGORIES:
         runtime_value = runtime_categories.get(name) if runtime_categories else None
         static_value = static_parts.get(name)

@@ -13,10 +13,19 @@ backend classifies memory, the bytes per category. A transition is
 * **cache growth**: reserved grew while allocated did not: the caching allocator kept more
   than it hands out (fragmentation); ``expandable_segments:True`` lets it grow segments
   instead of adding new ones;
-* **leak candidate**: allocated grew in ``leak_steps`` consecutive transitions. Leaks are
-  judged on allocated bytes only: reserved memory also grows with fragmentation and is given
-  back only on demand;
+* **leak candidate**: allocated grew in ``leak_steps`` consecutive transitions, counting only
+  growth that can recur: one-time growth is never leak. Left out are the growth of model
+  state and run-long buffers (parameters, gradients, optimizer state: the optimizer's first
+  real step creates its state; Megatron's global memory buffer grows to its largest use),
+  where the backend classifies memory, and the first traced step as a whole (it compares
+  with where tracing started: lazily allocated buffers and the allocator's warm-up land
+  there). Leaks are judged on allocated bytes only: reserved memory also grows with
+  fragmentation and is given back only on demand;
 * **release**: allocated fell.
+
+A leak's **rate** is the median of its steps' recurring growth (a one-time jump inside the
+run, on a backend that cannot classify it, does not move a median), and ``rate_basis`` says
+which steps it came from and what was left out.
 
 A leak's **suspects** come from backends that keep a ledger of live storages (``storage``):
 at each step's end, the activations and other memory born after the first step, in an
@@ -38,7 +47,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from memscope.events.schema import PHASE_STEP, STEP_PHASE, MemoryEvent, Survivor
+from memscope.events.schema import (
+    ONE_TIME_CATEGORIES,
+    PHASE_STEP,
+    STEP_PHASE,
+    MemoryEvent,
+    Survivor,
+)
 
 #: Suspects listed per leak.
 MAX_SUSPECTS = 10
@@ -58,6 +73,8 @@ ONE_TIME_CAUSES = {
     "parameters": "parameters created or moved after tracing started",
     "activations": "activations kept across the step boundary",
     "other": "memory kept across the step boundary",
+    "buffers": "a run-long buffer grew (Megatron's global memory buffer grows to its largest "
+    "use and is never freed)",
 }
 
 
@@ -84,6 +101,19 @@ class Transition:
     category_deltas: dict[str, int]
     kind: TransitionKind = TransitionKind.STEADY
     cause: str = ""
+
+    @property
+    def one_time_bytes(self) -> int:
+        """Growth that is one-time by nature: model state and run-long buffers created."""
+        return sum(max(0, self.category_deltas.get(c, 0)) for c in ONE_TIME_CATEGORIES)
+
+    @property
+    def recurring_delta(self) -> int:
+        """The allocated change that can recur (a leak's share): less one-time growth; the
+        first traced step has none (see the module doc)."""
+        if self.from_step is None:
+            return 0
+        return self.allocated_delta - self.one_time_bytes
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -154,7 +184,8 @@ def classify(
     bytes transition ``i`` started from."""
     assert len(transitions) == len(allocated_before) and leak_steps >= 2
     slack = [max(1, int(tolerance * max(0, b))) for b in allocated_before]
-    grows = [t.allocated_delta > s for t, s in zip(transitions, slack, strict=True)]
+    grows = [t.recurring_delta > s for t, s in zip(transitions, slack, strict=True)]
+    grew = [t.allocated_delta > s for t, s in zip(transitions, slack, strict=True)]
     in_leak = [False] * len(transitions)
     run = 0
     for i, growing in enumerate(grows):
@@ -163,11 +194,13 @@ def classify(
             for j in range(i - run + 1, i + 1):
                 in_leak[j] = True
     out = []
-    for t, s, growing, leak in zip(transitions, slack, grows, in_leak, strict=True):
+    for t, s, growing, leak in zip(transitions, slack, grew, in_leak, strict=True):
         kind, cause = TransitionKind.STEADY, ""
         if leak:
             kind = TransitionKind.LEAK_CANDIDATE
             cause = f"allocated grew in {leak_steps} or more consecutive steps" + _top(t)
+            if t.one_time_bytes:
+                cause += f"; {t.one_time_bytes} bytes of it one-time growth (model state)"
         elif growing:
             kind, cause = TransitionKind.ONE_TIME_GROWTH, _growth_cause(t)
         elif t.allocated_delta < -s:
@@ -187,8 +220,9 @@ def _fields(t: Transition) -> dict[str, Any]:
 
 
 def _top(t: Transition) -> str:
-    """ "; <category> grew most" when the backend classifies memory."""
-    grown = [(k, v) for k, v in t.category_deltas.items() if v > 0]
+    """ "; <category> grew most" (of the categories that can leak) when the backend
+    classifies memory."""
+    grown = [(k, v) for k, v in t.category_deltas.items() if v > 0 and k not in ONE_TIME_CATEGORIES]
     return f"; {max(grown, key=lambda kv: kv[1])[0]} grew most" if grown else ""
 
 
@@ -213,14 +247,27 @@ def leak_runs(transitions: Sequence[Transition]) -> list[dict[str, Any]]:
                 runs.append([t])
     out = []
     for run in runs:
-        total = sum(t.allocated_delta for t in run)
+        deltas = sorted(t.recurring_delta for t in run)
+        half = len(deltas) // 2
+        median = deltas[half] if len(deltas) % 2 else (deltas[half - 1] + deltas[half]) // 2
+        one_time = sum(t.one_time_bytes for t in run)
+        basis = (
+            f"median of the recurring growth of steps {run[0].step}–{run[-1].step} "
+            f"({len(run)} steps)"
+        )
+        if one_time:
+            basis += f", less {one_time} bytes of one-time model-state / buffer growth"
+        first = transitions[0]
+        if run[0].from_step == first.step and first.kind is TransitionKind.ONE_TIME_GROWTH:
+            basis += f"; the first traced step ({first.step}) grew once and is left out"
         out.append(
             {
                 "first_step": run[0].step,
                 "last_step": run[-1].step,
                 "steps": len(run),
-                "bytes_added": total,
-                "bytes_per_step": total // len(run),
+                "bytes_added": sum(deltas),
+                "bytes_per_step": median,
+                "rate_basis": basis,
             }
         )
     return out
@@ -238,6 +285,7 @@ def leak_suspects(survivors: Sequence[Survivor], limit: int = MAX_SUSPECTS) -> l
     for (phase, module, microbatch, chunk), items in groups.items():
         total = sum(i.nbytes for i in items)
         births = sorted({i.birth_step for i in items})
+        largest = max(items, key=lambda i: i.nbytes)
         suspect: dict[str, Any] = {
             "module": module,
             "phase": phase,
@@ -248,9 +296,12 @@ def leak_suspects(survivors: Sequence[Survivor], limit: int = MAX_SUSPECTS) -> l
             "bytes_per_step": total // len(births),
             "count": sum(i.count for i in items),
         }
+        if largest.shape is not None:  # what it is: its largest storage's creating tensor
+            suspect["shape"], suspect["dtype"] = list(largest.shape), largest.dtype
         with_stack = [i for i in items if i.stack]
         if with_stack:  # where in the code: the frames of its largest recorded storage
             suspect["stack"] = list(max(with_stack, key=lambda i: i.nbytes).stack)
+            suspect["line"] = suspect["stack"][0]
         out.append(suspect)
     return sorted(out, key=lambda d: -int(d["bytes"]))[:limit]
 

@@ -11,6 +11,10 @@ The rules, applied only by backends that classify every byte (``exact_categories
 * storages created inside module forwards, recomputation and backward -> ``activations``;
   those autograd saves for backward are told apart from temporaries (a pass-through
   ``saved_tensors_hooks`` pair is pushed for the forward-backward phase of each step);
+* run-long scratch a framework keeps for the whole run (Megatron's global memory buffer, see
+  :func:`memscope.capture.ownership.run_long_buffers`) -> ``buffers``, owned by the buffer
+  (``global_memory_buffer[name, dtype]``), not by the module and microbatch that first asked
+  for it; checked at every phase end, so a buffer grown in a step is one from that step's end;
 * anything else (created between steps, or before tracing started) -> ``other``.
 
 With a backend that cannot classify, every method is a no-op.
@@ -24,6 +28,7 @@ from typing import Any
 import torch
 
 from memscope.capture.backends.base import Categorizer
+from memscope.capture.ownership import run_long_buffers
 from memscope.events.schema import (
     CAT_ACTIVATIONS,
     CAT_GRADIENTS,
@@ -96,9 +101,18 @@ class CategoryPolicy:
                         self._cat.mark(p, CAT_OPTIMIZER_STATE)
 
     def adopt_untracked(self) -> None:
-        """Whatever was allocated before tracing started and is not model state: ``other``."""
+        """Whatever was allocated before tracing started and is not model state: ``other``
+        (run-long buffers: ``buffers``)."""
         if self._cat is not None:
+            self.refresh_run_long()
             self._cat.adopt_existing(CAT_OTHER)
+
+    def refresh_run_long(self) -> None:
+        """Mark the run-long buffers that exist now (new or grown since the last call)."""
+        if self._cat is None:
+            return
+        for owner, tensor in run_long_buffers():
+            self._cat.mark_run_long(tensor, owner)
 
     # -- the training loop -----------------------------------------------------------------
     def step_started(self) -> None:
@@ -148,6 +162,7 @@ class CategoryPolicy:
         if self._cat is None:
             return
         self.pop_saved_hooks()
+        self.refresh_run_long()
         if phase == PHASE_OPTIMIZER:
             self.refresh_optimizer_state()
             self._cat.promote_window(CAT_OPTIMIZER_STATE)

@@ -13,7 +13,8 @@ storage) can be split into owners and categories:
   distributed optimizer's ``shard_fp32_from_float16_groups``, named after their model
   parameter) and ``optimizer.state`` of every torch optimizer inside (``ChainedOptimizer``
   and Megatron's wrappers unwrapped);
-* Megatron's global memory buffer (``parallel_state._GLOBAL_MEMORY_BUFFER``).
+* run-long scratch: Megatron's global memory buffer (``parallel_state._GLOBAL_MEMORY_BUFFER``)
+  and Megatron-FSDP's (:func:`run_long_buffers`).
 
 Plain torch modules and optimizers work the same way. Owned ranges are either disjoint
 (tensors of their own) or a tensor's view inside a container (a DDP buffer): an address is
@@ -144,8 +145,8 @@ class OwnershipRegistry:
                     owner = names.get(id(param)) or main_names.get(id(param)) or "optimizer"
                     for key, value in entries.items():
                         add(value, f"{owner}:{key}", OwnerCategory.OPTIMIZER_STATE)
-        for key, tensor in _global_memory_buffers():
-            add(tensor, f"global_memory_buffer[{key}]", OwnerCategory.BUFFERS)
+        for owner, tensor in run_long_buffers():
+            add(tensor, owner, OwnerCategory.BUFFERS)
         self.index = OwnershipIndex(ranges)  # the first owner of a shared tensor keeps it
         self.generation += 1
 
@@ -172,11 +173,40 @@ class OwnershipRegistry:
         return self.index.totals()
 
 
-def _global_memory_buffers() -> list[tuple[str, torch.Tensor]]:
-    """Megatron's global memory buffer tensors, when megatron-core is in use."""
+#: Where run-long scratch singletons live: (module, attribute, owner name prefix). Each is a
+#: ``GlobalMemoryBuffer``: a dict ``buffer`` keyed by (name, dtype) whose tensors
+#: ``get_tensor`` grows to the largest request and never frees.
+RUN_LONG_SINGLETONS = (
+    # megatron/core/parallel_state.py (the class: megatron/core/utils.py): the local
+    # attention's score buffer, the sequence-parallel all-gathers, MoE's allgather dispatcher
+    ("megatron.core.parallel_state", "_GLOBAL_MEMORY_BUFFER", "global_memory_buffer"),
+    # Megatron-FSDP's own copy (megatron_fsdp/utils.py get_global_memory_buffer), in-tree
+    # and as the standalone package
+    (
+        "megatron.core.distributed.fsdp.src.megatron_fsdp.utils",
+        "_GLOBAL_MEMORY_BUFFER",
+        "megatron_fsdp.global_memory_buffer",
+    ),
+    ("megatron_fsdp.utils", "_GLOBAL_MEMORY_BUFFER", "megatron_fsdp.global_memory_buffer"),
+)
+
+
+def run_long_buffers() -> list[tuple[str, torch.Tensor]]:
+    """Run-long scratch MemScope can see, as (owner name, tensor): the tensors of the
+    :data:`RUN_LONG_SINGLETONS` that exist in this process, which live for the whole run
+    whichever module first asked for them. Named ``<prefix>[name, dtype]``, e.g.
+    ``global_memory_buffer[mpu, float32]``. Looked up in ``sys.modules``: nothing is
+    imported."""
     import sys
 
-    state = sys.modules.get("megatron.core.parallel_state")
-    buffer = getattr(state, "_GLOBAL_MEMORY_BUFFER", None) if state else None
-    tensors = getattr(buffer, "buffer", None) or {}
-    return [(str(key), t) for key, t in tensors.items() if isinstance(t, torch.Tensor)]
+    out = []
+    for module, attribute, prefix in RUN_LONG_SINGLETONS:
+        found = sys.modules.get(module)
+        buffer = getattr(found, attribute, None) if found else None
+        tensors = getattr(buffer, "buffer", None)
+        for key, tensor in (tensors if isinstance(tensors, dict) else {}).items():
+            if isinstance(tensor, torch.Tensor):
+                parts = key if isinstance(key, tuple) else (key,)
+                label = ", ".join(str(p).removeprefix("torch.") for p in parts)
+                out.append((f"{prefix}[{label}]", tensor))
+    return out

@@ -141,6 +141,7 @@ def _json_size(data: object) -> int:
 def _run_trace(args: argparse.Namespace) -> int:
     """Read each trace, keep the step window, write one JSON file per window of whole steps
     that fits ``--max-file-mb``."""
+    from memscope.analysis.runtime_sections import attributed_peak
     from memscope.events.trace_reader import TraceError, read_trace
     from memscope.reporters.perfetto import chrome_trace, rank_trace_events, step_windows
 
@@ -152,18 +153,25 @@ def _run_trace(args: argparse.Namespace) -> int:
     paths = _traces(args.trace)
     check_output(args.out, paths)
     ranks: dict[int, dict[int, list[dict[str, Any]]]] = {}  # rank -> step -> events
+    peaks: dict[int, dict[str, Any]] = {}  # rank -> its report's attributed peak
     for path in paths:
-        try:
-            header, events = read_trace(path)
-            by_step: dict[int, list[dict[str, Any]]] = {}
-            for e in events:
+        by_step: dict[int, list[dict[str, Any]]] = {}
+
+        def windowed(events: Any, by_step: dict[int, list[dict[str, Any]]] = by_step) -> Any:
+            for e in events:  # every event builds the peak; the window's are exported
                 if window is None or window[0] <= e.step < window[1]:
                     by_step.setdefault(e.step, []).append(e.to_dict())
+                yield e
+
+        try:
+            header, events = read_trace(path)
+            peak = attributed_peak(windowed(events))
         except TraceError as exc:
             raise CliError(str(exc)) from None
         rank = header.fields.get("rank")
         rank = rank if isinstance(rank, int) and rank not in ranks else len(ranks)
         ranks[rank] = by_step
+        peaks[rank] = peak
         progress(f"rank {rank}: {sum(map(len, by_step.values()))} events from {path}")
     steps = sorted({step for by_step in ranks.values() for step in by_step})
     sizes = [
@@ -180,7 +188,7 @@ def _run_trace(args: argparse.Namespace) -> int:
     for out, (first, last) in zip(outputs, windows, strict=True):
         kept = [step for step in steps if first <= step <= last]
         trace = chrome_trace(
-            {r: rank_trace_events(r, [e for step in kept for e in s.get(step, [])])
+            {r: rank_trace_events(r, [e for step in kept for e in s.get(step, [])], peaks[r])
              for r, s in sorted(ranks.items())}
         )  # fmt: skip
         write_json_output(out, trace, paths)

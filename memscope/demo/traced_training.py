@@ -48,7 +48,9 @@ class TrainingObserver(Protocol):
     ``model_built`` once the model chunks and optimizer exist, before MemScope touches them;
     ``attached`` (traced runs only) once the runtime is attached to them but not yet started;
     ``started`` once MemScope runs (``runtime`` is ``None`` for an untraced run), just before
-    the first step; ``finished`` after the last step and MemScope's ``finalize`` (report
+    the first step; ``trained`` after each step, with Megatron's iteration (the step + 1) and
+    the step's loss, where Megatron-LM's ``training_log`` logs to TensorBoard and W&B;
+    ``finished`` after the last step and MemScope's ``finalize`` (report
     written, hooks removed). Not called when training raises. An observer handed to
     :func:`memscope.demo.launcher.spawn` must be picklable; a subclass inherits no-op methods.
     """
@@ -71,6 +73,9 @@ class TrainingObserver(Protocol):
         optimizer: torch.optim.Optimizer,
     ) -> None:
         """MemScope is started (``None``: untraced); no step has run."""
+
+    def trained(self, iteration: int, loss: float | None) -> None:
+        """A step ended; ``iteration`` counts the steps done (Megatron's logged iteration)."""
 
     def finished(
         self,
@@ -164,6 +169,8 @@ def traced_worker(
                 t = time.perf_counter()
                 losses.append(train_step(chunks, optimizer, cfg, step, iterators, runtime))
                 times.append(time.perf_counter() - t)
+                if observer is not None:
+                    observer.trained(step + 1, losses[-1])
         except BaseException as exc:
             if runtime is not None:
                 runtime.on_exception(exc)

@@ -66,9 +66,17 @@ def phase_rank(phase: str) -> int:
     return PHASE_ORDER.index(phase) if phase in PHASE_ORDER else len(PHASE_ORDER)
 
 
-# Memory categories, in the fixed order used by tuples of per-category byte counts.
-CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")
-CAT_PARAMETERS, CAT_GRADIENTS, CAT_OPTIMIZER_STATE, CAT_ACTIVATIONS, CAT_OTHER = range(5)
+# Memory categories, in the fixed order used by tuples of per-category byte counts (a trace
+# stores them by name, so one written before a category existed reads it as 0). ``buffers``:
+# run-long scratch a framework keeps for the whole run (Megatron's global memory buffer),
+# whichever step or module first asked for it.
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other", "buffers")
+(CAT_PARAMETERS, CAT_GRADIENTS, CAT_OPTIMIZER_STATE, CAT_ACTIVATIONS, CAT_OTHER, CAT_BUFFERS) = (
+    range(len(CATEGORIES))
+)
+#: Categories whose growth is one-time by nature: model state and run-long buffers are
+#: created once (the optimizer's state at its first real step) and kept, never leaked.
+ONE_TIME_CATEGORIES = ("parameters", "gradients", "optimizer_state", "buffers")
 
 
 @dataclass(frozen=True, slots=True)
@@ -435,7 +443,8 @@ class Survivor:
     """Bytes allocated in one context and step that are still live steps later (what a leak
     is made of): the creation context, the step they were born in, how many storages, and
     (when the history recorded stacks) the Python frames that created the largest of them,
-    innermost first, each ``file:line in function``."""
+    innermost first, each ``file:line in function``; the shape and dtype of the tensor that
+    created that storage (empty where the ledger did not see one)."""
 
     phase: str
     module: str
@@ -445,6 +454,8 @@ class Survivor:
     nbytes: int
     count: int
     stack: tuple[str, ...] = ()
+    shape: tuple[int, ...] | None = None
+    dtype: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -458,10 +469,15 @@ class Survivor:
         }
         if self.stack:
             out["stack"] = list(self.stack)
+        if self.shape is not None:
+            out["shape"] = list(self.shape)
+        if self.dtype:
+            out["dtype"] = self.dtype
         return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Survivor:
+        shape = d.get("shape")
         return cls(
             str(d["phase"]),
             str(d["module"]),
@@ -471,6 +487,8 @@ class Survivor:
             int(d["bytes"]),
             int(d["count"]),
             tuple(str(f) for f in d.get("stack") or ()),
+            None if shape is None else tuple(int(n) for n in shape),
+            str(d.get("dtype") or ""),
         )
 
 

@@ -74,35 +74,61 @@ def choose_detail_steps(
     return sorted(chosen)
 
 
+def peak_marker(
+    events: Sequence[Mapping[str, Any]], peak: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """Where the run's attributed peak sits among a step's module/grad ``events`` (in order):
+    the first event of the peak's step whose interval reached the peak (the peak happened
+    inside it), labelled with the peak's own attribution (step, phase, module, microbatch),
+    not with that event's module. None when the peak's step has no such event."""
+    step, top = peak.get("step"), int(peak.get("memory_bytes") or 0)
+    if step is None or not top:
+        return None
+    for order, e in enumerate(events):
+        if int(e.get("max_mem_allocated") or 0) >= top:
+            return {
+                "step": str(step),
+                "order": order,
+                "bytes": top,
+                **{k: peak.get(k) for k in ("phase", "module", "microbatch", "virtual_chunk")},
+            }
+    return None
+
+
 def _within_step(
-    events: list[dict[str, Any]], max_points: int
-) -> tuple[dict[str, dict[str, list[Any]]], int]:
-    """Per chosen step, the downsampled module/grad events; also how many steps had any."""
+    events: list[dict[str, Any]], max_points: int, peak: Mapping[str, Any]
+) -> tuple[dict[str, dict[str, list[Any]]], int, dict[str, Any] | None]:
+    """Per chosen step, the downsampled module/grad events; how many steps had any; and the
+    run's peak among them (:func:`peak_marker`)."""
     by_step: dict[int, list[dict[str, Any]]] = {}
     for e in events:
         if e.get("event_type") in HOOK_EVENTS:
             by_step.setdefault(int(e.get("step", -1)), []).append(e)
     out: dict[str, dict[str, list[Any]]] = {}
-    peak_step = None
-    if by_step:  # the step holding the highest high-water mark is always selectable
+    peak_step = peak.get("step")
+    if peak_step not in by_step and by_step:  # the highest high-water mark's step, else
         peak_step = max(
             by_step, key=lambda st: max(e.get("max_mem_allocated") or 0 for e in by_step[st])
         )
+    marker = peak_marker(by_step.get(peak.get("step"), []), peak)  # type: ignore[arg-type]
     chosen = choose_detail_steps(list(by_step), peak_step)
     for step in chosen:
         evs = by_step[step]
         highs = [e.get("max_mem_allocated") or 0 for e in evs]
         afters = [e.get("mem_allocated_after") or 0 for e in evs]
-        idx = sorted(
-            set(downsample_indices(highs, max_points)) | set(downsample_indices(afters, max_points))
+        kept = set(downsample_indices(highs, max_points)) | set(
+            downsample_indices(afters, max_points)
         )
+        if marker is not None and marker["step"] == str(step):
+            kept.add(marker["order"])  # the peak's event is always drawn
+        idx = sorted(kept)
         rows = [evs[i] | {"order": i} for i in idx]
         out[str(step)] = _pick(
             rows,
             ("order", "mem_allocated_after", "max_mem_allocated", "phase", "module",
              "microbatch", "event_type", "delta_allocated"),
         )  # fmt: skip
-    return out, len(by_step)
+    return out, len(by_step), marker
 
 
 def _transitions(section: dict[str, Any] | None, max_rows: int) -> dict[str, Any] | None:
@@ -143,7 +169,7 @@ def runtime_payload(
     config = meta.pop("config", None)
     events = report.get("runtime_trace") or []
     steps = report.get("steps") or []
-    within, within_total = _within_step(events, max_points)
+    within, within_total, within_peak = _within_step(events, max_points, report.get("peak") or {})
     payload = {
         "kind": "rank",
         "rank": report.get("rank"),
@@ -158,6 +184,7 @@ def runtime_payload(
         "config": config or {},
         "oom": report.get("oom"),
         "peak": report.get("peak") or {},
+        "within_peak": within_peak,
         "active_memory": (report.get("allocator_timeline") or {}).get("active_memory"),
         "idle_at_peak": (report.get("allocator_timeline") or {}).get("idle_at_peak") or [],
         "comparisons": report.get("comparisons") or {},

@@ -216,13 +216,19 @@ def _transition_lines(
         lines.append(
             f"- **leak candidate**, steps {t(leak['first_step'])}–{t(leak['last_step'])}: "
             f"allocated grew {format_bytes(leak['bytes_per_step'])} per step "
-            f"({format_bytes(leak['bytes_added'])} in all)"
+            f"({format_bytes(leak['bytes_added'])} in all"
+            + (f"; {t(leak['rate_basis'])}" if leak.get("rate_basis") else "")
+            + ")"
         )
         for s in leak.get("suspects") or []:
             mb = "" if s["microbatch"] is None else f", microbatch {t(s['microbatch'])}"
+            what = ""
+            if s.get("shape") is not None:
+                what = f" {md_code('[' + ', '.join(str(n) for n in s['shape']) + ']')}"
+                what += f" {t(s.get('dtype', ''))}"
             lines.append(
-                f"  - suspect {md_code(s['module'] or '(no module)')} ({t(s['phase'])}{mb}): "
-                f"{format_bytes(s['bytes_per_step'])} per step born in steps "
+                f"  - suspect {md_code(s['module'] or '(no module)')} ({t(s['phase'])}{mb}):"
+                f"{what} {format_bytes(s['bytes_per_step'])} per step born in steps "
                 f"{t(', '.join(str(b) for b in s['birth_steps']))}, still live"
             )
             frames = (s.get("stack") or [])[:SHOWN_FRAMES]

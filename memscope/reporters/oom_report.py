@@ -32,6 +32,22 @@ def oom_document(report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _leak_lines(leak: dict[str, Any] | None) -> list[str]:
+    """The cause line when a leak with suspects was found before the failure."""
+    if not leak:
+        return []
+    suspect = leak["suspect"]
+    shape = suspect.get("shape")
+    what = f" {md_code(str(shape))} {md_text(suspect.get('dtype', ''))}" if shape else ""
+    line = f" at {md_code(suspect['line'])}" if suspect.get("line") else ""
+    return [
+        f"- cause: **a leak**: allocated grew {format_bytes(leak['bytes_per_step'])} per step "
+        f"since step {md_text(leak['first_step'])}, kept by "
+        f"{md_code(suspect.get('module') or '(no module)')} ({md_text(suspect.get('phase'))})"
+        f"{what}{line}; fix it first (see the first remedy)"
+    ]
+
+
 def render_oom_markdown(doc: dict[str, Any], max_rows: int = 15) -> str:
     """The OOM report as Markdown: where, the verdict, what was live, remedies."""
     t, where = md_text, doc.get("where") or {}
@@ -53,6 +69,7 @@ def render_oom_markdown(doc: dict[str, Any], max_rows: int = 15) -> str:
         f"{format_bytes(doc.get('outside_pytorch_bytes'))}",
         f"- verdict: **{t(doc.get('verdict'))} OOM**: {t(doc.get('verdict_reason'))}",
         f"- trend: **{t(doc.get('trend'))}**: {t(doc.get('trend_reason'))}",
+        *_leak_lines(doc.get("leak")),
         "",
         "## Remedies (predicted by the static estimator for this rank)",
         "",

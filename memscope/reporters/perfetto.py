@@ -5,6 +5,10 @@ when the backend classifies memory, one per category; slices for step phases (th
 "steps") and module forwards and recomputations (thread "forward"), from each event's
 ``start_timestamp`` to its ``timestamp``; instants for gradients (thread "backward"), at the
 rank's peak and where training died (an OOM or another exception, with its reason).
+The peak is the report's attributed one (its ``peak`` section: step, phase, module,
+microbatch, chunk), placed at the end of the first event of its step whose interval reached
+it; the ``memory`` counter gets a sample of exactly the peak's bytes there, since the
+readings taken after each event miss the high-water mark reached inside it.
 Timestamps are microseconds since each rank's tracing started.
 Opens in ui.perfetto.dev and chrome://tracing; a long run is split into windows of whole
 steps (:func:`step_windows`) so that each file stays small enough to open.
@@ -28,7 +32,9 @@ def _us(seconds: float) -> float:
 def rank_trace_events(
     rank: int, events: Iterable[Mapping[str, Any]], peak: Mapping[str, Any] | None = None
 ) -> list[dict[str, Any]]:
-    """The trace events of one rank (``events``: ``trace.jsonl`` event dicts, in order)."""
+    """The trace events of one rank (``events``: ``trace.jsonl`` event dicts, in order;
+    ``peak``: the rank report's ``peak`` section; without one, the highest high-water mark
+    among ``events``, unattributed)."""
     out: list[dict[str, Any]] = [
         {"ph": "M", "pid": rank, "name": "process_name", "args": {"name": f"rank {rank}"}},
     ]
@@ -37,8 +43,20 @@ def rank_trace_events(
                     "args": {"name": name}})  # fmt: skip
     last_counter = -1.0
     best: tuple[int, float] | None = None
+    where = dict(peak or {})
+    top = int(where.get("memory_bytes") or 0)
+    placed = False
     for e in events:
-        ts = _us(float(e["timestamp"]))
+        ts = counter_ts = _us(float(e["timestamp"]))
+        high = int(e.get("max_mem_allocated") or 0)
+        if top and not placed and high >= top and e.get("step") == where.get("step"):
+            placed = True  # the peak happened inside this event: its sample and instant
+            at = max(ts, round(last_counter + 0.001, 3))
+            reserved = max(top, int(e.get("max_mem_reserved") or 0))
+            out.append({"ph": "C", "pid": rank, "ts": at, "name": "memory",
+                        "args": {"allocated": top, "reserved": reserved}})  # fmt: skip
+            out.append(_peak_instant(rank, at, top, where))
+            last_counter, counter_ts = at, round(at + 0.001, 3)  # then the reading after it
         kind = e.get("event_type", "")
         track = SLICE_EVENTS.get(kind)
         start = e.get("start_timestamp")
@@ -64,24 +82,26 @@ def rank_trace_events(
                         "name": str(e.get("module", kind)), "cat": kind,
                         "args": {"microbatch": e.get("microbatch"),
                                  "allocated_after": e.get("mem_allocated_after")}})  # fmt: skip
-        if ts > last_counter:  # one reading per instant, in time order
-            last_counter = ts
-            out.append({"ph": "C", "pid": rank, "ts": ts, "name": "memory",
+        if counter_ts > last_counter:  # one reading per instant, in time order
+            last_counter = counter_ts
+            out.append({"ph": "C", "pid": rank, "ts": counter_ts, "name": "memory",
                         "args": {"allocated": e.get("mem_allocated_after"),
                                  "reserved": e.get("mem_reserved_after")}})  # fmt: skip
             categories = e.get("categories")
             if isinstance(categories, Mapping):
-                out.append({"ph": "C", "pid": rank, "ts": ts, "name": "categories",
+                out.append({"ph": "C", "pid": rank, "ts": counter_ts, "name": "categories",
                             "args": dict(categories)})  # fmt: skip
-        high = int(e.get("max_mem_allocated") or 0)
         if best is None or high > best[0]:
             best = (high, ts)
-    if best is not None:
-        where = dict(peak or {})
-        out.append({"ph": "i", "s": "p", "pid": rank, "tid": THREADS["steps"], "ts": best[1],
-                    "name": "peak", "args": {"bytes": best[0], "step": where.get("step"),
-                                             "module": where.get("module")}})  # fmt: skip
+    if best is not None and not top:  # no report peak: the highest mark, unattributed
+        out.append(_peak_instant(rank, best[1], best[0], {}))
     return out
+
+
+def _peak_instant(rank: int, ts: float, nbytes: int, peak: Mapping[str, Any]) -> dict[str, Any]:
+    where = {k: peak.get(k) for k in ("step", "phase", "module", "microbatch", "virtual_chunk")}
+    return {"ph": "i", "s": "p", "pid": rank, "tid": THREADS["steps"], "ts": ts, "name": "peak",
+            "args": {"bytes": nbytes, **where, "attribution": peak.get("attribution")}}  # fmt: skip
 
 
 def step_windows(sizes: Sequence[tuple[int, int]], max_bytes: int) -> list[tuple[int, int]]:

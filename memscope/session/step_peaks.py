@@ -6,6 +6,19 @@ its own key of the job's ``torch.distributed`` store; the rank that holds the wr
 every rank's keys and logs, per step: the job's highest peak, which rank had it, and (up to
 :data:`MAX_RANK_SERIES` ranks) each rank's own.
 
+Both dashboards get MemScope's values on the training's own x-axis: Megatron's iteration,
+which is MemScope's step + ``iteration_offset`` (Megatron-LM's ``train()`` sets
+``args.curr_iteration = iteration`` before ``train_step``, MemScope's step, then
+``iteration += 1`` and ``training_log(..., iteration)``; megatron/training/training.py).
+W&B writes only its current and next row and drops a ``step`` below its current one
+("steps must be monotonically increasing"), while this thread logs whenever every rank has
+reported, which may be after Megatron logged a later iteration. So each W&B row carries
+``memscope/iteration`` and every ``memscope/*`` metric is defined against it
+(``define_metric(..., step_metric=...)``): a step is logged with ``step=iteration`` (the row
+Megatron logs that iteration in) while W&B is not past it, else merged into W&B's current row
+(``commit=False``), still plotted at its own iteration. Two late steps merged into one row keep
+the later one's values.
+
 Nothing runs on the training thread but a queue put: the store calls and the logging happen
 on a daemon thread, a full queue drops the step (said once), and no rank waits for another.
 A step is logged once every rank has reported it (or, past :data:`LAG_STEPS` steps behind
@@ -41,13 +54,40 @@ DRAIN_S = 3.0
 Sink = Callable[[int, Mapping[int, int]], None]
 
 
+#: The W&B key holding the iteration each MemScope row belongs to (its ``memscope/*`` x-axis).
+ITERATION_KEY = "memscope/iteration"
+
+
 class DashboardSink:
     """Logs to Megatron's writers: a TensorBoard ``SummaryWriter`` (``add_scalar``) and/or a
-    W&B run (``log``), whichever the training has."""
+    W&B run or the ``wandb`` module (``log``), whichever the training has, at the training's
+    iteration: MemScope's step + ``iteration_offset`` (1 for Megatron-LM's loop)."""
 
-    def __init__(self, tensorboard: Any = None, wandb: Any = None) -> None:
+    def __init__(
+        self, tensorboard: Any = None, wandb: Any = None, iteration_offset: int = 0
+    ) -> None:
         self.tensorboard = tensorboard
         self.wandb = wandb
+        self.iteration_offset = iteration_offset
+        self._axis_defined = False
+
+    def _define_axis(self) -> None:
+        """``memscope/*`` plotted against :data:`ITERATION_KEY` (once; a W&B without
+        ``define_metric`` plots against its own step)."""
+        self._axis_defined = True
+        define = getattr(self.wandb, "define_metric", None)
+        if define is not None:
+            define(ITERATION_KEY)
+            define("memscope/*", step_metric=ITERATION_KEY)
+
+    def _wandb_step(self) -> int | None:
+        """W&B's current row (the step of its next ``log``); None where it cannot say."""
+        run = getattr(self.wandb, "run", None) or self.wandb
+        try:
+            step = run.step
+        except Exception:  # a shared-mode run, an old client, no run
+            return None
+        return step if isinstance(step, int) else None
 
     def __call__(self, step: int, peaks: Mapping[int, int]) -> None:
         top = max(peaks, key=lambda r: (peaks[r], -r))
@@ -59,11 +99,19 @@ class DashboardSink:
         if len(peaks) <= MAX_RANK_SERIES:
             for rank in sorted(peaks):
                 scalars[f"memscope/peak-allocated-bytes/rank{rank}"] = peaks[rank]
+        iteration = step + self.iteration_offset
         if self.tensorboard is not None:
             for tag, value in scalars.items():
-                self.tensorboard.add_scalar(tag, value, step)
+                self.tensorboard.add_scalar(tag, value, iteration)
         if self.wandb is not None:
-            self.wandb.log(scalars, step)
+            if not self._axis_defined:
+                self._define_axis()
+            row = {**scalars, ITERATION_KEY: iteration}
+            current = self._wandb_step()
+            if current is None or iteration >= current:
+                self.wandb.log(row, step=iteration)
+            else:  # W&B is past this iteration: into its current row, at its own x
+                self.wandb.log(row, commit=False)
 
 
 class StepPeakBoard:

@@ -116,7 +116,10 @@ class Instrumentation:
     die_at_step: int | None = None
     #: Give this rank a real TensorBoard writer logging there (as Megatron's last rank has).
     tensorboard_dir: str | None = None
+    #: Give this rank a real W&B run, offline, under this folder (as Megatron's last rank has).
+    wandb_dir: str | None = None
     writer: Any = None
+    wandb_run: Any = None
     leaked: list[torch.Tensor] = field(default_factory=list)
     injected: bool = False
     hooks_before: int = 0
@@ -180,7 +183,12 @@ class Instrumentation:
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(self.tensorboard_dir)
-            runtime.set_dashboard_writers(tensorboard=self.writer)
+        if self.wandb_dir is not None:
+            import wandb
+
+            self.wandb_run = wandb.init(mode="offline", dir=self.wandb_dir, project="memscope")
+        if self.writer is not None or self.wandb_run is not None:
+            runtime.set_dashboard_writers(tensorboard=self.writer, wandb=self.wandb_run)
         if self.fault is not None:
             self.injected = inject_fault(runtime, self.fault)
 
@@ -195,6 +203,16 @@ class Instrumentation:
             raise RuntimeError(f"fault {self.fault!r}: its target does not exist after start")
         self.injected = True
 
+    def trained(self, iteration: int, loss: float | None) -> None:
+        """Log the loss as Megatron-LM's ``training_log`` does: at ``iteration``, the step
+        count after ``iteration += 1`` (megatron/training/training.py)."""
+        if loss is None:
+            return
+        if self.writer is not None:
+            self.writer.add_scalar("lm loss", loss, iteration)
+        if self.wandb_run is not None:
+            self.wandb_run.log({"lm loss": loss}, iteration)
+
     def finished(
         self,
         result: WorkerResult,
@@ -203,6 +221,8 @@ class Instrumentation:
     ) -> None:
         if self.writer is not None:
             self.writer.close()
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
         params = [p for c in chunks for p in c.parameters()]
         self.measured = {
             "grad_digest": digest([p.grad for p in params if p.grad is not None]),
@@ -233,6 +253,7 @@ def instrumented_worker(
     late_free: bool = False,
     kill_rank_at_step: tuple[int, int] | None = None,
     tensorboard_dir: str | None = None,
+    wandb_dir: str | None = None,
 ) -> InstrumentedResult:
     """``traced_worker`` with :class:`Instrumentation`; same arguments plus what to plant.
 
@@ -240,12 +261,16 @@ def instrumented_worker(
     unaffected; ``leak_from_step`` and ``late_free`` plant memory bugs in the model (see
     :meth:`Instrumentation._plant_leak`, :meth:`Instrumentation._plant_late_free`);
     ``kill_rank_at_step=(rank, step)`` kills that rank at that step's first forward;
-    ``tensorboard_dir`` gives the last rank a TensorBoard writer, as Megatron's has.
+    ``tensorboard_dir`` / ``wandb_dir`` give the last rank a TensorBoard writer / an offline
+    W&B run, as Megatron's has.
     Picklable by reference, so it runs under ``spawn``.
     """
     die = kill_rank_at_step[1] if kill_rank_at_step and kill_rank_at_step[0] == rank else None
-    board = tensorboard_dir if rank == world_size - 1 else None
-    observer = Instrumentation(fault, leak_from_step, cfg.num_microbatches, late_free, die, board)
+    last = rank == world_size - 1
+    board, run = (tensorboard_dir, wandb_dir) if last else (None, None)
+    observer = Instrumentation(
+        fault, leak_from_step, cfg.num_microbatches, late_free, die, board, run
+    )
     result = traced_worker(rank, world_size, port, cfg, steps, memscope_argv, observer)
     plain = {f.name: getattr(result, f.name) for f in fields(WorkerResult)}
     return InstrumentedResult(**plain, **observer.measured)

@@ -219,5 +219,7 @@ def estimate_for_runtime(args: Any, parallel: Any, device: str = "cuda") -> dict
         # saved tensors coexist at the peak, and per virtual chunk
         "in_flight_microbatches": est.activations.in_flight,
         "in_flight_per_chunk": list(est.activations.in_flight_per_chunk),
+        # megatron's global memory buffer (activations.py buffer_bytes), inside "activations"
+        "buffer_bytes": est.activations.buffer_bytes,
         "remedies": [r.to_dict() for r in rank_remedies(spec, position)],
     }

@@ -79,6 +79,9 @@ class Categorizer(Protocol):
     def mark_saved(self, tensor: Any) -> None:
         """``tensor`` was saved by autograd for backward (a saved activation)."""
 
+    def mark_run_long(self, tensor: Any, owner: str) -> None:
+        """``tensor``'s storage is run-long scratch held by ``owner`` (category ``buffers``)."""
+
     def adopt_existing(self, category: int) -> int:
         """Adopt every reachable live tensor not yet tracked; returns how many."""
 

@@ -38,6 +38,7 @@ from memscope.capture.dispatch_stack import remove_dispatch_mode
 from memscope.capture.python_stack import Frame, caller_frames, format_frame
 from memscope.events.schema import (
     CAT_ACTIVATIONS,
+    CAT_BUFFERS,
     CAT_OTHER,
     CATEGORIES,
     FREE_CATEGORY,
@@ -95,6 +96,7 @@ class _Entry(weakref.ref):
         "born",
         "category",
         "context",
+        "desc",
         "key",
         "last_use",
         "nbytes",
@@ -110,6 +112,7 @@ class _Entry(weakref.ref):
     born: int  # the training step it was created in (-1: before the first)
     last_use: int  # when an op last read it (µs since the epoch; 0: not seen), with history on
     stack: int  # the Python frames that created it (index into the ledger's stack table; 0: none)
+    desc: int  # the shape and dtype of the tensor that created it (ledger's table; 0: unknown)
 
     def __new__(
         cls, storage: Any, callback: Any, key: int, nbytes: int, category: int, context: int
@@ -121,6 +124,7 @@ class _Entry(weakref.ref):
         self.born = -1
         self.last_use = 0
         self.stack = 0
+        self.desc = 0
         return self
 
     def __init__(
@@ -177,6 +181,15 @@ def _tensor_args(args: Any, kwargs: Any) -> Iterator[torch.Tensor]:
             for item in value:
                 if isinstance(item, torch.Tensor):
                     yield item
+
+
+def _intern(table: dict[Any, int], values: list[Any], value: Any) -> int:
+    """``value``'s index in ``values`` (``table`` maps each to its index), added if new."""
+    found = table.get(value)
+    if found is None:
+        found = table[value] = len(values)
+        values.append(value)
+    return found
 
 
 def _mib(nbytes: int) -> str:
@@ -250,6 +263,9 @@ class StorageLedgerBackend(MemoryBackend):
         self._record_stacks = False
         self._stacks: dict[tuple[Frame, ...], int] = {(): 0}
         self._stack_list: list[tuple[Frame, ...]] = [()]
+        # (shape, dtype) of the tensor that created each storage, interned
+        self._descs: dict[tuple[Any, Any], int] = {(None, None): 0}
+        self._desc_list: list[tuple[Any, Any]] = [(None, None)]
         self.error: str | None = None
         self._lock = threading.RLock()
         self._live: dict[int, _Entry] = {}  # id(storage) -> entry
@@ -283,11 +299,7 @@ class StorageLedgerBackend(MemoryBackend):
             if ctx is None
             else (ctx.phase, ctx.module, ctx.microbatch, ctx.virtual_chunk)
         )
-        found = self._contexts.get(key)
-        if found is None:
-            found = self._contexts[key] = len(self._context_list)
-            self._context_list.append(key)
-        self._context_id = found
+        self._context_id = self._context_key(key)
 
     def categorizer(self) -> Categorizer:
         return self
@@ -334,9 +346,34 @@ class StorageLedgerBackend(MemoryBackend):
         with self._lock:
             entry = self._live.get(id(storage))
             if entry is None:
-                self._add(storage, category)
+                self._add(storage, category, tensor)
             elif entry.category != category:
                 self._recategorise(entry, category)
+
+    def mark_run_long(self, tensor: torch.Tensor, owner: str) -> None:
+        """``tensor``'s storage is run-long scratch held by ``owner`` (Megatron's global memory
+        buffer): category ``buffers``, created by that owner rather than by the module and
+        microbatch that first asked for it."""
+        storage = self._storage_of(tensor)
+        if storage is None:
+            return
+        with self._lock:
+            context = self._context_key(("", owner, None, None))
+            self._keep_peak_composition()
+            entry = self._live.get(id(storage))
+            if entry is None:
+                self._add(storage, CAT_BUFFERS, tensor)
+                entry = self._live[id(storage)]
+            elif entry.category == CAT_BUFFERS and entry.context == context:
+                return
+            else:
+                self._recategorise(entry, CAT_BUFFERS)
+            self._count(entry.category, entry.context, -entry.nbytes, entry.saved)
+            self._count(entry.category, context, entry.nbytes, entry.saved)
+            entry.context = context
+
+    def _context_key(self, key: tuple[Any, ...]) -> int:
+        return _intern(self._contexts, self._context_list, key)
 
     def adopt_existing(self, category: int = CAT_OTHER) -> int:
         """Adopt every live tensor Python can reach (allocations made before ``start``)."""
@@ -348,7 +385,7 @@ class StorageLedgerBackend(MemoryBackend):
             storage = self._storage_of(obj)
             if storage is not None and id(storage) not in self._live:
                 with self._lock:
-                    self._add(storage, category)
+                    self._add(storage, category, obj)
                 adopted += 1
         return adopted
 
@@ -409,7 +446,7 @@ class StorageLedgerBackend(MemoryBackend):
             entry = self._live.get(id(storage))
             if entry is None:
                 self._check_capacity(storage.nbytes())  # only an op's new output can fail
-                self._add(storage, category)
+                self._add(storage, category, tensor)
             elif resized:
                 diff = storage.nbytes() - entry.nbytes
                 if diff > 0:
@@ -434,12 +471,16 @@ class StorageLedgerBackend(MemoryBackend):
             self._at_failure = self._items(self._composition)  # before anything unwinds
             raise CapacityExceeded(nbytes, self.capacity_bytes, self._current)
 
-    def _add(self, storage: torch.UntypedStorage, category: int) -> None:
+    def _add(
+        self, storage: torch.UntypedStorage, category: int, tensor: torch.Tensor | None = None
+    ) -> None:
         nbytes = storage.nbytes()
         key = id(storage)
         context = self._context_id
         entry = self._live[key] = _Entry(storage, self._release, key, nbytes, category, context)
         entry.born = self._step
+        if tensor is not None:
+            entry.desc = _intern(self._descs, self._desc_list, (tensor.shape, tensor.dtype))
         if self._record_stacks:
             entry.stack = self._stack_id(caller_frames())
         self.storages_seen += 1
@@ -531,11 +572,7 @@ class StorageLedgerBackend(MemoryBackend):
             self._record_stacks = False
 
     def _stack_id(self, frames: tuple[Frame, ...]) -> int:
-        found = self._stacks.get(frames)
-        if found is None:
-            found = self._stacks[frames] = len(self._stack_list)
-            self._stack_list.append(frames)
-        return found
+        return _intern(self._stacks, self._stack_list, frames)
 
     def history_snapshot(self) -> dict[str, Any]:
         """The history and the live storages as a CUDA allocator snapshot would hold them
@@ -673,22 +710,29 @@ class StorageLedgerBackend(MemoryBackend):
         """Live activations and other storages born in steps ``born_from..born_until``, by
         creation context and step: the :data:`SURVIVOR_ITEMS` largest groups, each with the
         Python stack of its largest storage when stacks were recorded at its birth."""
-        # (context, born) -> [bytes, count, largest storage's bytes, its stack]
+        # (context, born) -> [bytes, count, largest storage's bytes, its stack, its shape]
         groups: dict[tuple[int, int], list[int]] = {}
         with self._lock:
             for entry in self._live.values():
                 if born_from <= entry.born <= born_until and entry.category in _TRANSIENT:
-                    found = groups.setdefault((entry.context, entry.born), [0, 0, -1, 0])
+                    found = groups.setdefault((entry.context, entry.born), [0, 0, -1, 0, 0])
                     found[0] += entry.nbytes
                     found[1] += 1
                     if entry.nbytes > found[2]:
-                        found[2], found[3] = entry.nbytes, entry.stack
+                        found[2], found[3], found[4] = entry.nbytes, entry.stack, entry.desc
         largest = sorted(groups.items(), key=lambda kv: -kv[1][0])[:SURVIVOR_ITEMS]
         out = []
-        for (context, born), (nbytes, count, _, stack) in largest:
+        for (context, born), (nbytes, count, _, stack, desc) in largest:
             phase, module, microbatch, chunk = self._context_list[context]
             frames = tuple(format_frame(f) for f in self._stack_list[stack])
-            out.append(Survivor(phase, module, microbatch, chunk, born, nbytes, count, frames))
+            shape, dtype = self._desc_list[desc]
+            out.append(
+                Survivor(
+                    phase, module, microbatch, chunk, born, nbytes, count, frames,
+                    None if shape is None else tuple(shape),
+                    "" if dtype is None else str(dtype).removeprefix("torch."),
+                )
+            )  # fmt: skip
         return tuple(out)
 
     def live_bytes_by_category(self) -> dict[str, int]:

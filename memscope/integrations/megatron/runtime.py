@@ -43,6 +43,10 @@ StaticEstimateProvider = Callable[[Any, ParallelInfo], dict[str, Any] | None]
 
 #: Megatron's DDP accumulates into ``param.main_grad``, a view into its contiguous grad buffer.
 MEGATRON_GRAD_ATTRIBUTES = ("grad", "main_grad")
+#: Megatron's logged iteration minus MemScope's step: ``train()`` passes
+#: ``args.curr_iteration`` (the step) to ``train_step``, then ``iteration += 1`` and logs
+#: ``training_log(..., iteration)`` (megatron/training/training.py).
+MEGATRON_ITERATION_OFFSET = 1
 
 
 def default_static_estimate(args: Any, parallel: ParallelInfo) -> dict[str, Any]:
@@ -154,7 +158,7 @@ class MemScopeMegatronRuntime:
         tensorboard, wandb = self._writers if self._writers else megatron_writers()
         if tensorboard is None and wandb is None:
             return None
-        return DashboardSink(tensorboard, wandb)
+        return DashboardSink(tensorboard, wandb, iteration_offset=MEGATRON_ITERATION_OFFSET)
 
     def attach_model(self, model: torch.nn.Module | list[torch.nn.Module]) -> None:
         """Hook a module or Megatron's list of model chunks (every virtual stage)."""
