@@ -343,7 +343,8 @@ def _quant_and_kd_modelled(spec: TrainingSpec) -> list[str]:
             f"knowledge distillation: frozen teacher ({t.num_layers} layers, hidden "
             f"{t.hidden_size}, from {kd.teacher_source}) weights, its stage inputs and logits, "
             f"the {loss} loss{'' if kd.skip_lm_loss else ' beside the LM loss'} (derived from "
-            "ModelOpt's and Megatron-LM's code; not run on CPU here)"
+            "ModelOpt's and Megatron-LM's code; the logits KL loss measured on CPU by "
+            "tools/measure_kd_loss_cpu.py, the teacher's build and load not run here)"
         )
     return out
 
