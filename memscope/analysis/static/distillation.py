@@ -36,12 +36,13 @@ names: ``kd_teacher_num_layers``, ``kd_teacher_hidden_size`` ...) win; else the 
 YAML (ModelOpt's ``DistillationConfig``: ``skip_lm_loss``, ``logit_kl_topk``,
 ``intermediate_layer_pairs``) or ModelOpt's defaults when it is not given.
 
-Checked on CPU: ``tools/measure_kd_loss_cpu.py`` runs ModelOpt's real ``LogitsKLLoss``
-(TP 1 and the vocab-parallel path) under the exact ``storage`` backend and prints its saved
-bytes and forward high-water mark next to these terms (ModelOpt is not a MemScope
-dependency, so the test suite does not run it). Not run here: the teacher's construction and
-loading (Megatron-LM's ``megatron/post_training`` with ``mtd.convert``), so the teacher
-weights, its stage input and the intermediate-layer losses are derived from the code only.
+Checked on CPU by ``tools/measure_kd_cpu.py`` (ModelOpt is not a MemScope dependency, so the
+test suite does not run it): a tiny real megatron-core student and teacher joined by
+``mtd.convert`` and ``adjust_distillation_model_for_mcore`` as Megatron-LM does, trained with
+megatron's schedule under the exact ``storage`` backend, and ModelOpt's ``LogitsKLLoss``
+alone (TP 1 and the vocab-parallel path). Not run here: loading a teacher checkpoint
+(Megatron-LM's ``megatron/post_training``), pipeline stages (the teacher stage input) and
+intermediate-layer losses, which are derived from the code only.
 """
 
 from __future__ import annotations
