@@ -135,3 +135,15 @@ def test_coverage_names_distillation_as_modelled_and_not_run_here():
     assert len(line) == 1 and "8 layers, hidden 512" in line[0]
     assert "tools/measure_kd_cpu.py" in line[0] and "not run here" in line[0]
     assert not {"export_kd_teacher_load", "kd_teacher_num_layers"} & set(cov.unused_keys)
+
+
+def test_the_teacher_is_split_like_the_student_when_its_parallel_sizes_change():
+    kd = _spec(**KD)
+    wider = dataclasses.replace(kd, parallel=dataclasses.replace(kd.parallel, tp=1, dp=2))
+    teacher = dataclasses.replace(kd.distillation.teacher, parallel=wider.parallel)
+    count = rank_param_count(teacher, RankPosition(0, 0))
+    assert _rank(wider).weight_terms["teacher_weights"] == 2 * count
+    assert 2 * count > _rank(kd).weight_terms["teacher_weights"]  # TP 1 holds it whole
+    odd = dataclasses.replace(kd, parallel=dataclasses.replace(kd.parallel, tp=1, pp=3, dp=1))
+    with pytest.raises(ValueError, match=r"kd teacher .*parallel\.pp"):
+        _rank(odd)

@@ -48,7 +48,7 @@ intermediate-layer losses, which are derived from the code only.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -213,8 +213,15 @@ def teacher_weight_bytes(spec: TrainingSpec, position: RankPosition) -> int:
         return 0
     from memscope.analysis.static.params import rank_params
 
-    count = sum(t.numel for t in rank_params(kd.teacher, position))
-    return count * kd.teacher.precision.param_bytes
+    # the teacher is split like the student (the same model_kwargs), also when a caller such
+    # as the planner changed the student's parallel sizes after reading the config
+    teacher = replace(kd.teacher, parallel=spec.parallel)
+    try:
+        teacher.validate()
+    except ValueError as exc:
+        raise ValueError(f"kd teacher ({kd.teacher_source}): {exc}") from None
+    count = sum(t.numel for t in rank_params(teacher, position))
+    return count * teacher.precision.param_bytes
 
 
 def _teacher_hidden(kd: DistillationSpec, x: Dims) -> int:
