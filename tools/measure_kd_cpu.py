@@ -8,10 +8,12 @@ ModelOpt as Megatron-LM's ``megatron/post_training/model_provider.py`` does
 (``mtd.convert(model, mode=[("kd_loss", ...)])`` with ``setup_distillation_config``'s default
 logits KD, then ``adjust_distillation_model_for_mcore``), trained for three steps with
 megatron's own schedule and ``torch.optim.Adam`` over the student, the loss as
-``megatron/post_training/loss_func.py`` computes it (``compute_kd_loss``). The exact
-``storage`` backend measures the peak of the last step; the same student trained without a
-teacher is the reference. Printed: measured and estimated peak with and without KD, and the
-teacher's weights (measured: the bytes of its parameters). ``build_model`` gives every
+``megatron/post_training/loss_func.py`` computes it (``compute_kd_loss``), without and with
+two pipeline stages (ModelOpt's ``get_tensor_shapes_adjust_fn_for_distillation`` widens the
+p2p tensors by the teacher's hidden size, as Megatron-LM's training loop passes it). The
+exact ``storage`` backend measures each rank's peak of the last step; the same student trained
+without a teacher is the reference. Printed: measured and estimated peak with and without KD,
+and the teacher's weights (measured: the bytes of its parameters). ``build_model`` gives every
 parameter a ``.grad`` as a stand-in for megatron's gradient buffer; the frozen teacher's are
 dropped, since megatron allocates none for parameters without ``requires_grad``.
 
@@ -32,7 +34,6 @@ not run by the test suite; without ModelOpt it says so and exits 2.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 
@@ -87,26 +88,28 @@ def _measure(seq: int, mbs: int, vocab: int, tp: int) -> tuple[int, int]:
     return saved, peak_above
 
 
-def _step_peak(kd: bool, cfg, teacher_cfg) -> tuple[int, int]:
-    """(peak bytes of the last of three steps, teacher parameter bytes) of the tiny GPT,
-    with or without a teacher, measured by the storage backend."""
-    import dataclasses
+def step_worker(rank: int, world: int, port: int, kd: bool, cfg, teacher_cfg) -> tuple:
+    """One rank of the tiny GPT trained three steps with or without a teacher: (pp_rank, peak
+    bytes of the last step, teacher parameter bytes), measured by the storage backend."""
     from functools import partial
 
     import modelopt.torch.distill as mtd
     import torch
+    from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from modelopt.torch.distill.plugins import megatron as mp
 
     from memscope.capture.backends.storage import StorageLedgerBackend
-    from memscope.demo.tiny_gpt import build_model
+    from memscope.demo.tiny_gpt import build_model, destroy_process, init_process
     from memscope.demo.tiny_gpt_training import make_data_iterators
 
+    init_process(rank, world, port, cfg)
+    last = parallel_state.is_pipeline_last_stage()
     ledger = StorageLedgerBackend("cpu")
     ledger.start()
     try:
         student = build_model(cfg)[0]
-        model, teacher_bytes = student, 0
+        model, teacher_bytes, adjust = student, 0, None
         if kd:
             teacher = build_model(teacher_cfg)[0]
             for param in teacher.parameters():
@@ -119,8 +122,11 @@ def _step_peak(kd: bool, cfg, teacher_cfg) -> tuple[int, int]:
                          "loss_balancer": dcfg.loss_balancer}  # fmt: skip
             model = mtd.convert(student, mode=[("kd_loss", kd_config)])
             mp.adjust_distillation_model_for_mcore(model, dcfg)
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        optimizer = torch.optim.Adam(trainable, lr=1e-3)
+            adjust = mp.get_tensor_shapes_adjust_fn_for_distillation(
+                model, seq_length=cfg.seq_length, micro_batch_size=cfg.micro_batch_size,
+                decoder_seq_length=None,
+            )  # fmt: skip
+        optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad])
 
         def masked(output, mask):
             # megatron/post_training/loss_func.py _mask_loss (one rank: no all-reduce)
@@ -141,10 +147,10 @@ def _step_peak(kd: bool, cfg, teacher_cfg) -> tuple[int, int]:
         def forward_step(iterator, chunk):
             batch = next(iterator)
             out = chunk(batch["tokens"], batch["position_ids"], batch["attention_mask"],
-                        labels=batch["labels"])  # fmt: skip
+                        labels=batch["labels"] if last else None)  # fmt: skip
             return out, partial(loss_func, batch["loss_mask"])
 
-        iterators = make_data_iterators(cfg, dp_rank=0)
+        iterators = make_data_iterators(cfg)
         for _ in range(3):
             optimizer.zero_grad(set_to_none=True)
             ledger.reset_peak()
@@ -152,17 +158,19 @@ def _step_peak(kd: bool, cfg, teacher_cfg) -> tuple[int, int]:
                 forward_step_func=forward_step, data_iterator=iterators, model=[model],
                 num_microbatches=cfg.num_microbatches, seq_length=cfg.seq_length,
                 micro_batch_size=cfg.micro_batch_size, forward_only=False,
+                adjust_tensor_shapes_fn=adjust,
             )  # fmt: skip
             optimizer.step()
         peak = ledger.sample().peak_allocated
+        stage = parallel_state.get_pipeline_model_parallel_rank()
     finally:
         ledger.stop()
-    del dataclasses
-    return peak, teacher_bytes
+        destroy_process()
+    return stage, peak, teacher_bytes
 
 
-def _step_estimate(kd: bool, cfg, teacher_cfg) -> tuple[int, int]:
-    """(estimated peak, estimated teacher weights) for the same run."""
+def _step_estimate(kd: bool, cfg, teacher_cfg, pp_rank: int) -> tuple[int, int]:
+    """(estimated peak, estimated teacher weights) of stage ``pp_rank`` of the same run."""
     import dataclasses
 
     from memscope.analysis.static.estimator import estimate_rank
@@ -171,7 +179,7 @@ def _step_estimate(kd: bool, cfg, teacher_cfg) -> tuple[int, int]:
     from memscope.demo.traced_training import megatron_like_args
 
     args = vars(megatron_like_args(cfg, []))
-    args["world_size"] = 1
+    args["world_size"] = cfg.pp
     if kd:
         args.update(
             export_kd_teacher_load="/none", kd_teacher_num_layers=teacher_cfg.num_layers,
@@ -180,30 +188,33 @@ def _step_estimate(kd: bool, cfg, teacher_cfg) -> tuple[int, int]:
             kd_teacher_num_attention_heads=teacher_cfg.num_attention_heads,
         )  # fmt: skip
     spec = dataclasses.replace(spec_from_megatron_args(args), device="cpu")
-    est = estimate_rank(spec, RankPosition(0, 0))
+    est = estimate_rank(spec, RankPosition(0, pp_rank))
     return est.peak_memory_bytes, est.weight_terms.get("teacher_weights", 0)
 
 
 def whole_step(vocab: int) -> None:
-    """Print the whole-step comparison (see the module doc)."""
+    """Print the whole-step comparison (see the module doc), without and with pipelining."""
     import dataclasses
 
-    from memscope.demo.tiny_gpt import TinyGPTConfig, init_process
+    from memscope.demo.launcher import free_port, spawn
+    from memscope.demo.tiny_gpt import TinyGPTConfig
 
-    cfg = TinyGPTConfig(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=128,
-                        micro_batch_size=2, num_microbatches=2, vocab_size=vocab)  # fmt: skip
-    teacher_cfg = dataclasses.replace(cfg, num_layers=4, hidden_size=128)
-    init_process(0, 1, int(os.environ.get("MASTER_PORT", "29533")), cfg)
     mib = 1 << 20
-    print(f"tiny GPT step (student 2x64, teacher 4x128, vocab {vocab}, fp32) (MiB)")
-    print(f"{'run':>8} {'peak':>8} {'est':>8} {'error':>7} {'teacher':>8} {'est':>8}")
-    for kd in (False, True):
-        peak, teacher = _step_peak(kd, cfg, teacher_cfg)
-        est, est_teacher = _step_estimate(kd, cfg, teacher_cfg)
-        print(
-            f"{'kd' if kd else 'plain':>8} {peak / mib:8.2f} {est / mib:8.2f} "
-            f"{(est - peak) / peak:+7.1%} {teacher / mib:8.2f} {est_teacher / mib:8.2f}"
-        )
+    print(f"tiny GPT steps (student 4x64, teacher 4x128, vocab {vocab}, fp32) (MiB)")
+    print(f"{'run':>8} {'stage':>5} {'peak':>8} {'est':>8} {'error':>7} {'teacher':>8} {'est':>8}")
+    for pp in (1, 2):
+        cfg = TinyGPTConfig(num_layers=4, hidden_size=64, num_attention_heads=4,
+                            seq_length=128, micro_batch_size=2, num_microbatches=4,
+                            vocab_size=vocab, pp=pp)  # fmt: skip
+        teacher_cfg = dataclasses.replace(cfg, hidden_size=128)
+        for kd in (False, True):
+            for stage, peak, teacher in spawn(pp, step_worker, free_port(), kd, cfg, teacher_cfg):
+                est, est_teacher = _step_estimate(kd, cfg, teacher_cfg, stage)
+                name = f"{'kd' if kd else 'plain'} pp{pp}"
+                print(
+                    f"{name:>8} {stage:>5} {peak / mib:8.2f} {est / mib:8.2f} "
+                    f"{(est - peak) / peak:+7.1%} {teacher / mib:8.2f} {est_teacher / mib:8.2f}"
+                )
 
 
 def main() -> int:
@@ -218,21 +229,31 @@ def main() -> int:
     except ImportError as exc:
         print(f"ModelOpt's Megatron distillation plugin is not importable: {exc}")
         return 2
-    import torch
-
     whole_step(opts.step_vocab)
+    from memscope.demo.launcher import free_port, spawn
+
     mib = 1 << 20
     print(f"LogitsKLLoss, bf16 logits [s={opts.seq}, b={opts.mbs}, V/t={opts.vocab}] (MiB)")
     print(f"{'tp':>3} {'logits':>8} {'saved':>8} {'est':>8} {'moment':>8} {'est':>8}")
-    for tp in (1, 2):
+    rows = spawn(1, loss_worker, free_port(), opts.seq, opts.mbs, opts.vocab)[0]
+    for tp, (saved, moment) in rows:
         logits, est_saved, est_moment = _kd_terms(opts.seq, opts.mbs, opts.vocab, tp)
-        saved, moment = _measure(opts.seq, opts.mbs, opts.vocab, tp)
         print(
             f"{tp:>3} {logits / mib:8.2f} {saved / mib:8.2f} {est_saved / mib:8.2f} "
             f"{moment / mib:8.2f} {est_moment / mib:8.2f}"
         )
-    torch.distributed.destroy_process_group()
     return 0
+
+
+def loss_worker(rank: int, world: int, port: int, seq: int, mbs: int, vocab: int) -> list:
+    """The loss alone in one gloo process: [(tp, (saved, moment))] for TP 1 and 2."""
+    from memscope.demo.tiny_gpt import TinyGPTConfig, destroy_process, init_process
+
+    init_process(rank, world, port, TinyGPTConfig())
+    try:
+        return [(tp, _measure(seq, mbs, vocab, tp)) for tp in (1, 2)]
+    finally:
+        destroy_process()
 
 
 if __name__ == "__main__":

@@ -343,9 +343,8 @@ def _quant_and_kd_modelled(spec: TrainingSpec) -> list[str]:
             f"knowledge distillation: frozen teacher ({t.num_layers} layers, hidden "
             f"{t.hidden_size}, from {kd.teacher_source}) weights, its stage inputs and logits, "
             f"the {loss} loss{'' if kd.skip_lm_loss else ' beside the LM loss'} (derived from "
-            "ModelOpt's and Megatron-LM's code and measured on CPU by tools/measure_kd_cpu.py "
-            "without pipelining; pipeline stages and the teacher's checkpoint load not run "
-            "here)"
+            "ModelOpt's and Megatron-LM's code and measured on CPU by tools/measure_kd_cpu.py; "
+            "intermediate-layer losses and the teacher's checkpoint load not run here)"
         )
     return out
 

@@ -40,9 +40,10 @@ Checked on CPU by ``tools/measure_kd_cpu.py`` (ModelOpt is not a MemScope depend
 test suite does not run it): a tiny real megatron-core student and teacher joined by
 ``mtd.convert`` and ``adjust_distillation_model_for_mcore`` as Megatron-LM does, trained with
 megatron's schedule under the exact ``storage`` backend, and ModelOpt's ``LogitsKLLoss``
-alone (TP 1 and the vocab-parallel path). Not run here: loading a teacher checkpoint
-(Megatron-LM's ``megatron/post_training``), pipeline stages (the teacher stage input) and
-intermediate-layer losses, which are derived from the code only.
+alone (TP 1 and the vocab-parallel path), without and with two pipeline stages. Not counted:
+the teacher's part of the p2p gradients in the backward working set (under 1% of the tiny
+two-stage run's peaks). Not run here: loading a teacher checkpoint (Megatron-LM's
+``megatron/post_training``) and intermediate-layer losses, derived from the code only.
 """
 
 from __future__ import annotations
