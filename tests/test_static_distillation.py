@@ -9,6 +9,7 @@ a tiny real student/teacher step and the KD loss where ModelOpt is importable.""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import yaml
@@ -147,3 +148,20 @@ def test_the_teacher_is_split_like_the_student_when_its_parallel_sizes_change():
     odd = dataclasses.replace(kd, parallel=dataclasses.replace(kd.parallel, tp=1, pp=3, dp=1))
     with pytest.raises(ValueError, match=r"kd teacher .*parallel\.pp"):
         _rank(odd)
+
+
+def test_analyze_static_reports_the_teacher_from_a_flagscale_yaml(tmp_path):
+    from memscope.cli import main
+
+    system = {k: v for k, v in ARGS.items() if k not in ("num_layers", "hidden_size")}
+    config = {"system": {**system, **KD}, "model": {"num_layers": 4, "hidden_size": 256}}
+    path = tmp_path / "kd.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["analyze-static", "--config", str(path), "--outdir", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "static_report.json").read_text())
+    teacher = next(op for op in report["operators"] if op["name"] == "parameters.teacher_weights")
+    expected = _rank(_spec(**KD)).weight_terms["teacher_weights"]
+    assert teacher["memory_bytes"] == expected
+    assert report["ranks"][0]["weight_terms"] == {"teacher_weights": expected}
+    weights = next(op for op in report["operators"] if op["name"] == "parameters")
+    assert weights["memory_bytes"] == report["ranks"][0]["weight_memory_bytes"] - expected
