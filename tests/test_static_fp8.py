@@ -123,3 +123,18 @@ def test_bad_fp8_settings_are_refused_with_one_line(extra, message):
     with pytest.raises(ValueError, match=message) as info:
         spec_from_megatron_args({**ARGS, **extra})
     assert "\n" not in str(info.value)
+
+
+def test_grouped_experts_have_quantizers_per_local_expert():
+    moe = dict(num_experts=8, expert_model_parallel_size=2, moe_grouped_gemm=True,
+               moe_ffn_hidden_size=128, tensor_model_parallel_size=1, world_size=2)  # fmt: skip
+    est = _rank(_spec(fp8="hybrid", fp8_recipe="tensorwise", **moe))
+    # per layer: qkv, proj and two grouped tensors of 8 / 2 local experts each
+    gemms = 4 * (2 + 2 * 4)
+    assert est.weight_terms["scaling_state"] == gemms * 5 * 2 * 4
+    experts = sum(
+        t.numel for t in est.params if t.name.endswith(("experts.weight1", "experts.weight2"))
+    )
+    assert experts > 0 and est.weight_terms["quantized_weight_copies"] == 2 * (
+        experts + sum(t.numel for t in est.params if t.name.endswith(GEMMS))
+    )

@@ -224,10 +224,12 @@ def quantized_gemm_weights(spec: TrainingSpec, params: Iterable[ParamTensor]) ->
     return out
 
 
-def _gemm_count(weights: list[ParamTensor]) -> int:
+def _gemm_count(spec: TrainingSpec, weights: list[ParamTensor]) -> int:
     """GEMMs with their own quantizers: one per weight tensor, one per local expert for a
     grouped expert tensor (``TEGroupedLinear``: ``num_gemms`` = local experts)."""
-    return len(weights)
+    local = (spec.model.num_experts or 0) // spec.parallel.ep
+    grouped = sum(1 for t in weights if t.name.endswith(("experts.weight1", "experts.weight2")))
+    return len(weights) - grouped + grouped * local
 
 
 @dataclass(frozen=True)
@@ -264,7 +266,7 @@ def quantized_weight_terms(
         delta = round(numel * both) - numel * spec.precision.param_bytes
     elif q.weight_cache:
         copies = round(numel * both)
-    quantizers = QUANTIZERS_PER_GEMM * _gemm_count(weights)
+    quantizers = QUANTIZERS_PER_GEMM * _gemm_count(spec, weights)
     if q.recipe == "delayed":
         state = quantizers * (q.amax_history_len + 1) * FP32
     elif q.recipe in ("tensorwise", "nvfp4"):
