@@ -138,3 +138,17 @@ def test_grouped_experts_have_quantizers_per_local_expert():
     assert experts > 0 and est.weight_terms["quantized_weight_copies"] == 2 * (
         experts + sum(t.numel for t in est.params if t.name.endswith(GEMMS))
     )
+
+
+def test_a_distillation_teacher_caches_row_wise_copies_only():
+    teacher = dict(export_kd_teacher_load="/nowhere", kd_teacher_num_layers=4,
+                   kd_teacher_hidden_size=256, kd_teacher_ffn_hidden_size=1024,
+                   kd_teacher_num_attention_heads=8)  # same shape as the student  # fmt: skip
+    est = _rank(_spec(fp8="hybrid", fp8_recipe="tensorwise", **teacher))
+    student = est.weight_terms["quantized_weight_copies"] + est.weight_terms["scaling_state"]
+    # no_grad: no column-wise copy (linear.py: columnwise_usage needs a gradient)
+    rowwise = est.weight_terms["quantized_weight_copies"] // 2
+    assert (
+        est.weight_terms["teacher_quantized_weights"] == rowwise + est.weight_terms["scaling_state"]
+    )
+    assert est.weight_terms["teacher_quantized_weights"] < student

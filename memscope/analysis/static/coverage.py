@@ -369,7 +369,7 @@ def approximated_features(spec: TrainingSpec) -> tuple[str, ...]:
         out.append(
             "FP8/FP4 saved activations: MoE expert and MLA projection inputs and the layers "
             "kept in bf16 (first_last_layers_bf16) are counted at the activation dtype; "
-            "block-scale padding is ignored; the teacher's own weight caches are not counted"
+            "block-scale padding is ignored"
         )
     kd = getattr(spec, "distillation", None)
     if kd is not None and kd.intermediate_pairs:

@@ -206,12 +206,15 @@ def distillation_from_args(args: Any, student: TrainingSpec) -> DistillationSpec
     return DistillationSpec(teacher, source, skip, topk, pairs)
 
 
-def teacher_weight_bytes(spec: TrainingSpec, position: RankPosition) -> int:
-    """The frozen teacher's weights on this rank, in the parameter dtype (no gradients, no
-    optimizer state: ``teacher_model.requires_grad_(False)``)."""
+def teacher_terms(spec: TrainingSpec, position: RankPosition, compute_major: int) -> dict[str, int]:
+    """The frozen teacher's persistent bytes on this rank: its weights in the parameter dtype
+    (no gradients, no optimizer state: ``teacher_model.requires_grad_(False)``) and, under
+    FP8/FP4, its quantized weight copies (row-wise only: it runs under ``no_grad``) and
+    scaling state (:func:`.fp8.quantized_weight_terms`)."""
     kd = spec.distillation
     if kd is None:
-        return 0
+        return {}
+    from memscope.analysis.static.fp8 import quantized_weight_terms
     from memscope.analysis.static.params import rank_params
 
     # the teacher is split like the student (the same model_kwargs), also when a caller such
@@ -221,8 +224,12 @@ def teacher_weight_bytes(spec: TrainingSpec, position: RankPosition) -> int:
         teacher.validate()
     except ValueError as exc:
         raise ValueError(f"kd teacher ({kd.teacher_source}): {exc}") from None
-    count = sum(t.numel for t in rank_params(teacher, position))
-    return count * teacher.precision.param_bytes
+    params = rank_params(teacher, position)
+    out = {"teacher_weights": sum(t.numel for t in params) * teacher.precision.param_bytes}
+    if teacher.quant is not None:
+        quant = quantized_weight_terms(teacher, params, compute_major, grad=False)
+        out["teacher_quantized_weights"] = quant.total_bytes
+    return out
 
 
 def _teacher_hidden(kd: DistillationSpec, x: Dims) -> int:

@@ -21,7 +21,7 @@ from memscope.analysis.static.activations import (
     optimizer_step_bytes,
 )
 from memscope.analysis.static.config import TrainingSpec, stage_spec
-from memscope.analysis.static.distillation import teacher_weight_bytes
+from memscope.analysis.static.distillation import teacher_terms
 from memscope.analysis.static.fp8 import quantized_weight_terms
 from memscope.analysis.static.params import (
     ParamTensor,
@@ -153,11 +153,10 @@ def weight_terms(
     and scaling state (:mod:`.fp8`) and a distillation teacher's frozen weights
     (:mod:`.distillation`)."""
     out: dict[str, int] = {}
+    major = compute_major(spec.gpu) if spec.device == "cuda" else 9
     if spec.quant is not None:
-        major = compute_major(spec.gpu) if spec.device == "cuda" else 9
         out.update(quantized_weight_terms(spec, params, major).detail())
-    if spec.distillation is not None:
-        out["teacher_weights"] = teacher_weight_bytes(spec, position)
+    out.update(teacher_terms(spec, position, major))
     return out
 
 

@@ -16,6 +16,7 @@ dtype. The terms, each from Transformer Engine's code (NVIDIA/TransformerEngine,
   ``_transpose`` except where the GPU runs non-TN FP8 GEMMs (compute capability 10.x, 11.x
   and >= 13: ``utils.is_non_tn_fp8_gemm_supported``, ``Float8CurrentScalingQuantizer.
   inner_tensor_specs``), MXFP8 / block-scaled FP8 / NVFP4 always keep a column-wise copy.
+  A model run under ``no_grad`` (a distillation teacher) caches the row-wise copy only.
 * **Quantized primary weights** (``--fp8-param-gather`` / ``--fp4-param-gather``:
   megatron/core/fp8_utils.py ``get_fp8_context(..., is_init=True)`` enters TE's
   ``fp8_model_init``): the parameters are the quantized tensors themselves; the DDP
@@ -253,19 +254,24 @@ class QuantWeights:
 
 
 def quantized_weight_terms(
-    spec: TrainingSpec, params: Iterable[ParamTensor], compute_major: int
+    spec: TrainingSpec, params: Iterable[ParamTensor], compute_major: int, grad: bool = True
 ) -> QuantWeights:
-    """The persistent FP8/FP4 terms of the rank holding ``params`` (see the module doc)."""
+    """The persistent FP8/FP4 terms of the rank holding ``params`` (see the module doc).
+
+    ``grad=False``: a model run under ``no_grad`` (a distillation teacher): ``_Linear.forward``
+    asks the weight quantizer for column-wise usage only when the input needs a gradient, so
+    its cached copy is row-wise only. Quantized primary weights keep both usages (as built)."""
     q = spec.quant
     assert q is not None
     weights = quantized_gemm_weights(spec, params)
     numel = sum(t.numel for t in weights)
     both = weight_usage_bytes(q, compute_major)
+    cached = both if grad else _WEIGHT_BYTES[q.recipe]
     delta, copies = 0, 0
     if q.primary_weights:
         delta = round(numel * both) - numel * spec.precision.param_bytes
     elif q.weight_cache:
-        copies = round(numel * both)
+        copies = round(numel * cached)
     quantizers = QUANTIZERS_PER_GEMM * _gemm_count(spec, weights)
     if q.recipe == "delayed":
         state = quantizers * (q.amax_history_len + 1) * FP32

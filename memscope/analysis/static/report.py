@@ -79,6 +79,7 @@ WEIGHT_TERM_NOTES = {
     "quantized_weight_copies": "Transformer Engine's cached FP8/FP4 weight copies (fp8.py)",
     "scaling_state": "FP8/FP4 scales and amax histories (fp8.py)",
     "teacher_weights": "the frozen distillation teacher (distillation.py)",
+    "teacher_quantized_weights": "the teacher's row-wise FP8/FP4 weight copies (distillation.py)",
 }
 
 
