@@ -91,22 +91,26 @@ def test_unused_yaml_key_is_listed_in_json_markdown_and_console(tmp_path, cli):
     assert not res.warnings() or all("not modelled" not in x for x in res.warnings())
 
 
-def test_fp8_is_a_not_modelled_warning_in_console_json_and_markdown(tmp_path, cli):
-    config = _yaml(tmp_path, system={"fp8": "hybrid", "fp8_recipe": "tensorwise"})
-    res = cli(config)
-    lines = [x for x in res.warnings() if "fp8=hybrid is not modelled" in x]
-    assert len(lines) == 1 and lines[0].startswith(f"memscope analyze-static: warning: {config}: ")
-    assert any("fp8_recipe=tensorwise is not modelled" in x for x in res.warnings())
-    entry = next(n for n in res.coverage["not_modelled"] if n["key"] == "fp8")
-    assert entry["value"] == "hybrid" and "FP8" in entry["reason"]
-    assert "fp8=hybrid" in res.coverage["not_modelled_features"]
-    assert {"fp8", "fp8_recipe"} <= set(res.coverage["unused_keys"])
-    assert "`fp8` = `hybrid`" in res.md
+def test_fp8_with_transformer_engine_is_modelled_and_says_it_is_not_measured(tmp_path, cli):
+    system = {"fp8": "hybrid", "fp8_recipe": "tensorwise", "transformer_impl": "transformer_engine"}
+    res = cli(_yaml(tmp_path, system=system))
+    assert not any("not modelled" in x for x in res.warnings())
+    assert not any(n["key"].startswith("fp8") for n in res.coverage["not_modelled"])
+    assert not {"fp8", "fp8_recipe"} & set(res.coverage["unused_keys"])
+    fp8 = [m for m in res.coverage["modelled"] if m.startswith("FP8 (tensorwise recipe")]
+    assert len(fp8) == 1 and "not measured here" in fp8[0] and "Transformer Engine" in fp8[0]
+    assert any("FP8/FP4 saved activations" in a for a in res.coverage["approximated"])
     footer = res.md.strip().splitlines()[-1]
-    assert footer.startswith("_Modelled for this config: ") and "fp8=hybrid" in footer
-    assert "Exact vs approximate" not in res.md
-    # the warnings list keeps the config warnings only; the not-modelled keys are in coverage
-    assert not any("not modelled" in w for w in res.report["warnings"])
+    assert footer.startswith("_Modelled for this config: ") and "FP8 (tensorwise" in footer
+
+
+def test_fp8_with_local_layers_is_a_warning_and_changes_nothing(tmp_path, cli):
+    plain = cli(_yaml(tmp_path, system={"transformer_impl": "local"}))
+    res = cli(_yaml(tmp_path, system={"fp8": "hybrid", "transformer_impl": "local"}))
+    line = [x for x in res.warnings() if "fp8 with transformer_impl local" in x]
+    assert len(line) == 1 and "activation dtype" in line[0]
+    assert res.report["ranks"] == plain.report["ranks"]
+    assert not any(m.startswith("FP8") for m in res.coverage["modelled"])
 
 
 def test_tp_comm_overlap_is_a_not_modelled_warning(tmp_path, cli):
@@ -131,8 +135,8 @@ def test_default_values_are_not_reported(tmp_path, cli):
     res = cli(_yaml(tmp_path, system=defaults))
     assert _keys(res) == [] and not any("not modelled" in x for x in res.warnings())
     # the estimator reads these
-    read = {"fp8", "moe_token_dispatcher_type", "main_grads_dtype", "exp_avg_dtype",
-            "recompute_modules"}  # fmt: skip
+    read = {"fp8", "fp8_recipe", "moe_token_dispatcher_type", "main_grads_dtype",
+            "exp_avg_dtype", "recompute_modules"}  # fmt: skip
     assert set(defaults) - read <= set(res.coverage["unused_keys"])
 
 

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from memscope.analysis.static.config import TrainingSpec
+from memscope.analysis.static.distillation import distillation_extras, distillation_moments
+from memscope.analysis.static.fp8 import quantized_saved
 from memscope.analysis.static.moe import (
     moe_act_discarded,
     moe_global_buffer,
@@ -204,6 +206,7 @@ def layer_saved(spec: TrainingSpec, x: Dims) -> dict[str, int]:
             items["attention_dropout"] = x.scores + x.scores_mask  # output (bmm input), mask
     if m.hidden_dropout > 0:
         items["residual_dropout_masks"] = 2 * x.hidden_mask
+    quantized_saved(spec, items, x.ffn, x.e)  # FP8/FP4 GEMM inputs (fp8.py)
     return items
 
 
@@ -630,6 +633,7 @@ def chunk_activations(
         extras["cross_entropy_small"] = x.s * x.b * CE_BYTES_PER_TOKEN
         if spec.model.mtp_num_layers:
             extras.update(mtp_saved(spec, x, kept))
+    distillation_extras(spec, x, first, last, extras)  # teacher input, KD loss (distillation.py)
     stored = []
     for i, g in enumerate(groups):
         ends_group = i + 1 == n_layers or groups[i + 1] != g
@@ -643,9 +647,10 @@ def chunk_activations(
     hold = x.vocab * x.h * x.e if spec.parallel.pp == 1 and spec.model.tie_embeddings else 0
     best, moment = 0, "none"
     if last:
-        best, moment = max(
-            (w, name) for name, w in loss_moments(spec, x, extras["cross_entropy_softmax"]).items()
-        )
+        loss_saved = extras["cross_entropy_softmax"] + extras.get("kd_loss_saved", 0)
+        moments = loss_moments(spec, x, loss_saved)
+        distillation_moments(spec, x, moments)
+        best, moment = max((w, name) for name, w in moments.items())
         if partner is not None:
             # the loss backward runs beside the partner's embedding output; the partner's
             # loss forward, after every backward layer, beside this microbatch's leftovers
@@ -668,6 +673,7 @@ def chunk_activations(
             "cross_entropy_small",
             "mtp_layers",
             "mtp_cross_entropy",
+            "kd_loss_saved",
         )
     )
     below = saved - released_extras  # what is alive when the layers' backward starts

@@ -9,6 +9,7 @@ the field.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from memscope.analysis.static.feature_checks import (
     validate_mla_mtp,
@@ -17,6 +18,10 @@ from memscope.analysis.static.feature_checks import (
 )
 from memscope.analysis.static.validation import check_scale, check_sharding, check_sizes
 from memscope.analysis.static.workspaces import compute_major
+
+if TYPE_CHECKING:
+    from memscope.analysis.static.distillation import DistillationSpec
+    from memscope.analysis.static.fp8 import QuantSpec
 
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
@@ -235,6 +240,10 @@ class TrainingSpec:
     cpu_offloading_num_layers: int = 0
     cpu_offloading_activations: bool = True
     cpu_offloading_weights: bool = False
+    # Transformer Engine FP8/FP4 training (fp8.py); None: the activation dtype throughout
+    quant: QuantSpec | None = None
+    # ModelOpt knowledge distillation (distillation.py); None: no teacher
+    distillation: DistillationSpec | None = None
 
     def recomputes(self, module: str) -> bool:
         """Whether selective recompute covers ``module`` (a ``recompute_modules`` name)."""

@@ -21,12 +21,6 @@ from memscope.analysis.static.validation import READ_KEYS, memscope_keys, show
 # (READ_KEYS) is never reported, so modelling a feature and adding its key to READ_KEYS takes
 # it off this list without editing it -- except the keys of READ_NOT_MODELLED below.
 NOT_MODELLED: dict[str, str] = {
-    "fp8": "FP8 (Transformer Engine): activations are counted in the parameter dtype; FP8 "
-    "weight/activation casts, transpose caches and scaling state are not counted",
-    "fp8_recipe": "FP8 recipe scaling state (amax histories, scales) is not counted",
-    "fp8_param": "FP8 parameters: weights are counted in the parameter dtype, not in FP8",
-    "fp4": "FP4 (Transformer Engine): activations are counted in the parameter dtype; FP4 "
-    "casts and scaling state are not counted",
     "cuda_graph_impl": "CUDA graphs keep static input/output buffers and a private memory pool "
     "per captured graph, not counted",
     "enable_cuda_graph": "CUDA graphs keep static input/output buffers and a private memory "
@@ -85,9 +79,6 @@ def _moe(merged: Mapping[str, Any], spec: TrainingSpec) -> bool:
 
 # Keys that only matter together with another setting (else Megatron ignores them).
 _RELEVANT: dict[str, Callable[[Mapping[str, Any], TrainingSpec], bool]] = {
-    "fp8_recipe": lambda merged, spec: (
-        is_set("fp8", merged.get("fp8")) or is_set("fp4", merged.get("fp4"))
-    ),
     "distribute_saved_activations": lambda merged, spec: spec.recompute == "full",
     "moe_shared_expert_overlap": _moe,
 }
@@ -330,7 +321,32 @@ def modelled_features(spec: TrainingSpec) -> tuple[str, ...]:
     if m.mtp_num_layers:
         depths = f"{m.mtp_num_layers} layer{'s' if m.mtp_num_layers > 1 else ''}"
         out.append(f"MTP ({depths}: activations, logits and losses on the last stage)")
+    out += _quant_and_kd_modelled(spec)
     return tuple(out)
+
+
+def _quant_and_kd_modelled(spec: TrainingSpec) -> list[str]:
+    """FP8/FP4 (fp8.py) and ModelOpt distillation (distillation.py): what is modelled."""
+    out = []
+    q = getattr(spec, "quant", None)
+    if q is not None:
+        out.append(
+            f"{q.label()}: quantized weight copies and transposes, scaling state, quantized "
+            "saved GEMM inputs (derived from Transformer Engine's code; TE does not install "
+            "without CUDA, so not measured here)"
+        )
+    kd = getattr(spec, "distillation", None)
+    if kd is not None:
+        t = kd.teacher.model
+        loss = f"top-{kd.logit_topk} logits KL" if kd.logit_topk else "logits KL"
+        out.append(
+            f"knowledge distillation: frozen teacher ({t.num_layers} layers, hidden "
+            f"{t.hidden_size}, from {kd.teacher_source}) weights, its stage inputs and logits, "
+            f"the {loss} loss{'' if kd.skip_lm_loss else ' beside the LM loss'} (derived from "
+            "ModelOpt's and Megatron-LM's code and measured on CPU by tools/measure_kd_cpu.py; "
+            "intermediate-layer losses and the teacher's checkpoint load not run here)"
+        )
+    return out
 
 
 def approximated_features(spec: TrainingSpec) -> tuple[str, ...]:
@@ -347,6 +363,19 @@ def approximated_features(spec: TrainingSpec) -> tuple[str, ...]:
         out.append(
             "activation offload residency: Transformer Engine's offload context is assumed "
             "to move all TE-module tensors of the offloaded layers and keep one reloaded layer"
+        )
+    q = getattr(spec, "quant", None)
+    if q is not None:
+        out.append(
+            "FP8/FP4 saved activations: MoE expert and MLA projection inputs and the layers "
+            "kept in bf16 (first_last_layers_bf16) are counted at the activation dtype; "
+            "block-scale padding is ignored"
+        )
+    kd = getattr(spec, "distillation", None)
+    if kd is not None and kd.intermediate_pairs:
+        out.append(
+            f"knowledge distillation: {kd.intermediate_pairs} intermediate-layer losses as two "
+            "fp32 teacher-hidden-sized tensors saved per pair and microbatch"
         )
     if spec.parallel.cp > 1:
         out.append(

@@ -11,7 +11,7 @@ rounding and fragmentation) is a separate allowance (:mod:`.allowance`), never a
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from memscope._version import __version__
@@ -22,6 +22,8 @@ from memscope.analysis.static.activations import (
     retained_inputs_bytes,
 )
 from memscope.analysis.static.config import TrainingSpec, stage_spec
+from memscope.analysis.static.distillation import teacher_terms
+from memscope.analysis.static.fp8 import quantized_weight_terms
 from memscope.analysis.static.params import (
     ParamTensor,
     RankPosition,
@@ -30,7 +32,7 @@ from memscope.analysis.static.params import (
 )
 from memscope.analysis.static.sources import spec_from_megatron_args
 from memscope.analysis.static.terms import PersistentTerms, fp32_grad_copies, persistent_terms
-from memscope.analysis.static.workspaces import workspace_terms
+from memscope.analysis.static.workspaces import compute_major, workspace_terms
 
 SOURCE = f"memscope static estimator {__version__}"
 
@@ -49,6 +51,9 @@ class RankEstimate:
     # the last received pipeline input (and its gradient) each model chunk keeps until the
     # next step's forward (activations.retained_inputs_bytes)
     retained_input_bytes: int = 0
+    # persistent terms of FP8/FP4 (fp8.py) and distillation (distillation.py), by name; they
+    # are already in ``persistent.weight_bytes``
+    weight_terms: dict[str, int] = field(default_factory=dict)
 
     @property
     def workspace_bytes(self) -> int:
@@ -119,6 +124,7 @@ class RankEstimate:
             "steady_bytes": self.steady_bytes,
             "post_step_bytes": self.post_step_bytes,
             "retained_input_bytes": self.retained_input_bytes,
+            "weight_terms": dict(self.weight_terms),
             "peak_memory_bytes": self.peak_memory_bytes,
             "peak_stage": self.peak_stage,
         }
@@ -137,16 +143,34 @@ def estimate_rank(spec: TrainingSpec, position: RankPosition) -> RankEstimate:
     params = rank_params(spec, position)
     per_chunk = layers_per_chunk(spec, position.pp_rank)
     largest = max((t.numel for t in params), default=0)
+    extra = weight_terms(spec, params, position)
+    persistent = persistent_terms(spec, params)
+    persistent = replace(persistent, weight_bytes=persistent.weight_bytes + sum(extra.values()))
     return RankEstimate(
         position=position,
         params=params,
-        persistent=persistent_terms(spec, params),
+        persistent=persistent,
         activations=activation_estimate(spec, position.pp_rank, per_chunk),
         optimizer_step_bytes=optimizer_step_bytes(spec, largest),
         workspaces=workspace_terms(spec),
         post_step_bytes=fp32_grad_copies(spec, params),
         retained_input_bytes=retained_inputs_bytes(spec, position.pp_rank, len(per_chunk)),
+        weight_terms=extra,
     )
+
+
+def weight_terms(
+    spec: TrainingSpec, params: list[ParamTensor], position: RankPosition
+) -> dict[str, int]:
+    """Persistent bytes beside the trained weights: FP8/FP4 quantized weights, their copies
+    and scaling state (:mod:`.fp8`) and a distillation teacher's frozen weights
+    (:mod:`.distillation`)."""
+    out: dict[str, int] = {}
+    major = compute_major(spec.gpu) if spec.device == "cuda" else 9
+    if spec.quant is not None:
+        out.update(quantized_weight_terms(spec, params, major).detail())
+    out.update(teacher_terms(spec, position, major))
+    return out
 
 
 def estimate_all_ranks(spec: TrainingSpec) -> list[RankEstimate]:

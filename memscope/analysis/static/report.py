@@ -73,6 +73,16 @@ def _op(
     }
 
 
+# RankEstimate.weight_terms: where each comes from
+WEIGHT_TERM_NOTES = {
+    "quantized_primary_weights_delta": "FP8/FP4 parameters instead of 16-bit ones (fp8.py)",
+    "quantized_weight_copies": "Transformer Engine's cached FP8/FP4 weight copies (fp8.py)",
+    "scaling_state": "FP8/FP4 scales and amax histories (fp8.py)",
+    "teacher_weights": "the frozen distillation teacher (distillation.py)",
+    "teacher_quantized_weights": "the teacher's row-wise FP8/FP4 weight copies (distillation.py)",
+}
+
+
 def operator_records(spec: TrainingSpec, est: RankEstimate) -> list[dict[str, Any]]:
     """Operator-level records of one rank (notation: see memscope.analysis.static.activations).
 
@@ -86,7 +96,7 @@ def operator_records(spec: TrainingSpec, est: RankEstimate) -> list[dict[str, An
             "parameters",
             "weights",
             "persistent",
-            per.weight_bytes,
+            per.weight_bytes - sum(est.weight_terms.values()),  # the rest: weight_terms below
             True,
             "param_count x e",
             f"{per.param_count:,} parameters in {len(est.params)} tensors on this rank",
@@ -110,6 +120,18 @@ def operator_records(spec: TrainingSpec, est: RankEstimate) -> list[dict[str, An
             "param_count x (8 [Adam m, v] + 4 [fp32 master under bf16/fp16]) / dp if distributed",
             f"{spec.precision.optimizer}, distributed={spec.precision.distributed_optimizer}",
         ),
+    ]
+    ops += [
+        _op(
+            f"parameters.{name}",
+            "weights",
+            "persistent",
+            size,
+            False,
+            "",
+            WEIGHT_TERM_NOTES.get(name, ""),
+        )
+        for name, size in est.weight_terms.items()
     ]
     counts = {"in_flight": act.in_flight, "dtype": dtype}
     for key, value in act.per_layer.items():

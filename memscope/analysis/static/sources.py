@@ -12,6 +12,7 @@ import json
 import math
 import os
 import warnings
+from dataclasses import replace
 from typing import Any
 
 from memscope.analysis.static.config import (
@@ -23,6 +24,7 @@ from memscope.analysis.static.config import (
     TrainingSpec,
     padded_vocab_size,
 )
+from memscope.analysis.static.distillation import distillation_from_args
 from memscope.analysis.static.flagscale_checks import (
     VISION_KEYS,
     apply_hetero,
@@ -36,6 +38,7 @@ from memscope.analysis.static.flagscale_experiment import (
     runner_world_size,
     train_config_of,
 )
+from memscope.analysis.static.fp8 import quant_from_args
 from memscope.analysis.static.validation import (
     MAX_LAYERS,
     MAX_NESTING,
@@ -438,7 +441,7 @@ def spec_from_megatron_args(
     cross_entropy = "unfused"
     if _flag(args, "cross_entropy_loss_fusion"):
         cross_entropy = _name(args, "cross_entropy_fusion_impl", "native")
-    return TrainingSpec(
+    spec = TrainingSpec(
         model,
         parallel,
         precision,
@@ -454,7 +457,10 @@ def spec_from_megatron_args(
         gradient_accumulation_fusion=_flag(args, "gradient_accumulation_fusion", True),
         recompute_modules=modules,
         **_activation_offload(args),
+        quant=quant_from_args(args, _get),
     ).validate()
+    kd = distillation_from_args(args, spec)  # the teacher is built from these same args
+    return replace(spec, distillation=kd) if kd is not None else spec
 
 
 # --main-grads-dtype and friends as Megatron-LM's arguments.py maps them (a parsed namespace

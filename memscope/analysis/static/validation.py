@@ -22,6 +22,9 @@ import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from memscope.analysis.static.distillation import KD_KEYS
+from memscope.analysis.static.fp8 import QUANT_KEYS
+
 if TYPE_CHECKING:
     from memscope.analysis.static.config import TrainingSpec
 
@@ -175,6 +178,7 @@ READ_KEYS = frozenset(NEGATED_FLAGS) | frozenset(
         "world_size",
     ]
 )
+READ_KEYS |= QUANT_KEYS | KD_KEYS  # fp8.py, distillation.py
 # Real Megatron-LM / FlagScale 0.8.0 arguments (megatron/training/arguments.py,
 # flagscale/train/arguments.py) that look like a key above: never reported as misspelled.
 MEGATRON_LOOKALIKES = frozenset(
