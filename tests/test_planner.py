@@ -15,6 +15,7 @@ import pytest
 from conftest import load_json, run_in_process
 
 from memscope.analysis.static.planner import (
+    COST_TERMS,
     ESTIMATE_UNCERTAINTY,
     CostModel,
     apply,
@@ -121,8 +122,7 @@ def test_plans_are_ranked_by_the_stated_cost_model_and_fit():
         assert max(s["peak_bytes"] for s in p["stages"]) == p["peak_bytes"] <= budget
         lo, hi = p["peak_range_bytes"]
         assert lo < p["peak_bytes"] < hi
-        assert p["cost"]["total"] == pytest.approx(1 + sum(
-            p["cost"][k] for k in ("bubble", "recompute", "tp_comm", "cp_comm")))  # fmt: skip
+        assert p["cost"]["total"] == pytest.approx(1 + sum(p["cost"][k] for k in COST_TERMS))
     # the bubble term is Megatron's (p - 1) / (v m)
     model = CostModel()
     s = apply(spec, dataclasses.replace(current_layout(spec), pp=2, vpp=2,

@@ -23,12 +23,12 @@ _UNITS = {"": None, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_size(text: str) -> int:
+def parse_size(text: str, option: str = "--gpu-memory") -> int:
     """``80GiB``, ``80 GB``, ``81920MiB`` -> bytes; a unit is required."""
     m = _SIZE.match(text)
     unit = _UNITS.get(m.group(2).lower(), 0) if m else 0
     if not m or not unit:
-        raise CliError(f"--gpu-memory {text!r}: give a size with a unit, e.g. 80GiB or 80GB")
+        raise CliError(f"{option} {text!r}: give a size with a unit, e.g. 80GiB or 80GB")
     return int(float(m.group(1)) * unit)
 
 
@@ -82,6 +82,19 @@ def register(sub: Any) -> None:
         help="also search the precision-aware optimizer with bf16 Adam moments and main "
         "gradients (less memory, different numerics); by default only its lossless fp32 state",
     )
+    p.add_argument(
+        "--host-memory",
+        default=None,
+        help="host memory per node that optimizer / activation offload may use, e.g. 1TiB; "
+        "plans whose offload needs more are refused (default: no limit, the need is printed)",
+    )
+    p.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="where training runs: cpu plans a CPU (gloo) run, whose --gpu-memory is each "
+        "rank's share of host memory; no CUDA-only savers (precision-aware optimizer, offload)",
+    )
     p.add_argument("--gpu", default=None, help="the GPU (h100, a100, ...), as analyze-static")
     p.add_argument("--vocab-size", type=int, default=None, help="unpadded vocabulary size")
     add_world_size_args(p)
@@ -90,7 +103,7 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Plan, write plan.json and plan.md, print the user's layout and the best plans."""
-    from memscope.analysis.static.planner import plan
+    from memscope.analysis.static.planner import MAX_WORLD_SIZE, plan
     from memscope.analysis.static.sources import load_config
     from memscope.reporters.plan_report import (
         flagscale_yaml,
@@ -101,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
     from memscope.units import printable
 
     gpu_memory, headroom = parse_size(args.gpu_memory), parse_share(args.headroom)
+    host = parse_size(args.host_memory, "--host-memory") if args.host_memory else None
     if args.top < 1:
         raise CliError(f"--top must be >= 1, got {args.top}")
     json_path = os.path.join(args.outdir, "plan.json")
@@ -108,12 +122,14 @@ def run(args: argparse.Namespace) -> int:
     for out in (json_path, md_path):
         check_output(out, [args.config])
     world, _ = world_size_from_args(args)
+    if world is not None and world > MAX_WORLD_SIZE:
+        raise CliError(f"world size {world} is beyond the {MAX_WORLD_SIZE:,} ranks plan searches")
     calibrated = _calibration(args.calibrate) if args.calibrate else None
     try:
         # the config's own layout (its world size may differ from the one planned for: the
         # global batch, micro-batch x microbatches x DP, is what carries over)
         spec, _keys = load_config(args.config, args.vocab_size, None)
-        spec = replace(spec, device="cuda", gpu=args.gpu).validate()
+        spec = replace(spec, device=args.device, gpu=args.gpu).validate()
         budget = int(gpu_memory * (1 - headroom))
         result = plan(
             spec,
@@ -122,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
             top=args.top,
             calibrated=calibrated,
             bf16_state=args.bf16_optimizer_state,
+            host_memory_bytes=host,
         )
     except ValueError as exc:
         raise CliError(naming(args.config, exc)) from None
