@@ -89,8 +89,9 @@ HOST_BYTES_PER_OFFLOADED_PARAM = 16
 ADAM_BYTES_PER_PARAM = 7 * 4
 #: One core's fused CPU AdamW throughput, parameters per second, measured by
 #: ``tools/bench_cpu_adam.py`` (``benchmarks/cpu_adam.txt``: torch.optim.AdamW(fused=True),
-#: one thread, a 64 MiB fp32 tensor beyond the cache). A test re-reads the benchmark.
-HOST_ADAM_PARAMS_PER_S_PER_CORE = 1.9e9
+#: one thread, a 64 MiB fp32 tensor beyond the cache, on this project's shared 2-core AMD
+#: EPYC machine under load: a low figure). A test re-reads the benchmark.
+HOST_ADAM_PARAMS_PER_S_PER_CORE = 1.2e9
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,7 @@ class CostModel:
     host_adam_params_per_s_per_core: float = HOST_ADAM_PARAMS_PER_S_PER_CORE
     host_cores_per_gpu: int = 14
     host_memory_bytes_per_s: float = 16 * 38.4e9  # per node
+    tp_comm_overlap: bool = False  # TE userbuffers hide TP collectives behind their GEMMs
 
     def _link(self, gpus: int) -> float:
         """Bytes per second between ``gpus`` GPUs: NVLink within a node, else the NIC."""
@@ -165,8 +167,7 @@ class CostModel:
         """Each of :data:`COST_TERMS` as a share of the ideal step time, and their
         ``total`` (1 + the terms)."""
         m, p = spec.model, spec.parallel
-        b, s, h = spec.micro_batch_size, m.seq_length, m.hidden_size
-        layer_flops = 24 * b * s * h * h + 4 * b * s * s * h  # forward, one layer
+        forward = layer_flops(spec)  # one layer, one microbatch
         bubble = (p.pp - 1) / ((p.vpp or 1) * spec.num_microbatches)
         if spec.recompute == "full" and spec.recompute_method == "block":
             per_chunk = max(1, m.num_layers // (p.pp * (p.vpp or 1)))
@@ -174,21 +175,17 @@ class CostModel:
         elif spec.recompute == "full":
             recompute = 1 / 3
         elif spec.recompute == "selective":
-            recompute = sum(module_flops(spec).values()) / (3 * layer_flops)
+            recompute = sum(module_flops(spec).values()) / (3 * forward)
         else:
             recompute = 0.0
         gpus = p.tp * p.cp
-        compute_s = 3 * layer_flops / gpus / self.gpu_flops_per_s  # forward + backward
+        compute_s = 3 * forward / gpus / self.gpu_flops_per_s  # forward + backward
         stage_layers = -(-m.num_layers // p.pp)
         step_s = compute_s * spec.num_microbatches * stage_layers
-        tp_bytes = 4 * 2 * (p.tp - 1) / p.tp * b * (s / p.cp) * h * self.activation_bytes
-        tp_comm = (tp_bytes / self.link_bytes_per_s) / compute_s
+        tp_comm = self._tp_exposed_s(spec) / compute_s
         ep_comm = 0.0
         if m.num_experts and p.ep > 1:
-            moe_share = sum(m.is_moe_layer(i) for i in range(m.num_layers)) / m.num_layers
-            a2a = 4 * (p.ep - 1) / p.ep * b * (s / p.cp) * m.moe_router_topk * h
-            a2a_s = a2a * self.activation_bytes / self._link(p.tp * p.ep)
-            ep_comm = moe_share * a2a_s / compute_s
+            ep_comm = _moe_share(spec) * self._a2a_s(spec) / compute_s
         terms = {
             "bubble": bubble,
             "recompute": recompute,
@@ -201,6 +198,46 @@ class CostModel:
         }
         return {**terms, "total": 1 + sum(terms.values())}
 
+    def _tp_exposed_s(self, spec: TrainingSpec) -> float:
+        """Seconds per layer and microbatch (forward + backward) of the tensor-parallel
+        collectives: four all-reduces of ``b (s / c) h`` elements, two in the forward and two
+        in the backward, ``2 (t - 1) / t`` of each moved per GPU (with sequence parallelism,
+        eight all-gathers / reduce-scatters moving the same). Without ``tp_comm_overlap`` all
+        of it is paid; with it (Transformer Engine's userbuffers, ``--tp-comm-overlap``) each
+        all-gather / reduce-scatter runs under the GEMM beside it (QKV, output, fc1, fc2,
+        and their backward data-gradient GEMMs of the same size) and only what outlasts
+        that GEMM is paid; MoE layers' expert GEMMs are not overlapped this way, so their
+        two MLP collectives are paid whole."""
+        m, p = spec.model, spec.parallel
+        if p.tp == 1:
+            return 0.0
+        b, s, h = spec.micro_batch_size, m.seq_length / p.cp, m.hidden_size
+        half = (p.tp - 1) / p.tp * b * s * h * self.activation_bytes / self.link_bytes_per_s
+        if not (self.tp_comm_overlap and p.sequence_parallel):
+            return 4 * 2 * half
+        q, kv = _attention_width(spec)
+        gate = 2 if m.gated_linear_unit else 1
+        per_flop = 1 / (p.tp * self.gpu_flops_per_s)
+        attention = [2 * b * s * h * (q + 2 * kv), 2 * b * s * q * h]
+        mlp = [2 * b * s * h * m.ffn * gate, 2 * b * s * m.ffn * h]
+        dense = 1 - _moe_share(spec)
+        exposed = sum(max(0.0, half - g * per_flop) for g in attention)
+        exposed += dense * sum(max(0.0, half - g * per_flop) for g in mlp)
+        exposed += (1 - dense) * 2 * half
+        return 2 * exposed  # forward and backward
+
+    def _a2a_s(self, spec: TrainingSpec) -> float:
+        """Seconds of one MoE layer's four all-to-alls per microbatch: of the ``b (s / c) k
+        h`` elements each sends, the share bound for the ranks of this node (``8 / t`` of
+        the EP group) goes over NVLink and the rest over the NIC, both at once."""
+        m, p = spec.model, spec.parallel
+        sent = 4 * spec.micro_batch_size * (m.seq_length / p.cp) * m.moe_router_topk
+        sent *= m.hidden_size * self.activation_bytes
+        local = min(p.ep, max(1, self.gpus_per_node // p.tp))
+        nvlink = sent * (local - 1) / p.ep / self.link_bytes_per_s
+        nic = sent * (p.ep - local) / p.ep / self.inter_node_bytes_per_s
+        return max(nvlink, nic)
+
     def _cp_exposed_s(self, spec: TrainingSpec) -> float:
         """Seconds per layer and microbatch the ring's K/V exchange takes beyond the
         attention compute it overlaps with (forward, and twice that in the backward)."""
@@ -209,7 +246,7 @@ class CostModel:
             return 0.0
         b, chunk = spec.micro_batch_size, m.seq_length / p.cp
         kv = 2 * b * chunk * m.query_groups * m.head_dim / p.tp * self.activation_bytes
-        attn = 4 * b * chunk * chunk * m.hidden_size / p.tp / self.gpu_flops_per_s
+        attn = 4 * b * chunk * chunk * _attention_width(spec)[0] / p.tp / self.gpu_flops_per_s
         return 3 * (p.cp - 1) * max(0.0, kv / self._link(p.tp * p.cp) - attn)
 
     def _dp_exposed_s(self, spec: TrainingSpec, microbatch_s: float) -> float:
@@ -293,26 +330,76 @@ def _first_stage_params(spec: TrainingSpec) -> int:
     return _PARAM_COUNTS[key]
 
 
+def _moe_share(spec: TrainingSpec) -> float:
+    m = spec.model
+    return sum(m.is_moe_layer(i) for i in range(m.num_layers)) / m.num_layers
+
+
+def _attention_width(spec: TrainingSpec) -> tuple[int, int]:
+    """(query width ``a d``, key width) of the attention: heads x head dim (MLA: the query
+    and key head dims with the rotary part)."""
+    m = spec.model
+    if m.multi_latent_attention:
+        qk = m.qk_head_dim + m.qk_pos_emb_head_dim
+        return m.num_attention_heads * qk, m.num_attention_heads * qk
+    return m.num_attention_heads * m.head_dim, m.query_groups * m.head_dim
+
+
+def layer_flops(spec: TrainingSpec) -> float:
+    """Forward FLOPs of one decoder layer for one microbatch (averaged over dense and MoE
+    layers), two per multiply-add of each GEMM as megatron's
+    ``num_floating_point_operations`` (megatron/training/training.py) counts them: the
+    query, key-value and output projections, the attention core ``4 b s^2 (a d)`` (no
+    causal discount), and the MLP: ``(2 + 2 g) b s h f`` (``g`` = 2 when gated) dense, or
+    the router ``2 b s h E`` with ``k`` experts' MLPs and the shared expert."""
+    m = spec.model
+    b, s, h = spec.micro_batch_size, m.seq_length, m.hidden_size
+    q, kv = _attention_width(spec)
+    gate = 2 if m.gated_linear_unit else 1
+    if m.multi_latent_attention:
+        v = m.num_attention_heads * m.v_head_dim
+        down = 2 * b * s * h * ((m.q_lora_rank or 0) + m.kv_lora_rank + m.qk_pos_emb_head_dim)
+        up = (
+            2
+            * b
+            * s
+            * (
+                (m.q_lora_rank or h) * q
+                + m.kv_lora_rank * (q - m.num_attention_heads * m.qk_pos_emb_head_dim + v)
+            )
+        )
+        attention = down + up + 2 * b * s * v * h + 2 * b * s * s * (q + v)
+    else:
+        attention = 2 * b * s * h * (q + 2 * kv) + 2 * b * s * q * h + 4 * b * s * s * q
+    dense = (2 + 2 * gate) * b * s * h * m.ffn
+    shared = (2 + 2 * gate) * b * s * h * (m.moe_shared_expert_intermediate_size or 0)
+    routed = (2 + 2 * gate) * b * s * h * m.moe_ffn * (m.moe_router_topk or 0)
+    moe = 2 * b * s * h * (m.num_experts or 0) + routed + shared
+    share = _moe_share(spec)
+    return float(attention + (1 - share) * dense + share * moe)
+
+
 def module_flops(spec: TrainingSpec) -> dict[str, float]:
     """Forward FLOPs per layer (averaged over dense and MoE layers) that selective recompute
     of each of ``spec.recompute_modules`` runs again in the backward.
 
-    ``core_attn``: ``4 b s^2 h`` (Korthikanti et al. 2022, section 5); ``mlp``: the dense
-    MLP's two GEMMs, ``2 b s h f`` each (fc1 twice as wide when gated); ``moe``: the router
-    GEMM ``2 b s h E`` plus ``k`` experts' MLPs and the shared expert; ``shared_experts``: the
-    shared expert's MLP; ``mla_up_proj``: the query and key-value up-projection GEMMs;
-    ``layernorm`` and ``moe_act`` are element-wise: about 8 FLOPs per element of each norm's
-    ``[s, b, h]`` input and 4 per element of the experts' activation input."""
+    ``core_attn``: ``4 b s^2 (a d)`` (Korthikanti et al. 2022, section 5, with the query
+    width ``a d`` for ``h``); ``mlp``: the dense MLP's two GEMMs, ``2 b s h f`` each (fc1
+    twice as wide when gated); ``moe``: the router GEMM ``2 b s h E`` plus ``k`` experts'
+    MLPs and the shared expert; ``shared_experts``: the shared expert's MLP;
+    ``mla_up_proj``: the query and key-value up-projection GEMMs; ``layernorm`` and
+    ``moe_act`` are element-wise: about 8 FLOPs per element of each norm's ``[s, b, h]``
+    input and 4 per element of the experts' activation input."""
     if spec.recompute != "selective":
         return {}
     m = spec.model
     b, s, h = spec.micro_batch_size, m.seq_length, m.hidden_size
     gate = 2 if m.gated_linear_unit else 1
-    moe = sum(m.is_moe_layer(i) for i in range(m.num_layers)) / m.num_layers
+    moe = _moe_share(spec)
     shared = (2 + 2 * gate) * b * s * h * (m.moe_shared_expert_intermediate_size or 0)
     routed = (2 + 2 * gate) * b * s * h * m.moe_ffn * m.moe_router_topk
     flops = {
-        "core_attn": 4 * b * s * s * h,
+        "core_attn": 4 * b * s * s * _attention_width(spec)[0],
         "layernorm": 2 * 8 * b * s * h,
         "mlp": (1 - moe) * (2 + 2 * gate) * b * s * h * m.ffn,
         "moe": moe * (2 * b * s * h * (m.num_experts or 0) + routed + shared),
@@ -354,6 +441,7 @@ class Layout:
     precision_aware: str | None = None  # a PRECISION_AWARE level; None: off
     optimizer_offload_fraction: float | None = None  # optimizer CPU offload; None: off
     cpu_offloading_num_layers: int | None = None  # activation CPU offload; None: off
+    tp_comm_overlap: bool = False  # --tp-comm-overlap (TE userbuffers), as the cost model priced
 
     def megatron_args(self) -> dict[str, Any]:
         """The settings as Megatron argument names (FlagScale's YAML keys)."""
@@ -368,6 +456,7 @@ class Layout:
             "sequence_parallel": self.sequence_parallel,
             "micro_batch_size": self.micro_batch_size,
             "use_distributed_optimizer": self.distributed_optimizer,
+            "tp_comm_overlap": True if self.tp_comm_overlap and self.tp > 1 else None,
         }
         if self.vpp:
             out["num_layers_per_virtual_pipeline_stage"] = self.layers_per_virtual_stage
@@ -813,6 +902,8 @@ def plan(
     truncated = False
     fitting: list[tuple[float, int, int, tuple[int, int], Plan]] = []
     for index, base in enumerate(base_layouts(spec, world_size)):
+        if model.tp_comm_overlap and base.tp > 1:
+            base = dataclasses.replace(base, tp_comm_overlap=True)
         if index >= MAX_BASE_LAYOUTS:
             truncated = True
             break
