@@ -28,7 +28,7 @@ from memscope.analysis.static.sources import spec_from_megatron_args
 from memscope.units import format_bytes
 
 BRIDGE = "NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/recipes/"
-BUDGET = 80 * 2**30  # an H100 80GB: the recipes run there, so their own peaks are judged on all of it
+BUDGET = 80 * 2**30  # an H100 80GB: the recipes run there, so their peaks are judged on all of it
 TOP = 3
 
 _LLAMA3 = {"normalization": "RMSNorm", "swiglu": True, "group_query_attention": True,

@@ -14,8 +14,11 @@ From the ``oom`` event MemScope records when training raises ``torch.OutOfMemory
 * **what was live**: the composition at the failure (backends that keep a ledger);
 * **growth or spike**: the last steps' peaks and the step-to-step verdict: memory that grew
   step after step (a leak candidate) is not fixed by the same remedies as one step's spike;
-* **the static estimate**, term by term, and **remedies**: settings ranked by the saving the
-  estimator predicts for this rank (computed with the estimate, from the run's own args).
+* **the static estimate**, term by term, and **remedies**: settings the estimator predicts
+  would lower this rank's peak (computed with the estimate, from the run's own args), kept
+  only where that predicted peak, raised by the estimator's band, fits the memory that ran
+  out (what PyTorch held, allocated or cached, plus what was free), cheapest by the
+  planner's step-time model first; those dropped are counted with the capacity.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from memscope.analysis.static.remedies import fitting_remedies
 from memscope.analysis.static_comparison import StaticEstimate
 from memscope.analysis.step_transitions import EXPANDABLE_SEGMENTS
 from memscope.events.schema import OOM, CompositionItem, MemoryEvent
@@ -83,7 +87,8 @@ class OomAnalyzer:
         transitions = prior.get("step_transitions") or {}
         growing = bool(transitions.get("leaks"))
         estimate = self.static.estimate or {}
-        remedies = list(estimate.get("remedies") or [])
+        capacity = None if free is None else allocated + cached_free + free
+        remedies, dropped = fitting_remedies(list(estimate.get("remedies") or []), capacity)
         if fragmentation:
             remedies.insert(0, _expandable_segments(cached_free))
         return {
@@ -119,6 +124,10 @@ class OomAnalyzer:
                 else "no step-to-step growth: the failing step's own peak is too high",
                 "static": (prior.get("comparisons") or {}).get("components") or [],
                 "remedies": remedies,
+                "remedy_capacity_bytes": capacity,
+                "remedies_dropped": [
+                    {k: r.get(k) for k in ("name", "predicted_peak_bytes")} for r in dropped
+                ],
             }
         }
 

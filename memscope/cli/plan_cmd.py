@@ -89,6 +89,13 @@ def register(sub: Any) -> None:
         "plans whose offload needs more are refused (default: no limit, the need is printed)",
     )
     p.add_argument(
+        "--tp-comm-overlap",
+        action="store_true",
+        help="price tensor-parallel communication as Transformer Engine's userbuffers overlap "
+        "it with the GEMMs (and add --tp-comm-overlap to the plans with TP > 1); its buffers "
+        "are not in the memory estimate",
+    )
+    p.add_argument(
         "--device",
         choices=("cuda", "cpu"),
         default="cuda",
@@ -103,7 +110,7 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Plan, write plan.json and plan.md, print the user's layout and the best plans."""
-    from memscope.analysis.static.planner import MAX_WORLD_SIZE, plan
+    from memscope.analysis.static.planner import MAX_WORLD_SIZE, CostModel, plan
     from memscope.analysis.static.sources import load_config
     from memscope.reporters.plan_report import (
         flagscale_yaml,
@@ -139,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
             calibrated=calibrated,
             bf16_state=args.bf16_optimizer_state,
             host_memory_bytes=host,
+            cost_model=CostModel(tp_comm_overlap=args.tp_comm_overlap),
         )
     except ValueError as exc:
         raise CliError(naming(args.config, exc)) from None
