@@ -115,7 +115,7 @@ def judge(recipe: Recipe) -> dict[str, Any]:
     out: dict[str, Any] = {"rank": cur["rank"], "fits": cur["fits"], "cost": cur["cost"],
                            "peak_bytes": cur["peak_bytes"], "fitting": result["fitting"],
                            "beaten_by": None}  # fmt: skip
-    if result["plans"] and (not cur["fits"] or cur["rank"] > TOP):
+    if result["plans"] and (not cur["fits"] or cur["rank"] > TOP):  # rank: ties within resolution
         best = result["plans"][0]
         term = min(COST_TERMS, key=lambda k: best["vs_current"][k])
         out["beaten_by"] = {"flags": best["flags"], "term": term,

@@ -124,7 +124,10 @@ def plan_head(doc: Mapping[str, Any]) -> list[str]:
         verdict = "does NOT fit" if cur["peak_bytes"] > doc["budget_bytes"] else (
             "does NOT fit the host memory")  # fmt: skip
     else:
-        verdict = f"fits; ranks #{cur['rank']} of {doc['fitting']} by step time"
+        verdict = (
+            f"fits; ranks #{cur['rank']} of {doc['fitting']} by step time (plans within "
+            f"{doc['cost_resolution']:.1%} of it count as ties)"
+        )
     note = (
         f" [{cur['note']}]"
         if cur.get("note") and cur.get("world_size") == doc["world_size"]

@@ -75,6 +75,10 @@ OFFLOAD_FRACTIONS = (0.5, 1.0)
 MAX_WORLD_SIZE = 1 << 20
 #: Parallel layouts costed at most in one search; the rest are reported as not searched.
 MAX_BASE_LAYOUTS = 20_000
+#: Step-time differences below this share are within the cost model's own approximations
+#: (each term is a first-order model): a plan must be cheaper than the user's config by more
+#: than this to rank above it.
+COST_RESOLUTION = 0.005
 
 
 #: Host bytes per offloaded parameter under optimizer CPU offload: fp32 master weight,
@@ -945,7 +949,9 @@ def plan(
         world_size=needed,
         note=baseline_note,
         host_fits=host_memory_bytes is None or mine.host_bytes_per_node <= host_memory_bytes,
-        rank=1 + sum(t[0] < mine_total for t in fitting) if needed == world_size else None,
+        rank=1 + sum(t[0] < mine_total - COST_RESOLUTION for t in fitting)
+        if needed == world_size
+        else None,
     )
     current["fits"] = bool(current["fits"] and current["host_fits"] and needed == world_size)
     return {
@@ -955,6 +961,7 @@ def plan(
         "uncertainty": ESTIMATE_UNCERTAINTY,
         "cost_model": dataclasses.asdict(model),
         "cost_terms": list(COST_TERMS),
+        "cost_resolution": COST_RESOLUTION,
         "calibration": dict(calibrated) if calibrated else None,
         "searched": searched,
         "dominated": dominated,
