@@ -451,3 +451,23 @@ def test_a_recipe_the_planner_cannot_express_says_why():
     (deepseek,) = [r for r in recipes.RECIPES if r.not_searched]
     assert "pipeline_model_parallel_layout" in deepseek.not_searched
     assert _stage_splits(61, 16) == []  # DeepSeek-V3's 61 layers over PP 16: no split searched
+
+
+def test_the_planner_docs_figures_are_the_benchmarks_output():
+    docs = (ROOT / "docs" / "planner.md").read_text()
+    text = (ROOT / "benchmarks" / "plan_recipes.txt").read_text()
+    for recipe in recipes.RECIPES:
+        block = text.split(f"{recipe.name} on {recipe.gpus} GPUs", 1)[1].split("\n")[1]
+        row = next(line for line in docs.splitlines() if line.startswith(f"| {recipe.name} ("))
+        found = re.search(r"rank (\d+ of \d+)", block)
+        if found:
+            assert f"| {found.group(1)} |" in row, recipe.name
+        beaten = re.search(r"most by (\w+) ([-+][0-9.]+%)", block)
+        if beaten:
+            name = {"tp_comm": "TP comm", "ep_comm": "EP comm"}[beaten.group(1)]
+            assert f"{name} {beaten.group(2).replace('-', '−')}" in row, recipe.name
+    bench = (ROOT / "benchmarks" / "plan_70b_1024.txt").read_text()
+    layouts, wall, cpu = re.search(
+        r"-> (\d+) layouts in ([0-9.]+) s \(([0-9.]+) s of CPU", bench).groups()  # fmt: skip
+    assert f"{int(layouts):,} layouts" in docs and f"{cpu} s of CPU time" in docs
+    assert f"{wall} s of wall clock" in docs
