@@ -166,6 +166,8 @@ def test_nothing_fits_is_exit_code_1_with_the_reason(tmp_path, capsys):
         (["--gpu-memory", "80GiB", "--headroom", "120%"], "below 100%"),
         (["--gpu-memory", "80GiB", "--world-size", "64", "--nnodes", "2",
           "--nproc-per-node", "8"], "contradicts"),
+        (["--gpu-memory", "80GiB", "--host-adam-rate", "0"], "--host-adam-rate must be > 0"),
+        (["--gpu-memory", "80GiB", "--host-memory", "1T"], "--host-memory '1T': give a size"),
     ],
 )  # fmt: skip
 def test_bad_plan_input_is_one_line_and_exit_code_2(tmp_path, capsys, args, message):
@@ -348,8 +350,11 @@ def test_the_users_config_is_the_costed_baseline_and_a_world_size_it_does_not_fi
         assert p["vs_current"]["total"] == pytest.approx(p["cost"]["total"] - cur["cost"]["total"])
     config = str(ROOT / "configs/static/llama3_8b_tp4_pp2.json")
     rc = main(["plan", "--config", config, "--gpu-memory", "80GiB", "--world-size", "2",
-               "--outdir", str(tmp_path), "--top", "1"])  # fmt: skip
+               "--outdir", str(tmp_path), "--top", "1", "--host-adam-rate", "1e8",
+               "--host-cores-per-gpu", "2"])  # fmt: skip
     out = capsys.readouterr().out
+    model = load_json(str(tmp_path / "plan.json"))["cost_model"]
+    assert model["host_adam_params_per_s_per_core"] == 1e8 and model["host_cores_per_gpu"] == 2
     assert rc == 0 and "not a layout of 2 ranks: needs 64 GPUs" in out
     assert "   baseline step time x" in out
     for name in ("bubble", "recompute", "TP comm", "CP comm", "EP comm", "DP comm",

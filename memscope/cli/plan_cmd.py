@@ -89,6 +89,21 @@ def register(sub: Any) -> None:
         "plans whose offload needs more are refused (default: no limit, the need is printed)",
     )
     p.add_argument(
+        "--host-adam-rate",
+        type=float,
+        default=None,
+        metavar="PARAMS_PER_S",
+        help="one host core's fused CPU AdamW rate (what tools/bench_cpu_adam.py prints on "
+        "the training host); default: the figure measured for MemScope "
+        "(benchmarks/cpu_adam.txt)",
+    )
+    p.add_argument(
+        "--host-cores-per-gpu",
+        type=int,
+        default=None,
+        help="host cores each GPU's CPU optimizer may use (default 14: a DGX H100)",
+    )
+    p.add_argument(
         "--tp-comm-overlap",
         action="store_true",
         help="price tensor-parallel communication as Transformer Engine's userbuffers overlap "
@@ -110,7 +125,7 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Plan, write plan.json and plan.md, print the user's layout and the best plans."""
-    from memscope.analysis.static.planner import MAX_WORLD_SIZE, CostModel, plan
+    from memscope.analysis.static.planner import MAX_WORLD_SIZE, plan
     from memscope.analysis.static.sources import load_config
     from memscope.reporters.plan_report import (
         flagscale_yaml,
@@ -132,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
     if world is not None and world > MAX_WORLD_SIZE:
         raise CliError(f"world size {world} is beyond the {MAX_WORLD_SIZE:,} ranks plan searches")
     calibrated = _calibration(args.calibrate) if args.calibrate else None
+    cost_model = _cost_model(args)
     try:
         # the config's own layout (its world size may differ from the one planned for: the
         # global batch, micro-batch x microbatches x DP, is what carries over)
@@ -146,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
             calibrated=calibrated,
             bf16_state=args.bf16_optimizer_state,
             host_memory_bytes=host,
-            cost_model=CostModel(tp_comm_overlap=args.tp_comm_overlap),
+            cost_model=cost_model,
         )
     except ValueError as exc:
         raise CliError(naming(args.config, exc)) from None
@@ -163,6 +179,22 @@ def run(args: argparse.Namespace) -> int:
     for line in flagscale_yaml(doc["plans"][0]["flagscale_yaml"]).splitlines():
         print(printable(line))
     return 0
+
+
+def _cost_model(args: argparse.Namespace) -> Any:
+    """The planner's cost model with the command's settings (bad values: one line)."""
+    from memscope.analysis.static.planner import CostModel
+
+    settings: dict[str, Any] = {"tp_comm_overlap": args.tp_comm_overlap}
+    if args.host_adam_rate is not None:
+        if not args.host_adam_rate > 0:
+            raise CliError(f"--host-adam-rate must be > 0, got {args.host_adam_rate}")
+        settings["host_adam_params_per_s_per_core"] = args.host_adam_rate
+    if args.host_cores_per_gpu is not None:
+        if args.host_cores_per_gpu < 1:
+            raise CliError(f"--host-cores-per-gpu must be >= 1, got {args.host_cores_per_gpu}")
+        settings["host_cores_per_gpu"] = args.host_cores_per_gpu
+    return CostModel(**settings)
 
 
 def _calibration(path: str) -> dict[str, Any]:
