@@ -56,7 +56,9 @@ def register(sub: Any) -> None:
             "Search tensor, pipeline and virtual-pipeline parallel sizes, sequence parallelism, "
             "micro-batch size (same global batch), recompute and the distributed optimizer for "
             "a training config; keep the layouts whose every pipeline stage's estimated peak "
-            "fits the budget, and rank them by a stated step-time model (docs/planner.md)."
+            "fits the budget, and rank them by a stated step-time model (docs/planner.md): "
+            "bubble, recompute, TP/CP/EP/DP communication, activation offload and the CPU "
+            "Adam step of optimizer offload, every term printed, your config as the baseline."
         ),
     )
     p.add_argument(

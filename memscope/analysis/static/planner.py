@@ -23,9 +23,16 @@ weights as bf16 + int16 remainders) unless bf16 moments and main gradients are a
 
 Deterministic: the same inputs give the same plans in the same order.
 
+The user's own config is the baseline: costed by the same model and ranked among the
+layouts that fit (its data-parallel size rescaled to the planned world size where its other
+sizes allow; else it is said to need its own number of GPUs). Plans with offload state the
+host memory per node they need, and ``host_memory_bytes`` bounds it. The world size is
+factored (bounded by :data:`MAX_WORLD_SIZE`) and one search costs at most
+:data:`MAX_BASE_LAYOUTS` parallel layouts.
+
 Known limitations: the precision-aware optimizer is priced at no step time (its lower
-precision state is a numerics choice the cost model does not weigh); the CPU Adam's own time
-under optimizer offload is not modelled (only its PCIe traffic); activation-offload residency
+precision state is a numerics choice the cost model does not weigh); MoE all-to-all overlap
+(``overlap_moe_expert_parallel_comm``) is not priced; activation-offload residency
 assumes Transformer Engine's offload context moves every tensor its modules save; FlagScale's
 per-stage/micro-batch recompute and fine-grained activation offloading are not searched.
 """
