@@ -17,8 +17,11 @@ From the ``oom`` event MemScope records when training raises ``torch.OutOfMemory
   when the leak has suspects (backends that keep a ledger), the ``leak`` record names it as
   the cause (rate, since which step, what is leaking: module, shape, dtype, code line) and
   the first remedy is to fix it: no setting cures a leak, a smaller batch only delays it;
-* **the static estimate**, term by term, and **remedies**: settings ranked by the saving the
-  estimator predicts for this rank (computed with the estimate, from the run's own args).
+* **the static estimate**, term by term, and **remedies**: settings the estimator predicts
+  would lower this rank's peak (computed with the estimate, from the run's own args), kept
+  only where that predicted peak, raised by the estimator's band, fits the memory that ran
+  out (what PyTorch held, allocated or cached, plus what was free), cheapest by the
+  planner's step-time model first; those dropped are counted with the capacity.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from memscope.analysis.static.remedies import fitting_remedies
 from memscope.analysis.static_comparison import StaticEstimate
 from memscope.analysis.step_transitions import EXPANDABLE_SEGMENTS
 from memscope.events.schema import OOM, CompositionItem, MemoryEvent
@@ -87,7 +91,8 @@ class OomAnalyzer:
         leaks = list(transitions.get("leaks") or [])
         growing = bool(leaks)
         estimate = self.static.estimate or {}
-        remedies = list(estimate.get("remedies") or [])
+        capacity = None if free is None else allocated + cached_free + free
+        remedies, dropped = fitting_remedies(list(estimate.get("remedies") or []), capacity)
         if fragmentation:
             remedies.insert(0, _expandable_segments(cached_free))
         leak = _leak_cause(leaks)
@@ -124,6 +129,10 @@ class OomAnalyzer:
                 "leak": leak,
                 "static": (prior.get("comparisons") or {}).get("components") or [],
                 "remedies": remedies,
+                "remedy_capacity_bytes": capacity,
+                "remedies_dropped": [
+                    {k: r.get(k) for k in ("name", "predicted_peak_bytes")} for r in dropped
+                ],
             }
         }
 

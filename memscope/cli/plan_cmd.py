@@ -23,12 +23,12 @@ _UNITS = {"": None, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_size(text: str) -> int:
+def parse_size(text: str, option: str = "--gpu-memory") -> int:
     """``80GiB``, ``80 GB``, ``81920MiB`` -> bytes; a unit is required."""
     m = _SIZE.match(text)
     unit = _UNITS.get(m.group(2).lower(), 0) if m else 0
     if not m or not unit:
-        raise CliError(f"--gpu-memory {text!r}: give a size with a unit, e.g. 80GiB or 80GB")
+        raise CliError(f"{option} {text!r}: give a size with a unit, e.g. 80GiB or 80GB")
     return int(float(m.group(1)) * unit)
 
 
@@ -56,7 +56,9 @@ def register(sub: Any) -> None:
             "Search tensor, pipeline and virtual-pipeline parallel sizes, sequence parallelism, "
             "micro-batch size (same global batch), recompute and the distributed optimizer for "
             "a training config; keep the layouts whose every pipeline stage's estimated peak "
-            "fits the budget, and rank them by a stated step-time model (docs/planner.md)."
+            "fits the budget, and rank them by a stated step-time model (docs/planner.md): "
+            "bubble, recompute, TP/CP/EP/DP communication, activation offload and the CPU "
+            "Adam step of optimizer offload, every term printed, your config as the baseline."
         ),
     )
     p.add_argument(
@@ -82,6 +84,41 @@ def register(sub: Any) -> None:
         help="also search the precision-aware optimizer with bf16 Adam moments and main "
         "gradients (less memory, different numerics); by default only its lossless fp32 state",
     )
+    p.add_argument(
+        "--host-memory",
+        default=None,
+        help="host memory per node that optimizer / activation offload may use, e.g. 1TiB; "
+        "plans whose offload needs more are refused (default: no limit, the need is printed)",
+    )
+    p.add_argument(
+        "--host-adam-rate",
+        type=float,
+        default=None,
+        metavar="PARAMS_PER_S",
+        help="one host core's fused CPU AdamW rate (what tools/bench_cpu_adam.py prints on "
+        "the training host); default: the figure measured for MemScope "
+        "(benchmarks/cpu_adam.txt)",
+    )
+    p.add_argument(
+        "--host-cores-per-gpu",
+        type=int,
+        default=None,
+        help="host cores each GPU's CPU optimizer may use (default 14: a DGX H100)",
+    )
+    p.add_argument(
+        "--tp-comm-overlap",
+        action="store_true",
+        help="price tensor-parallel communication as Transformer Engine's userbuffers overlap "
+        "it with the GEMMs (and add --tp-comm-overlap to the plans with TP > 1); its buffers "
+        "are not in the memory estimate",
+    )
+    p.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="where training runs: cpu plans a CPU (gloo) run, whose --gpu-memory is each "
+        "rank's share of host memory; no CUDA-only savers (precision-aware optimizer, offload)",
+    )
     p.add_argument("--gpu", default=None, help="the GPU (h100, a100, ...), as analyze-static")
     p.add_argument("--vocab-size", type=int, default=None, help="unpadded vocabulary size")
     add_world_size_args(p)
@@ -90,7 +127,7 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Plan, write plan.json and plan.md, print the user's layout and the best plans."""
-    from memscope.analysis.static.planner import plan
+    from memscope.analysis.static.planner import MAX_WORLD_SIZE, plan
     from memscope.analysis.static.sources import load_config
     from memscope.reporters.plan_report import (
         flagscale_yaml,
@@ -101,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
     from memscope.units import printable
 
     gpu_memory, headroom = parse_size(args.gpu_memory), parse_share(args.headroom)
+    host = parse_size(args.host_memory, "--host-memory") if args.host_memory else None
     if args.top < 1:
         raise CliError(f"--top must be >= 1, got {args.top}")
     json_path = os.path.join(args.outdir, "plan.json")
@@ -108,12 +146,15 @@ def run(args: argparse.Namespace) -> int:
     for out in (json_path, md_path):
         check_output(out, [args.config])
     world, _ = world_size_from_args(args)
+    if world is not None and world > MAX_WORLD_SIZE:
+        raise CliError(f"world size {world} is beyond the {MAX_WORLD_SIZE:,} ranks plan searches")
     calibrated = _calibration(args.calibrate) if args.calibrate else None
+    cost_model = _cost_model(args)
     try:
         # the config's own layout (its world size may differ from the one planned for: the
         # global batch, micro-batch x microbatches x DP, is what carries over)
         spec, _keys = load_config(args.config, args.vocab_size, None)
-        spec = replace(spec, device="cuda", gpu=args.gpu).validate()
+        spec = replace(spec, device=args.device, gpu=args.gpu).validate()
         budget = int(gpu_memory * (1 - headroom))
         result = plan(
             spec,
@@ -122,6 +163,8 @@ def run(args: argparse.Namespace) -> int:
             top=args.top,
             calibrated=calibrated,
             bf16_state=args.bf16_optimizer_state,
+            host_memory_bytes=host,
+            cost_model=cost_model,
         )
     except ValueError as exc:
         raise CliError(naming(args.config, exc)) from None
@@ -138,6 +181,22 @@ def run(args: argparse.Namespace) -> int:
     for line in flagscale_yaml(doc["plans"][0]["flagscale_yaml"]).splitlines():
         print(printable(line))
     return 0
+
+
+def _cost_model(args: argparse.Namespace) -> Any:
+    """The planner's cost model with the command's settings (bad values: one line)."""
+    from memscope.analysis.static.planner import CostModel
+
+    settings: dict[str, Any] = {"tp_comm_overlap": args.tp_comm_overlap}
+    if args.host_adam_rate is not None:
+        if not args.host_adam_rate > 0:
+            raise CliError(f"--host-adam-rate must be > 0, got {args.host_adam_rate}")
+        settings["host_adam_params_per_s_per_core"] = args.host_adam_rate
+    if args.host_cores_per_gpu is not None:
+        if args.host_cores_per_gpu < 1:
+            raise CliError(f"--host-cores-per-gpu must be >= 1, got {args.host_cores_per_gpu}")
+        settings["host_cores_per_gpu"] = args.host_cores_per_gpu
+    return CostModel(**settings)
 
 
 def _calibration(path: str) -> dict[str, Any]:

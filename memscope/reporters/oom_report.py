@@ -74,18 +74,39 @@ def render_oom_markdown(doc: dict[str, Any], max_rows: int = 15) -> str:
         "## Remedies (predicted by the static estimator for this rank)",
         "",
     ]
+    capacity = doc.get("remedy_capacity_bytes")
+    dropped = doc.get("remedies_dropped") or []
+    if capacity is not None:
+        lines += [
+            f"Only changes whose predicted peak, plus the estimator's band, fits the "
+            f"{format_bytes(capacity)} that ran out (PyTorch's allocated and cached memory and "
+            "what was free); cheapest step time first.",
+            "",
+        ]
     remedies = doc.get("remedies") or []
     if remedies:
-        lines += ["| # | change | flags | predicted peak | saving |", "|---|---|---|---|---|"]
+        lines += ["| # | change | flags | predicted peak | saving | step time |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
         for i, r in enumerate(remedies[:max_rows], 1):
+            step = r.get("step_time")
             lines.append(
                 f"| {i} | {t(r['name'])}{' (' + t(r['note']) + ')' if r.get('note') else ''} | "
                 f"{md_code(r['flags'])} | {format_bytes(r.get('predicted_peak_bytes'))} | "
-                f"{format_bytes(r.get('saving_bytes'))} |"
+                f"{format_bytes(r.get('saving_bytes'))} | "
+                f"{'x' + format(step, '.3f') if isinstance(step, float) else '—'} |"
             )
+    elif dropped:
+        lines.append(
+            "None fits: every setting the estimator knows still predicts a peak above the "
+            "capacity (see below); try `memscope plan` for combined changes."
+        )
     else:
         lines.append("None: no static estimate for this run, or no setting the estimator "
                      "knows would lower this rank's peak.")  # fmt: skip
+    if dropped:
+        left = ", ".join(f"{t(r['name'])} ({format_bytes(r.get('predicted_peak_bytes'))})"
+                         for r in dropped)  # fmt: skip
+        lines += ["", f"Left out, predicted peak too high for the capacity: {left}."]
     lines += ["", "## Live when it failed", ""]
     items = doc.get("composition") or []
     if items:

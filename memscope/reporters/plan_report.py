@@ -5,7 +5,7 @@ Plain data in (what :func:`memscope.analysis.static.planner.plan` returns), text
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from memscope.reporters.runtime_json import document_identity
@@ -45,10 +45,14 @@ def _layout(layout: Mapping[str, Any]) -> str:
     parts = [f"TP {layout['tp']}", f"PP {layout['pp']}"]
     if layout.get("vpp"):
         parts.append(f"VPP {layout['vpp']}")
+    if layout.get("first_stage_layers"):
+        parts.append(f"first stage {layout['first_stage_layers']} layers")
     if layout.get("last_stage_layers"):
         parts.append(f"last stage {layout['last_stage_layers']} layers")
     if (layout.get("cp") or 1) > 1:
         parts.append(f"CP {layout['cp']}")
+    if (layout.get("ep") or 1) > 1:
+        parts.append(f"EP {layout['ep']}")
     parts += [f"DP {layout['dp']}", f"micro-batch {layout['micro_batch_size']}",
               f"recompute {layout['recompute'] or 'none'}"]  # fmt: skip
     return ", ".join(parts)
@@ -59,34 +63,81 @@ def _range(plan: Mapping[str, Any]) -> str:
     return f"{format_bytes(plan['peak_bytes'])} ({format_bytes(lo)}–{format_bytes(hi)})"
 
 
+#: How each cost term is printed.
+_TERM_NAMES = {"bubble": "bubble", "recompute": "recompute", "tp_comm": "TP comm",
+               "cp_comm": "CP comm", "ep_comm": "EP comm", "dp_comm": "DP comm",
+               "offload": "activation offload", "cpu_adam": "CPU Adam"}  # fmt: skip
+
+
+def cost_text(cost: Mapping[str, float], terms: Sequence[str]) -> str:
+    """``step time x1.190 (bubble 5.5%, ...)``: the factor and every term of the model."""
+    parts = ", ".join(f"{_TERM_NAMES.get(k, k)} {cost[k]:.1%}" for k in terms)
+    return f"step time x{cost['total']:.3f} ({parts})"
+
+
+def versus_text(changes: Mapping[str, float], terms: Sequence[str]) -> str:
+    """By which terms a plan's step time differs from the baseline's, largest first."""
+    moved = sorted((k for k in terms if abs(changes[k]) >= 5e-4), key=lambda k: -abs(changes[k]))
+    parts = ", ".join(f"{_TERM_NAMES.get(k, k)} {changes[k]:+.1%}" for k in moved)
+    return f"step time {changes['total']:+.1%} vs your config" + (f" ({parts})" if parts else "")
+
+
+def _host(plan: Mapping[str, Any]) -> str:
+    host = plan.get("host_bytes_per_node") or 0
+    return f"; host memory for offload {format_bytes(host)} per node" if host else ""
+
+
 def plan_lines(doc: Mapping[str, Any]) -> list[str]:
-    """What the command prints: :func:`plan_head`, then three lines per plan that fits."""
+    """What the command prints: :func:`plan_head`, then four lines per plan that fits."""
     out = plan_head(doc)
+    terms = doc["cost_terms"]
     for i, p in enumerate(doc["plans"], 1):
-        c = p["cost"]
         out += [
             f"{i}. {p['flags']}",
             f"   peak {_range(p)} on stage {p['binding_stage']}, headroom "
-            f"{format_bytes(p['headroom_bytes'])}; step time x{c['total']:.3f} (bubble "
-            f"{c['bubble']:.1%}, recompute {c['recompute']:.1%}, TP comm {c['tp_comm']:.1%}, "
-            f"CP comm {c['cp_comm']:.1%}, EP comm {c['ep_comm']:.1%})",
-            f"   vs your config: {_terms(p['term_changes'])}",
+            f"{format_bytes(p['headroom_bytes'])}{_host(p)}",
+            f"   {cost_text(p['cost'], terms)}",
+            f"   {versus_text(p['vs_current'], terms)}; memory vs your config: "
+            f"{_terms(p['term_changes'])}",
         ]
     return out
 
 
 def plan_head(doc: Mapping[str, Any]) -> list[str]:
-    """The budget, the user's layout and whether it fits, and the calibration if any."""
+    """The budget, the user's layout (the baseline): its peak, whether it fits, its cost
+    and its rank among the layouts that fit; and the calibration if any."""
     cur = doc["current"]
-    verdict = "fits" if cur["fits"] else "does NOT fit"
     gpu = format_bytes(doc["gpu_memory_bytes"])
-    out = [
+    host = doc.get("host_memory_bytes")
+    budget = (
         f"budget {format_bytes(doc['budget_bytes'])} per GPU ({gpu} less "
-        f"{doc['headroom']:.0%} headroom), {doc['world_size']} ranks; searched "
-        f"{doc['searched']} layouts, {doc['fitting']} fit",
-        f"your config ({_layout(cur['layout'])}): peak {_range(cur)} on stage "
-        f"{cur['binding_stage']} "
-        f"(largest term: {cur['binding_term']}): {verdict}",
+        f"{doc['headroom']:.0%} headroom)"
+        + (f", {format_bytes(host)} host memory per node" if host else "")
+        + f", {doc['world_size']} ranks; searched {doc['searched']} layouts, "
+        f"{doc['fitting']} fit"
+    )
+    if doc.get("truncated"):
+        budget += " (search cut at its layout limit)"
+    if cur.get("world_size") != doc["world_size"]:
+        verdict = f"not a layout of {doc['world_size']} ranks: {cur['note']}"
+    elif not cur["fits"]:
+        verdict = "does NOT fit" if cur["peak_bytes"] > doc["budget_bytes"] else (
+            "does NOT fit the host memory")  # fmt: skip
+    else:
+        verdict = (
+            f"fits; ranks #{cur['rank']} of {doc['fitting']} by step time (plans within "
+            f"{doc['cost_resolution']:.1%} of it count as ties)"
+        )
+    note = (
+        f" [{cur['note']}]"
+        if cur.get("note") and cur.get("world_size") == doc["world_size"]
+        else ""
+    )
+    out = [
+        budget,
+        f"your config{note} ({_layout(cur['layout'])}): peak {_range(cur)} on stage "
+        f"{cur['binding_stage']} (largest term: {cur['binding_term']}){_host(cur)}: {verdict}",
+        f"   baseline {cost_text(cur['cost'], doc['cost_terms'])}",
     ]
     cal = doc.get("calibration")
     if cal:
@@ -103,7 +154,7 @@ def render_plan_markdown(doc: Mapping[str, Any]) -> str:
         "",
         "Peaks are MemScope's static estimate per pipeline stage; the range is its worst error "
         f"against NVIDIA's published GPU measurements (±{doc['uncertainty']:.1%}). Step time "
-        "is relative to the same work with no bubble, recompute or TP/CP/EP communication "
+        "is relative to the same work with no bubble, recompute, communication or offload "
         "(docs/planner.md).",
     ]
     for i, p in enumerate(doc["plans"], 1):
@@ -113,6 +164,9 @@ def render_plan_markdown(doc: Mapping[str, Any]) -> str:
             f"## {i}. step time x{c['total']:.3f}, peak {_range(p)}",
             "",
             f"`{p['flags']}`",
+            "",
+            f"{cost_text(c, doc['cost_terms'])}{_host(p)}; "
+            f"{versus_text(p['vs_current'], doc['cost_terms'])}.",
             "",
             f"Why it fits, against your config's binding stage: {_terms(p['term_changes'])}.",
             "",

@@ -23,9 +23,16 @@ weights as bf16 + int16 remainders) unless bf16 moments and main gradients are a
 
 Deterministic: the same inputs give the same plans in the same order.
 
+The user's own config is the baseline: costed by the same model and ranked among the
+layouts that fit (its data-parallel size rescaled to the planned world size where its other
+sizes allow; else it is said to need its own number of GPUs). Plans with offload state the
+host memory per node they need, and ``host_memory_bytes`` bounds it. The world size is
+factored (bounded by :data:`MAX_WORLD_SIZE`) and one search costs at most
+:data:`MAX_BASE_LAYOUTS` parallel layouts.
+
 Known limitations: the precision-aware optimizer is priced at no step time (its lower
-precision state is a numerics choice the cost model does not weigh); the CPU Adam's own time
-under optimizer offload is not modelled (only its PCIe traffic); activation-offload residency
+precision state is a numerics choice the cost model does not weigh); MoE all-to-all overlap
+(``overlap_moe_expert_parallel_comm``) is not priced; activation-offload residency
 assumes Transformer Engine's offload context moves every tensor its modules save; FlagScale's
 per-stage/micro-batch recompute and fine-grained activation offloading are not searched.
 """
@@ -72,40 +79,80 @@ PRECISION_AWARE: dict[str, dict[str, str]] = {
 LOSSLESS_LEVEL = "fp32"
 #: Optimizer CPU offload fractions searched, only for layouts nothing else fits.
 OFFLOAD_FRACTIONS = (0.5, 1.0)
+#: Largest world size planned for (2^20 ranks, beyond any cluster built): its divisors come
+#: from its prime factors, and no world size this large has more than 240 of them.
+MAX_WORLD_SIZE = 1 << 20
+#: Parallel layouts costed at most in one search; the rest are reported as not searched.
+MAX_BASE_LAYOUTS = 20_000
+#: Step-time differences below this share are within the cost model's own approximations
+#: (each term is a first-order model): a plan must be cheaper than the user's config by more
+#: than this to rank above it.
+COST_RESOLUTION = 0.005
+
+
+#: Host bytes per offloaded parameter under optimizer CPU offload: fp32 master weight,
+#: ``exp_avg`` and ``exp_avg_sq`` of the CPU AdamW, and the fp32 gradient copy it steps from
+#: (megatron-core ``optimizer/cpu_offloading/hybrid_optimizer.py``: ``_get_sub_optimizer_
+#: param_groups`` clones the parameter to the host, ``_set_sub_optimizer_grads`` allocates its
+#: pinned gradient; ``param_update_in_fp32``).
+HOST_BYTES_PER_OFFLOADED_PARAM = 16
+#: Bytes torch's fused CPU AdamW reads and writes per parameter and step: it reads the fp32
+#: parameter, gradient, ``exp_avg`` and ``exp_avg_sq`` and writes back all but the gradient
+#: (aten/src/ATen/native/cpu/FusedAdamKernel.cpp).
+ADAM_BYTES_PER_PARAM = 7 * 4
+#: One core's fused CPU AdamW throughput, parameters per second, measured by
+#: ``tools/bench_cpu_adam.py`` (``benchmarks/cpu_adam.txt``: torch.optim.AdamW(fused=True),
+#: one thread, a 64 MiB fp32 tensor beyond the cache, on this project's shared 2-core AMD
+#: EPYC machine under load: a low figure). A test re-reads the benchmark.
+HOST_ADAM_PARAMS_PER_S_PER_CORE = 1.2e9
 
 
 @dataclass(frozen=True)
 class CostModel:
     """A stated model of one training step's time, relative to the same work with no
-    pipeline bubble, no recompute and free tensor-parallel communication.
+    pipeline bubble, no recompute and free communication. Every term is a share of that
+    ideal step (:meth:`breakdown`); their sum plus one is the step-time factor.
 
-    * **Pipeline bubble** (Narayanan et al. 2021, "Efficient Large-Scale Language Model
-      Training on GPU Clusters Using Megatron-LM", section 2.2): idle time ``(p - 1) / (v m)``
-      of the ideal time, for ``p`` stages, ``v`` virtual stages per rank, ``m`` microbatches.
-    * **Recompute** (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+    * **bubble** (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on
+      GPU Clusters Using Megatron-LM", section 2.2): idle time ``(p - 1) / (v m)`` of the
+      ideal time, for ``p`` stages, ``v`` virtual stages per rank, ``m`` microbatches.
+    * **recompute** (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
       Transformer Models", section 5): full recompute runs every layer's forward again, 1/3
-      of forward + backward; selective recompute re-runs the attention core only, whose
-      forward is ``4 b s^2 h`` of the layer's ``24 b s h^2 + 4 b s^2 h`` FLOPs.
-    * **Tensor parallelism** (Narayanan et al. 2021, section 3.2): four all-reduces (or
-      reduce-scatter + all-gather pairs with sequence parallelism) of ``b s h`` elements per
-      layer and microbatch, each moving ``2 (t - 1) / t`` of it per GPU, not overlapped;
-      timed at ``link_bytes_per_s`` against the layer's FLOPs at ``gpu_flops_per_s``.
-    * **Expert parallelism** (megatron-core's ``transformer/moe/token_dispatcher.py``
-      all-to-all dispatcher): each MoE layer sends every token's hidden state to its
-      ``k`` experts and back, forward and backward (four all-to-alls of ``b (s / c) k h``
-      elements, ``(e - 1) / e`` of them leaving the GPU), not overlapped; over NVLink while
-      ``t e`` GPUs fit in a node, else at ``inter_node_bytes_per_s``. Timed against the dense
-      layer's FLOPs, for the share of layers that are MoE.
-    * **Context parallelism** (megatron-core's ring attention,
-      ``transformer/dot_product_attention`` with ``cp_comm_type p2p``): each GPU passes its
-      K and V chunk (``2 b (s / c) g d / t`` elements) round the ring ``c - 1`` times in the
-      forward and twice that in the backward, taken as not overlapped; over NVLink while
-      ``t c`` GPUs fit in a node, else at ``inter_node_bytes_per_s``.
+      of forward + backward; selective recompute re-runs its modules (:func:`module_flops`).
+    * **tp_comm** (Narayanan et al. 2021, section 3.2): four all-reduces (or reduce-scatter +
+      all-gather pairs with sequence parallelism) of ``b s h`` elements per layer and
+      microbatch, each moving ``2 (t - 1) / t`` of it per GPU, not overlapped.
+    * **cp_comm** (megatron-core's ring attention, ``transformer/dot_product_attention`` via
+      TE's ``attn_forward_func_with_cp`` with ``cp_comm_type p2p``): each of the ``c - 1``
+      ring steps sends the K and V chunk (``2 b (s / c) g d / t`` elements) while the
+      attention of the chunk already held runs (``4 b (s / c)^2 h / t`` FLOPs); only what the
+      exchange takes beyond that compute is paid, forward and twice in the backward (K, V
+      and their gradients).
+    * **ep_comm** (megatron-core's ``transformer/moe/token_dispatcher.py`` all-to-all
+      dispatcher): four all-to-alls of ``b (s / c) k h`` elements per MoE layer, ``(e - 1) / e``
+      of them leaving the GPU, not overlapped; over NVLink while ``t e`` GPUs fit in a node.
+    * **dp_comm** (megatron-core ``distributed/distributed_data_parallel.py`` and
+      ``param_and_grad_buffer.py`` with ``overlap_grad_reduce`` / ``overlap_param_gather``):
+      the gradient buffer (fp32 when gradients are kept in fp32) is reduce-scattered over the
+      ``dp x cp`` ranks (all-reduced without the distributed optimizer) during the last
+      microbatch's backward, when gradient sync is enabled; the distributed optimizer's
+      parameter all-gather runs during the next step's first forward. What does not fit in
+      those windows is paid. Over NVLink while ``t c d`` GPUs fit in a node, else the NIC.
+    * **offload** (activation CPU offload): each offloaded layer's saved tensors go to the
+      host and back per microbatch over PCIe, not overlapped.
+    * **cpu_adam** (optimizer CPU offload, megatron-core ``optimizer/cpu_offloading/
+      hybrid_optimizer.py`` ``HybridDeviceOptimizer.step`` with
+      ``overlap_cpu_optimizer_d2h_h2d``): the offloaded gradients go to the host on a side
+      stream, the CPU AdamW steps each parameter group as soon as its copy lands, and a
+      post-step hook copies it back on another stream, so the three pipeline: the slowest of
+      D2H, the CPU step and H2D is paid. The CPU step runs at ``host_adam_params_per_s``
+      per GPU: one core's measured rate times the cores per GPU, capped by the node's memory
+      bandwidth shared by its GPUs (the fused AdamW is bandwidth bound).
 
-    Data-parallel gradient reduction is taken to overlap with backward (Megatron's
-    ``--overlap-grad-reduce``), and is the same for every layout at one world size up to the
-    DP size, so it is left out. Defaults: an H100 SXM (989 TFLOP/s dense bf16 at 50% model
-    FLOPs utilisation; NVLink 4 at 450 GB/s per direction).
+    Defaults: an H100 SXM in a DGX H100 (989 TFLOP/s dense bf16 at 50% model FLOPs
+    utilisation; NVLink 4 at 450 GB/s per direction; one 400 Gb/s NIC per GPU; PCIe 5.0 x16;
+    2 x 56-core Xeon Platinum 8480C, 14 cores per GPU, 16 channels of DDR5-4800 at
+    38.4 GB/s each, per the DGX H100 user guide and Intel's product page).
     """
 
     gpu_flops_per_s: float = 989e12 * 0.5
@@ -114,17 +161,26 @@ class CostModel:
     gpus_per_node: int = 8
     activation_bytes: int = 2  # bf16 activations on the wire
     pcie_bytes_per_s: float = 64e9  # PCIe 5.0 x16 host link, per direction
+    host_adam_params_per_s_per_core: float = HOST_ADAM_PARAMS_PER_S_PER_CORE
+    host_cores_per_gpu: int = 14
+    host_memory_bytes_per_s: float = 16 * 38.4e9  # per node
+    tp_comm_overlap: bool = False  # TE userbuffers hide TP collectives behind their GEMMs
 
     def _link(self, gpus: int) -> float:
         """Bytes per second between ``gpus`` GPUs: NVLink within a node, else the NIC."""
         return self.link_bytes_per_s if gpus <= self.gpus_per_node else self.inter_node_bytes_per_s
 
+    def host_adam_params_per_s(self) -> float:
+        """Parameters per second one GPU's CPU AdamW steps (see the class docstring)."""
+        cores = self.host_adam_params_per_s_per_core * self.host_cores_per_gpu
+        bandwidth = self.host_memory_bytes_per_s / self.gpus_per_node / ADAM_BYTES_PER_PARAM
+        return min(cores, bandwidth)
+
     def breakdown(self, spec: TrainingSpec) -> dict[str, float]:
-        """``bubble``, ``recompute``, ``tp_comm``, ``cp_comm`` and ``ep_comm`` as shares of
-        the ideal step time, and their ``total`` (1 + the five)."""
+        """Each of :data:`COST_TERMS` as a share of the ideal step time, and their
+        ``total`` (1 + the terms)."""
         m, p = spec.model, spec.parallel
-        b, s, h = spec.micro_batch_size, m.seq_length, m.hidden_size
-        layer_flops = 24 * b * s * h * h + 4 * b * s * s * h  # forward, one layer
+        forward = layer_flops(spec)  # one layer, one microbatch
         bubble = (p.pp - 1) / ((p.vpp or 1) * spec.num_microbatches)
         if spec.recompute == "full" and spec.recompute_method == "block":
             per_chunk = max(1, m.num_layers // (p.pp * (p.vpp or 1)))
@@ -132,49 +188,145 @@ class CostModel:
         elif spec.recompute == "full":
             recompute = 1 / 3
         elif spec.recompute == "selective":
-            recompute = sum(module_flops(spec).values()) / (3 * layer_flops)
+            recompute = sum(module_flops(spec).values()) / (3 * forward)
         else:
             recompute = 0.0
         gpus = p.tp * p.cp
-        compute_s = 3 * layer_flops / gpus / self.gpu_flops_per_s  # forward + backward
-        step_s = compute_s * spec.num_microbatches * -(-m.num_layers // p.pp)
-        offload = self._offload_s(spec) / step_s
-        tp_bytes = 4 * 2 * (p.tp - 1) / p.tp * b * (s / p.cp) * h * self.activation_bytes
-        tp_comm = (tp_bytes / self.link_bytes_per_s) / compute_s
-        kv = 2 * b * (s / p.cp) * m.query_groups * m.head_dim / p.tp * self.activation_bytes
-        cp_comm = (3 * (p.cp - 1) * kv / self._link(gpus)) / compute_s
+        compute_s = 3 * forward / gpus / self.gpu_flops_per_s  # forward + backward
+        stage_layers = -(-m.num_layers // p.pp)
+        step_s = compute_s * spec.num_microbatches * stage_layers
+        tp_comm = self._tp_exposed_s(spec) / compute_s
         ep_comm = 0.0
         if m.num_experts and p.ep > 1:
-            moe_share = sum(m.is_moe_layer(i) for i in range(m.num_layers)) / m.num_layers
-            a2a = 4 * (p.ep - 1) / p.ep * b * (s / p.cp) * m.moe_router_topk * h
-            a2a_s = a2a * self.activation_bytes / self._link(p.tp * p.ep)
-            ep_comm = moe_share * a2a_s / compute_s
-        return {
+            ep_comm = _moe_share(spec) * self._a2a_s(spec) / compute_s
+        terms = {
             "bubble": bubble,
             "recompute": recompute,
             "tp_comm": tp_comm,
-            "cp_comm": cp_comm,
+            "cp_comm": self._cp_exposed_s(spec) / compute_s,
             "ep_comm": ep_comm,
-            "offload": offload,
-            "total": 1 + bubble + recompute + tp_comm + cp_comm + ep_comm + offload,
+            "dp_comm": self._dp_exposed_s(spec, compute_s * stage_layers) / step_s,
+            "offload": self._activation_offload_s(spec) / step_s,
+            "cpu_adam": self._cpu_adam_s(spec) / step_s,
         }
+        return {**terms, "total": 1 + sum(terms.values())}
 
-    def _offload_s(self, spec: TrainingSpec) -> float:
-        """Seconds per step of PCIe traffic, not overlapped: activation offload moves each
-        offloaded layer's saved tensors to the host and back per microbatch; optimizer
-        offload moves the offloaded share of this rank's gradient shard to the host and its
-        parameter shard back (the CPU Adam's own time is not modelled)."""
-        moved = 0.0
+    def _tp_exposed_s(self, spec: TrainingSpec) -> float:
+        """Seconds per layer and microbatch (forward + backward) of the tensor-parallel
+        collectives: four all-reduces of ``b (s / c) h`` elements, two in the forward and two
+        in the backward, ``2 (t - 1) / t`` of each moved per GPU (with sequence parallelism,
+        eight all-gathers / reduce-scatters moving the same). Without ``tp_comm_overlap`` all
+        of it is paid; with it (Transformer Engine's userbuffers, ``--tp-comm-overlap``) each
+        all-gather / reduce-scatter runs under the GEMM beside it (QKV, output, fc1, fc2,
+        and their backward data-gradient GEMMs of the same size) and only what outlasts
+        that GEMM is paid; MoE layers' expert GEMMs are not overlapped this way, so their
+        two MLP collectives are paid whole."""
+        m, p = spec.model, spec.parallel
+        if p.tp == 1:
+            return 0.0
+        b, s, h = spec.micro_batch_size, m.seq_length / p.cp, m.hidden_size
+        half = (p.tp - 1) / p.tp * b * s * h * self.activation_bytes / self.link_bytes_per_s
+        if not (self.tp_comm_overlap and p.sequence_parallel):
+            return 4 * 2 * half
+        q, kv = _attention_width(spec)
+        gate = 2 if m.gated_linear_unit else 1
+        per_flop = 1 / (p.tp * self.gpu_flops_per_s)
+        attention = [2 * b * s * h * (q + 2 * kv), 2 * b * s * q * h]
+        mlp = [2 * b * s * h * m.ffn * gate, 2 * b * s * m.ffn * h]
+        dense = 1 - _moe_share(spec)
+        exposed = sum(max(0.0, half - g * per_flop) for g in attention)
+        exposed += dense * sum(max(0.0, half - g * per_flop) for g in mlp)
+        exposed += (1 - dense) * 2 * half
+        return 2 * exposed  # forward and backward
+
+    def _a2a_s(self, spec: TrainingSpec) -> float:
+        """Seconds of one MoE layer's four all-to-alls per microbatch: of the ``b (s / c) k
+        h`` elements each sends, the share bound for the ranks of this node (``8 / t`` of
+        the EP group) goes over NVLink and the rest over the NIC, both at once."""
+        m, p = spec.model, spec.parallel
+        sent = 4 * spec.micro_batch_size * (m.seq_length / p.cp) * m.moe_router_topk
+        sent *= m.hidden_size * self.activation_bytes
+        local = min(p.ep, max(1, self.gpus_per_node // p.tp))
+        nvlink = sent * (local - 1) / p.ep / self.link_bytes_per_s
+        nic = sent * (p.ep - local) / p.ep / self.inter_node_bytes_per_s
+        return max(nvlink, nic)
+
+    def _cp_exposed_s(self, spec: TrainingSpec) -> float:
+        """Seconds per layer and microbatch the ring's K/V exchange takes beyond the
+        attention compute it overlaps with (forward, and twice that in the backward)."""
+        m, p = spec.model, spec.parallel
+        if p.cp == 1:
+            return 0.0
+        b, chunk = spec.micro_batch_size, m.seq_length / p.cp
+        kv = 2 * b * chunk * m.query_groups * m.head_dim / p.tp * self.activation_bytes
+        attn = 4 * b * chunk * chunk * _attention_width(spec)[0] / p.tp / self.gpu_flops_per_s
+        return 3 * (p.cp - 1) * max(0.0, kv / self._link(p.tp * p.cp) - attn)
+
+    def _dp_exposed_s(self, spec: TrainingSpec, microbatch_s: float) -> float:
+        """Seconds per step of data-parallel gradient reduction and parameter gather beyond
+        the last microbatch's backward (2/3 of ``microbatch_s``) and the first one's forward
+        (1/3) they overlap with."""
+        p, prec = spec.parallel, spec.precision
+        ranks = p.dp * p.cp
+        if ranks == 1:
+            return 0.0
+        params = _first_stage_params(spec)
+        grad = 4 if prec.grads_in_fp32 else prec.param_bytes
+        link = self._link(p.tp * p.cp * p.dp)
+        share = (ranks - 1) / ranks
+        if prec.distributed_optimizer:
+            reduce_s = share * params * grad / link
+            gather_s = share * params * prec.param_bytes / link
+        else:
+            reduce_s, gather_s = 2 * share * params * grad / link, 0.0
+        return max(0.0, reduce_s - 2 * microbatch_s / 3) + max(0.0, gather_s - microbatch_s / 3)
+
+    def _activation_offload_s(self, spec: TrainingSpec) -> float:
+        """Seconds per step of activation offload's PCIe traffic, not overlapped."""
+        layers = offloaded_layers(spec)
+        if not layers:
+            return 0.0
+        saved = offloadable_bytes(layer_saved(spec, dims(spec)))
+        return 2 * layers * saved * spec.num_microbatches / self.pcie_bytes_per_s
+
+    def _cpu_adam_s(self, spec: TrainingSpec) -> float:
+        """Seconds per step of optimizer CPU offload: the slowest of the gradients' D2H, the
+        CPU AdamW over the offloaded parameters and their H2D, which pipeline."""
+        params = offloaded_params(spec)
+        if not params:
+            return 0.0
+        prec = spec.precision
+        grad = 4 if prec.grads_in_fp32 else prec.param_bytes
+        d2h = params * grad / self.pcie_bytes_per_s
+        h2d = params * prec.param_bytes / self.pcie_bytes_per_s
+        return max(d2h, params / self.host_adam_params_per_s(), h2d)
+
+    def host_bytes_per_node(self, spec: TrainingSpec) -> int:
+        """Host memory one node's ranks hold for offload: the offloaded parameters'
+        :data:`HOST_BYTES_PER_OFFLOADED_PARAM` each, and the activations offloaded for a
+        microbatch, times the ranks per node (stage 0's, the heaviest)."""
+        per_rank = offloaded_params(spec) * HOST_BYTES_PER_OFFLOADED_PARAM
         layers = offloaded_layers(spec)
         if layers:
-            x = dims(spec)
-            moved += 2 * layers * offloadable_bytes(layer_saved(spec, x)) * spec.num_microbatches
-        prec = spec.precision
-        if prec.optimizer_cpu_offload and prec.optimizer_offload_fraction > 0:
-            shard = _first_stage_params(spec) / optimizer_shards(spec)[0]
-            grad = 4 if prec.grads_in_fp32 else prec.param_bytes
-            moved += prec.optimizer_offload_fraction * shard * (grad + prec.param_bytes)
-        return moved / self.pcie_bytes_per_s
+            per_rank += layers * offloadable_bytes(layer_saved(spec, dims(spec)))
+        return int(per_rank * min(self.gpus_per_node, spec.parallel.world_size))
+
+
+#: The cost terms :meth:`CostModel.breakdown` gives, in the order they are printed.
+COST_TERMS = ("bubble", "recompute", "tp_comm", "cp_comm", "ep_comm", "dp_comm", "offload",
+              "cpu_adam")  # fmt: skip
+
+
+def offloaded_params(spec: TrainingSpec) -> float:
+    """Parameters of stage 0's rank whose optimizer step runs on the host: the offloaded
+    fraction of its distributed-optimizer shard (0 without optimizer offload)."""
+    prec = spec.precision
+    if not prec.optimizer_cpu_offload or prec.optimizer_offload_fraction <= 0:
+        return 0.0
+    shard = _first_stage_params(spec) / (
+        optimizer_shards(spec)[0] if prec.distributed_optimizer else 1
+    )
+    return prec.optimizer_offload_fraction * shard
 
 
 _PARAM_COUNTS: dict[tuple[Any, Any], int] = {}
@@ -191,26 +343,76 @@ def _first_stage_params(spec: TrainingSpec) -> int:
     return _PARAM_COUNTS[key]
 
 
+def _moe_share(spec: TrainingSpec) -> float:
+    m = spec.model
+    return sum(m.is_moe_layer(i) for i in range(m.num_layers)) / m.num_layers
+
+
+def _attention_width(spec: TrainingSpec) -> tuple[int, int]:
+    """(query width ``a d``, key width) of the attention: heads x head dim (MLA: the query
+    and key head dims with the rotary part)."""
+    m = spec.model
+    if m.multi_latent_attention:
+        qk = m.qk_head_dim + m.qk_pos_emb_head_dim
+        return m.num_attention_heads * qk, m.num_attention_heads * qk
+    return m.num_attention_heads * m.head_dim, m.query_groups * m.head_dim
+
+
+def layer_flops(spec: TrainingSpec) -> float:
+    """Forward FLOPs of one decoder layer for one microbatch (averaged over dense and MoE
+    layers), two per multiply-add of each GEMM as megatron's
+    ``num_floating_point_operations`` (megatron/training/training.py) counts them: the
+    query, key-value and output projections, the attention core ``4 b s^2 (a d)`` (no
+    causal discount), and the MLP: ``(2 + 2 g) b s h f`` (``g`` = 2 when gated) dense, or
+    the router ``2 b s h E`` with ``k`` experts' MLPs and the shared expert."""
+    m = spec.model
+    b, s, h = spec.micro_batch_size, m.seq_length, m.hidden_size
+    q, kv = _attention_width(spec)
+    gate = 2 if m.gated_linear_unit else 1
+    if m.multi_latent_attention:
+        v = m.num_attention_heads * m.v_head_dim
+        down = 2 * b * s * h * ((m.q_lora_rank or 0) + m.kv_lora_rank + m.qk_pos_emb_head_dim)
+        up = (
+            2
+            * b
+            * s
+            * (
+                (m.q_lora_rank or h) * q
+                + m.kv_lora_rank * (q - m.num_attention_heads * m.qk_pos_emb_head_dim + v)
+            )
+        )
+        attention = down + up + 2 * b * s * v * h + 2 * b * s * s * (q + v)
+    else:
+        attention = 2 * b * s * h * (q + 2 * kv) + 2 * b * s * q * h + 4 * b * s * s * q
+    dense = (2 + 2 * gate) * b * s * h * m.ffn
+    shared = (2 + 2 * gate) * b * s * h * (m.moe_shared_expert_intermediate_size or 0)
+    routed = (2 + 2 * gate) * b * s * h * m.moe_ffn * (m.moe_router_topk or 0)
+    moe = 2 * b * s * h * (m.num_experts or 0) + routed + shared
+    share = _moe_share(spec)
+    return float(attention + (1 - share) * dense + share * moe)
+
+
 def module_flops(spec: TrainingSpec) -> dict[str, float]:
     """Forward FLOPs per layer (averaged over dense and MoE layers) that selective recompute
     of each of ``spec.recompute_modules`` runs again in the backward.
 
-    ``core_attn``: ``4 b s^2 h`` (Korthikanti et al. 2022, section 5); ``mlp``: the dense
-    MLP's two GEMMs, ``2 b s h f`` each (fc1 twice as wide when gated); ``moe``: the router
-    GEMM ``2 b s h E`` plus ``k`` experts' MLPs and the shared expert; ``shared_experts``: the
-    shared expert's MLP; ``mla_up_proj``: the query and key-value up-projection GEMMs;
-    ``layernorm`` and ``moe_act`` are element-wise: about 8 FLOPs per element of each norm's
-    ``[s, b, h]`` input and 4 per element of the experts' activation input."""
+    ``core_attn``: ``4 b s^2 (a d)`` (Korthikanti et al. 2022, section 5, with the query
+    width ``a d`` for ``h``); ``mlp``: the dense MLP's two GEMMs, ``2 b s h f`` each (fc1
+    twice as wide when gated); ``moe``: the router GEMM ``2 b s h E`` plus ``k`` experts'
+    MLPs and the shared expert; ``shared_experts``: the shared expert's MLP;
+    ``mla_up_proj``: the query and key-value up-projection GEMMs; ``layernorm`` and
+    ``moe_act`` are element-wise: about 8 FLOPs per element of each norm's ``[s, b, h]``
+    input and 4 per element of the experts' activation input."""
     if spec.recompute != "selective":
         return {}
     m = spec.model
     b, s, h = spec.micro_batch_size, m.seq_length, m.hidden_size
     gate = 2 if m.gated_linear_unit else 1
-    moe = sum(m.is_moe_layer(i) for i in range(m.num_layers)) / m.num_layers
+    moe = _moe_share(spec)
     shared = (2 + 2 * gate) * b * s * h * (m.moe_shared_expert_intermediate_size or 0)
     routed = (2 + 2 * gate) * b * s * h * m.moe_ffn * m.moe_router_topk
     flops = {
-        "core_attn": 4 * b * s * s * h,
+        "core_attn": 4 * b * s * s * _attention_width(spec)[0],
         "layernorm": 2 * 8 * b * s * h,
         "mlp": (1 - moe) * (2 + 2 * gate) * b * s * h * m.ffn,
         "moe": moe * (2 * b * s * h * (m.num_experts or 0) + routed + shared),
@@ -252,6 +454,7 @@ class Layout:
     precision_aware: str | None = None  # a PRECISION_AWARE level; None: off
     optimizer_offload_fraction: float | None = None  # optimizer CPU offload; None: off
     cpu_offloading_num_layers: int | None = None  # activation CPU offload; None: off
+    tp_comm_overlap: bool = False  # --tp-comm-overlap (TE userbuffers), as the cost model priced
 
     def megatron_args(self) -> dict[str, Any]:
         """The settings as Megatron argument names (FlagScale's YAML keys)."""
@@ -266,6 +469,7 @@ class Layout:
             "sequence_parallel": self.sequence_parallel,
             "micro_batch_size": self.micro_batch_size,
             "use_distributed_optimizer": self.distributed_optimizer,
+            "tp_comm_overlap": True if self.tp_comm_overlap and self.tp > 1 else None,
         }
         if self.vpp:
             out["num_layers_per_virtual_pipeline_stage"] = self.layers_per_virtual_stage
@@ -313,6 +517,7 @@ class Plan:
     peak_bytes: int
     cost: dict[str, float]
     term_changes: dict[str, int] = field(default_factory=dict)  # worst rank, vs the user's
+    host_bytes_per_node: int = 0  # offload's host memory on one node (CostModel)
 
     def to_dict(self, budget_bytes: int) -> dict[str, Any]:
         return {
@@ -331,13 +536,35 @@ class Plan:
             )[0],
             "fits": self.peak_bytes <= budget_bytes,
             "cost": self.cost,
+            "host_bytes_per_node": self.host_bytes_per_node,
             "term_changes": self.term_changes,
             "stages": self.stages,
         }
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of ``n`` in ascending order, from its prime factors (trial division up to
+    the square root: ``n`` is at most :data:`MAX_WORLD_SIZE`)."""
+    assert 1 <= n <= MAX_WORLD_SIZE, n
+    out, rest, f = [1], n, 2
+    while f * f <= rest:
+        power = 0
+        while rest % f == 0:
+            rest //= f
+            power += 1
+        out = [d * f**k for d in out for k in range(power + 1)]
+        f += 1 if f == 2 else 2
+    if rest > 1:
+        out += [d * rest for d in out]
+    return sorted(out)
+
+
+def _powers_of_two_dividing(n: int) -> list[int]:
+    """1, 2, 4, ... while they divide ``n``."""
+    out = [1]
+    while n % (out[-1] * 2) == 0:
+        out.append(out[-1] * 2)
+    return out
 
 
 def _stage_splits(layers: int, pp: int) -> list[tuple[int | None, int | None]]:
@@ -404,7 +631,7 @@ def _batch_layouts(
     vpps: list[int | None] = [None]
     if split == (None, None):  # interleaving with an uneven split is left out
         vpps += [v for v in (2, 4, 8) if pp > 1 and layers % (pp * v) == 0]
-    for mbs in [b for b in _divisors(per_dp) if b & (b - 1) == 0]:
+    for mbs in _powers_of_two_dividing(per_dp):
         m = per_dp // mbs
         for vpp in vpps:
             if vpp is not None and m % pp:
@@ -447,7 +674,7 @@ def _precision_aware_levels(spec: TrainingSpec, bf16_state: bool) -> list[str]:
     and main gradients change the numerics, which no memory figure prices."""
     prec = spec.precision
     ok = prec.params_dtype in ("bfloat16", "bf16") and prec.optimizer == "adam"
-    if not ok or prec.torch_optimizer:
+    if not ok or prec.torch_optimizer or spec.device != "cuda":  # TE's FusedAdam: CUDA only
         return []
     return list(PRECISION_AWARE) if bf16_state else [LOSSLESS_LEVEL]
 
@@ -475,7 +702,7 @@ def saver_variants(spec: TrainingSpec, base: Layout, bf16_state: bool = False) -
     for rec in recomputes:
         for pa in aware:
             yield r(base, **rec, **pa)
-    if base.pp == 1 and layers > 1:
+    if base.pp == 1 and layers > 1 and spec.device == "cuda":  # TE's offload: CUDA only
         for k in sorted({layers // 2, layers - 1}):
             for pa in aware:
                 yield r(base, cpu_offloading_num_layers=k, **pa)
@@ -617,7 +844,8 @@ def evaluate(
             stage["estimated_bytes"] = e.peak_memory_bytes
         stages.append(stage)
     worst = max(range(len(stages)), key=lambda i: (estimates[i][1], -i))
-    return Plan(layout, stages, worst, estimates[worst][1], cost_model.breakdown(changed))
+    return Plan(layout, stages, worst, estimates[worst][1], cost_model.breakdown(changed),
+                host_bytes_per_node=cost_model.host_bytes_per_node(changed))  # fmt: skip
 
 
 def current_layout(spec: TrainingSpec) -> Layout:
@@ -663,20 +891,35 @@ def plan(
     top: int = 10,
     calibrated: Mapping[str, Any] | None = None,
     bf16_state: bool = False,
+    host_memory_bytes: int | None = None,
 ) -> dict[str, Any]:
-    """The user's layout judged against ``budget_bytes``, and the ``top`` layouts that fit,
-    cheapest first (ties: more headroom first, then the layout's own order). ``calibrated``
-    (from :func:`calibration`) corrects every term by what real runs measured.
-    ``bf16_state`` lets the precision-aware optimizer keep bf16 moments and main gradients."""
+    """The user's layout judged against ``budget_bytes`` (the baseline, with its cost and
+    its rank among the layouts that fit), and the ``top`` layouts that fit, cheapest first
+    (ties: less context parallelism, then more headroom, then the layout's own order).
+    ``calibrated`` (from :func:`calibration`) corrects every term by what real runs
+    measured. ``bf16_state`` lets the precision-aware optimizer keep bf16 moments and main
+    gradients. ``host_memory_bytes`` bounds each node's host memory for offload."""
     if world_size < 1 or budget_bytes < 1:
         raise ValueError("the world size and the memory budget must be positive")
+    if world_size > MAX_WORLD_SIZE:
+        raise ValueError(
+            f"world size {world_size} is beyond the {MAX_WORLD_SIZE:,} ranks the planner searches"
+        )
     model = cost_model or CostModel()
     factors = (calibrated or {}).get("factors") or None
-    mine = evaluate(spec, current_layout(spec), None, model, factors)
+    baseline, baseline_note = _baseline(spec, world_size)
+    mine = evaluate(spec, baseline, None, model, factors)
     assert mine is not None, "the user's spec was validated before planning"
     searched = dominated = 0
-    fitting: list[tuple[float, int, tuple[int, int], Plan]] = []
+    over_host = 0
+    truncated = False
+    fitting: list[tuple[float, int, int, tuple[int, int], Plan]] = []
     for index, base in enumerate(base_layouts(spec, world_size)):
+        if model.tp_comm_overlap and base.tp > 1:
+            base = dataclasses.replace(base, tp_comm_overlap=True)
+        if index >= MAX_BASE_LAYOUTS:
+            truncated = True
+            break
         searched += 1
         if evaluate(spec, _strongest(spec, base, bf16_state), budget_bytes, model, factors) is None:
             dominated += 1  # not even the strongest savers fit: no option of it is costed
@@ -692,28 +935,90 @@ def plan(
         for tried, (_, order, option) in enumerate(costed):
             searched += 1
             found = evaluate(spec, option, budget_bytes, model, factors)
+            if (
+                found is not None
+                and host_memory_bytes is not None
+                and (found.host_bytes_per_node > host_memory_bytes)
+            ):
+                over_host += 1
+                continue  # offload that the nodes' host memory cannot hold
             if found is not None:  # the costlier options of this layout would rank after it
-                fitting.append((round(found.cost["total"], 9), found.peak_bytes,
+                fitting.append((round(found.cost["total"], 9), base.cp, found.peak_bytes,
                                 (index, order), found))  # fmt: skip
                 dominated += len(costed) - tried - 1
                 break
-    fitting.sort(key=lambda t: t[:3])
-    chosen = [t[3] for t in fitting[:top]]
+    fitting.sort(key=lambda t: t[:4])
+    chosen = [t[4] for t in fitting[:top]]
     for p in chosen:
         p.term_changes = _term_changes(mine, p)
+    current = mine.to_dict(budget_bytes)
+    needed = baseline.tp * baseline.pp * baseline.cp * baseline.dp
+    mine_total = round(mine.cost["total"], 9)
+    current.update(
+        world_size=needed,
+        note=baseline_note,
+        host_fits=host_memory_bytes is None or mine.host_bytes_per_node <= host_memory_bytes,
+        rank=1 + sum(t[0] < mine_total - COST_RESOLUTION for t in fitting)
+        if needed == world_size
+        else None,
+    )
+    current["fits"] = bool(current["fits"] and current["host_fits"] and needed == world_size)
     return {
         "budget_bytes": budget_bytes,
+        "host_memory_bytes": host_memory_bytes,
         "world_size": world_size,
         "uncertainty": ESTIMATE_UNCERTAINTY,
         "cost_model": dataclasses.asdict(model),
+        "cost_terms": list(COST_TERMS),
+        "cost_resolution": COST_RESOLUTION,
         "calibration": dict(calibrated) if calibrated else None,
         "searched": searched,
         "dominated": dominated,
+        "over_host_memory": over_host,
+        "truncated": truncated,
         "fitting": len(fitting),
         "bf16_optimizer_state": bf16_state,
-        "current": mine.to_dict(budget_bytes),
-        "plans": [p.to_dict(budget_bytes) for p in chosen],
-    }
+        "current": current,
+        "plans": [p.to_dict(budget_bytes) | {"vs_current": _cost_changes(mine, p)}
+                  for p in chosen],
+    }  # fmt: skip
+
+
+def _baseline(spec: TrainingSpec, world_size: int) -> tuple[Layout, str]:
+    """The user's layout at ``world_size`` ranks, and what was changed to get there: the
+    data-parallel size rescaled (the global batch kept) where the model-parallel sizes divide
+    the world size and the batch allows; else the layout as it is, which needs its own
+    number of GPUs (said in the note)."""
+    mine = current_layout(spec)
+    own = mine.tp * mine.pp * mine.cp * mine.dp
+    if own == world_size:
+        return mine, ""
+    model_parallel = mine.tp * mine.pp * mine.cp
+    batch = mine.micro_batch_size * mine.num_microbatches * mine.dp
+    dp = world_size // model_parallel
+    if world_size % model_parallel == 0 and batch % (dp * mine.micro_batch_size) == 0:
+        rescaled = dataclasses.replace(
+            mine, dp=dp, num_microbatches=batch // (dp * mine.micro_batch_size),
+            distributed_optimizer=mine.distributed_optimizer and dp > 1)  # fmt: skip
+        try:
+            apply(spec, rescaled)
+        except ValueError:
+            pass
+        else:
+            return (
+                rescaled,
+                f"DP {mine.dp} -> {dp} to fill {world_size} ranks ({own} in the config)",
+            )
+    return mine, (
+        f"needs {own} GPUs (TP {mine.tp} x PP {mine.pp} x CP {mine.cp} x DP {mine.dp}), not "
+        f"the {world_size} planned for"
+    )
+
+
+def _cost_changes(mine: Plan, other: Plan) -> dict[str, float]:
+    """Per cost term (and the total), ``other``'s share minus the user's: by which terms
+    a plan is cheaper or dearer than the baseline."""
+    return {k: other.cost[k] - mine.cost[k] for k in (*COST_TERMS, "total")}
 
 
 def _term_changes(mine: Plan, other: Plan) -> dict[str, int]:

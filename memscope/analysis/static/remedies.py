@@ -7,7 +7,10 @@ tensors, full recompute keeps one input per layer, the distributed optimizer sha
 optimizer state over data-parallel ranks, a smaller micro-batch scales activations, one
 more pipeline stage moves layers away). Remedies that change the parallel layout are
 judged by the worst rank of the new layout, since a rank's position moves with it.
-Ranked by predicted saving, largest first; those that save nothing are left out.
+Those that save nothing are left out; the rest are ranked by the planner's step-time model
+(:class:`.CostModel`), cheapest first, then by predicted saving. Which of them fit the memory
+that ran out is decided where that capacity is known (:func:`fitting_remedies`, used by the
+OOM report), allowing for the estimator's band (:data:`.ESTIMATE_UNCERTAINTY`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 from memscope.analysis.static.config import TrainingSpec
 from memscope.analysis.static.estimator import estimate_all_ranks, estimate_rank
 from memscope.analysis.static.params import RankPosition
+from memscope.analysis.static.planner import ESTIMATE_UNCERTAINTY, CostModel
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,7 @@ class Remedy:
     predicted_peak_bytes: int
     saving_bytes: int
     note: str = ""
+    step_time: float | None = None  # the planner's step-time factor with this change
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -41,6 +46,7 @@ class Remedy:
             "predicted_peak_bytes": self.predicted_peak_bytes,
             "saving_bytes": self.saving_bytes,
             "note": self.note,
+            "step_time": self.step_time,
         }
 
 
@@ -96,19 +102,39 @@ def rank_remedies(
     position: RankPosition,
     estimate: Callable[[TrainingSpec, RankPosition], int] | None = None,
 ) -> list[Remedy]:
-    """The remedies for the rank at ``position``, largest predicted saving first."""
+    """The remedies for the rank at ``position`` that lower its predicted peak, cheapest
+    by the planner's step-time model first (then the largest saving)."""
     peak = _peak if estimate is None else estimate
     now = peak(spec, position)
+    cost = CostModel()
     out = []
     for name, flags, args, changed, relayout in _candidates(spec):
         try:
             after = _worst(changed) if relayout else peak(changed, position)
+            step_time = round(cost.breakdown(changed.validate())["total"], 6)
         except ValueError:
             continue  # a combination the estimator does not support
         if after < now:
             note = "worst rank of the new layout" if relayout else ""
-            out.append(Remedy(name, flags, args, after, now - after, note))
-    return sorted(out, key=lambda r: -r.saving_bytes)
+            out.append(Remedy(name, flags, args, after, now - after, note, step_time))
+    return sorted(out, key=lambda r: (r.step_time, -r.saving_bytes))
+
+
+def fitting_remedies(
+    remedies: list[dict[str, Any]], capacity: int | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(kept, dropped): the remedies (as :meth:`Remedy.to_dict` gives them) whose predicted
+    peak, raised by the estimator's band, fits ``capacity`` (the memory that ran out), in
+    their order; all of them kept when the capacity is unknown."""
+    if capacity is None:
+        return list(remedies), []
+    kept: list[dict[str, Any]] = []
+    dropped: list[dict[str, Any]] = []
+    for r in remedies:
+        peak = r.get("predicted_peak_bytes")
+        fits = isinstance(peak, int) and peak * (1 + ESTIMATE_UNCERTAINTY) <= capacity
+        (kept if fits else dropped).append(r)
+    return kept, dropped
 
 
 def _peak(spec: TrainingSpec, position: RankPosition) -> int:
