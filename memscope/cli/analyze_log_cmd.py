@@ -74,6 +74,19 @@ def analyze_logs(
     return doc
 
 
+def log_comparisons(path: str, vocab_size: int | None = None) -> list[dict[str, Any]]:
+    """``plan --calibrate LOG``: the log's steady-state lines as per-term comparisons."""
+    from memscope.inputs.log_document import calibration_comparisons
+
+    comparisons = calibration_comparisons(analyze_logs([path], vocab_size))
+    if not comparisons:
+        raise CliError(
+            f"--calibrate {path}: no memory line printed after two real optimizer steps "
+            "(before that the optimizer state does not exist yet)"
+        )
+    return comparisons
+
+
 def run(args: argparse.Namespace) -> int:
     """Explain the logs, write the three files, print one line per stage and OOM."""
     from memscope.reporters.html import render_log_html
