@@ -257,3 +257,19 @@ def test_plan_calibrate_with_a_log_writes_the_factors(tmp_path, capsys):
     assert calibrated["ranks"] == 1
     assert set(calibrated["factors"]) == {"parameters", "gradients", "optimizer_state", "other",
                                           "activations"}  # fmt: skip
+
+
+def test_committed_fixture_table_is_what_the_tool_prints_now():
+    """benchmarks/analyze_log_fixtures.txt is re-made by tools/bench_analyze_log.py."""
+    import sys
+
+    root = pathlib.Path(__file__).parent.parent
+    sys.path.insert(0, str(root / "tools"))
+    import bench_analyze_log
+
+    data = bench_analyze_log.rows()
+    committed = (root / "benchmarks" / "analyze_log_fixtures.txt").read_text()
+    assert bench_analyze_log.table(data) == committed
+    fixtures = {r["fixture"] for r in data}
+    assert fixtures == {p.name for p in DATA.iterdir()}, "every fixture has rows"
+    assert all(abs(r["error"]) < 0.10 for r in data), "each estimate within 10% of the log"

@@ -268,3 +268,16 @@ def test_a_long_log_keeps_at_most_the_record_cap(tmp_path, monkeypatch):
     run = read_runs([str(path)])[0]
     assert len(run.iterations) == training_log.MAX_RECORDS
     assert run.dropped == 60_000 - training_log.MAX_RECORDS
+
+
+def test_two_real_runs_in_one_log_and_memory_lines_sharing_a_line():
+    """The tutorial log holds two TP=4 runs; the second printed two ranks' lines on one."""
+    runs = read_runs([str(DATA / "gpt2_345m_tp4_fp16_two_runs.log")])
+    assert len(runs) == 2
+    for run in runs:
+        assert run.args is not None and run.args["tensor_model_parallel_size"] == "4"
+        assert sorted(m.rank for m in run.memory) == [0, 1, 2, 3]
+        assert [(i.iteration, i.skipped) for i in run.iterations][:2] == [(10, 10), (20, 5)]
+        assert run.unpadded_vocab == 50257 and run.world_size == 4
+    assert runs[0].memory[0].max_allocated_mb == 2589.13525390625
+    assert runs[1].memory[0].max_allocated_mb == 4673.77880859375

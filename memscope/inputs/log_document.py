@@ -90,7 +90,9 @@ def explain_run(
         "origin": rs.origin, "where": rs.where, "world_size": rs.world_size,
         "world_origin": rs.world_origin, "rank_order": order, "layout": _layout(spec),
     }  # fmt: skip
-    out["notes"] += list(rs.notes)
+    # every key of an arguments block is a Megatron argument: "unknown key" notes are noise
+    dump = rs.origin == "arguments block"
+    out["notes"] += [n for n in rs.notes if not (dump and "not a Megatron argument" in n)]
     iterations = [(i.iteration, i.skipped) for i in run.iterations]
     for line in _latest_lines(run):
         steps, note = optimizer_steps(line.iteration, iterations)

@@ -279,15 +279,17 @@ class _Reader:
 
     def _content(self, tagged: L.Tagged, number: int) -> None:
         text, run = tagged.text, self.run
-        m = L.MEMORY.search(text)
-        if m is not None:
-            rank = m.group("rank")
+        found = False
+        for mem in L.MEMORY.finditer(text):  # ranks printing at once can share a line
+            found = True
+            rank = mem.group("rank")
             rank_n = int(rank) if rank is not None else tagged.rank
             if rank_n is not None:
-                a, ma, r, mr = (float(m.group(i)) for i in range(3, 7))
+                a, ma, r, mr = (float(mem.group(i)) for i in range(3, 7))
                 where = self._where(number)
-                line = MemoryLine(rank_n, int(m.group("iteration")), a, ma, r, mr, where)
+                line = MemoryLine(rank_n, int(mem.group("iteration")), a, ma, r, mr, where)
                 self._keep(run.memory, line)
+        if found:
             return
         m = L.ITERATION.search(text)
         if m is not None:
@@ -310,8 +312,10 @@ class _Reader:
             self._keep(run.ooms, _oom(tagged, self._where(number)))
             return
         m = L.WORLD.search(text)
-        if m is not None:
-            run.world_size = int(m.group(1))
+        if m is not None:  # printed just before the arguments block: a next run's first line
+            if run.trained or run.args is not None:
+                self._new_run()
+            self.run.world_size = int(m.group(1))
             return
         m = L.PADDED_VOCAB.search(text)
         if m is not None:
