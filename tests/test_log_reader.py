@@ -281,3 +281,22 @@ def test_two_real_runs_in_one_log_and_memory_lines_sharing_a_line():
         assert run.unpadded_vocab == 50257 and run.world_size == 4
     assert runs[0].memory[0].max_allocated_mb == 2589.13525390625
     assert runs[1].memory[0].max_allocated_mb == 4673.77880859375
+
+
+def test_an_oom_in_a_flagscale_host_file_gets_its_global_rank(tmp_path):
+    """host_1_*.output of a 2-node, 8-rank job: torchrun's [default2] is global rank 6."""
+    from memscope.inputs.log_document import explain_run
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    tiny = {**TINY, "world_size": 8, "data_parallel_size": 8, "global_batch_size": 8}
+    _write(logs / "host_0_a.output", [f"[default0]:{line}" for line in _args_block(**tiny)])
+    message = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 2 has a "
+        "total capacity of 79.15 GiB of which 1.50 GiB is free. Of the allocated memory 70.00 "
+        "GiB is allocated by PyTorch, and 5.00 GiB is reserved by PyTorch but unallocated."
+    )
+    _write(logs / "host_1_b.output", [f"[default2]:{message}"])
+    run = read_runs([str(logs)])[0]
+    assert run.ooms[0].node == 1 and run.ooms[0].tag == "default2"
+    assert explain_run(run)["ooms"][0]["rank"] == 6

@@ -4,6 +4,7 @@ messages explained by :mod:`memscope.analysis.log_check`."""
 from __future__ import annotations
 
 import contextlib
+import re
 import warnings
 from dataclasses import asdict
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 from memscope.analysis.log_check import DEFAULT_ORDER, check_oom, check_rank, optimizer_steps
 from memscope.analysis.static.config import TrainingSpec
 from memscope.inputs.log_spec import RunSpec, run_args, run_spec
-from memscope.inputs.training_log import LogRun, MemoryLine
+from memscope.inputs.training_log import LogRun, MemoryLine, OomMessage
 
 MIB = 2**20
 
@@ -113,7 +114,7 @@ def explain_run(
     last = run.last_iteration
     steps = optimizer_steps(last, iterations)[0] if last is not None else 0
     for oom in _distinct_ooms(run):
-        rank = oom.rank if oom.rank is not None else (0 if rs.world_size == 1 else None)
+        rank = _oom_rank(oom, run, rs.world_size)
         sizes = {
             "requested": oom.requested, "total": oom.total, "free": oom.free,
             "allocated": oom.allocated, "reserved_unallocated": oom.reserved_unallocated,
@@ -129,6 +130,21 @@ def explain_run(
     if not out["ranks"] and not out["ooms"]:
         out["error"] = missing_memory_lines(run)
     return out
+
+
+def _oom_rank(oom: OomMessage, run: LogRun, world: int) -> int | None:
+    """The failing global rank: the prefix's own, rank 0 of a one-rank run, or (FlagScale's
+    host_{node}_*.output, one per node, torchrun's ``[default{local}]:``) node x ranks per
+    node + local rank; else None."""
+    if oom.rank is not None:
+        return oom.rank
+    if world == 1:
+        return 0
+    local = re.fullmatch(r"[A-Za-z_]*(\d+)", oom.tag)
+    nodes = len(run.sources)
+    if oom.node is not None and local and world % nodes == 0:
+        return oom.node * (world // nodes) + int(local.group(1))
+    return None
 
 
 def _distinct_ooms(run: LogRun) -> list[Any]:

@@ -64,6 +64,7 @@ class OomMessage:
 
     rank: int | None
     tag: str
+    node: int | None  # the FlagScale host file's node rank (with a local-rank tag)
     device: int | None
     requested: int | None
     total: int | None
@@ -230,6 +231,8 @@ class _Reader:
         self.block: dict[str, str] | None = None
         self.block_tag = ""
         self.block_start = 0
+        name = os.path.basename(path)  # FlagScale's host_{node_rank}_{host}.output
+        self.node = _node_order(name)[0] if name.startswith("host_") else None
 
     @property
     def run(self) -> LogRun:
@@ -278,10 +281,21 @@ class _Reader:
             )
 
     def _content(self, tagged: L.Tagged, number: int) -> None:
+        """One line outside an arguments block (a cheap substring test picks the pattern)."""
+        text = tagged.text
+        if "memory (MB)" in text:
+            self._memory(tagged, number)
+        elif "iteration" in text and "|" in text:
+            self._iteration(text)
+        elif "out of memory" in text:
+            if L.OOM.search(text):
+                self._keep(self.run.ooms, _oom(tagged, self._where(number), self.node))
+        else:
+            self._other(text, number)
+
+    def _memory(self, tagged: L.Tagged, number: int) -> None:
         text, run = tagged.text, self.run
-        found = False
         for mem in L.MEMORY.finditer(text):  # ranks printing at once can share a line
-            found = True
             rank = mem.group("rank")
             rank_n = int(rank) if rank is not None else tagged.rank
             if rank_n is not None:
@@ -289,40 +303,41 @@ class _Reader:
                 where = self._where(number)
                 line = MemoryLine(rank_n, int(mem.group("iteration")), a, ma, r, mr, where)
                 self._keep(run.memory, line)
-        if found:
-            return
+
+    def _iteration(self, text: str) -> None:
         m = L.ITERATION.search(text)
-        if m is not None:
-            iteration = int(m.group(1))
-            if run.iterations and iteration <= run.iterations[-1].iteration:
-                self._new_run()  # the iteration count went back: a new run in the same file
-                run = self.run
-            skipped = L.SKIPPED.search(text)
-            count = int(skipped.group(1)) if skipped else 0
-            self._keep(run.iterations, IterationLine(iteration, count))
+        if m is None:
             return
-        m = L.THEORETICAL.search(text)
+        run = self.run
+        iteration = int(m.group(1))
+        if run.iterations and iteration <= run.iterations[-1].iteration:
+            self._new_run()  # the iteration count went back: a new run in the same file
+            run = self.run
+        skipped = L.SKIPPED.search(text)
+        count = int(skipped.group(1)) if skipped else 0
+        self._keep(run.iterations, IterationLine(iteration, count))
+
+    def _other(self, text: str, number: int) -> None:
+        run = self.run
+        m = L.THEORETICAL.search(text) if "Theoretical" in text else None
         if m is not None:
             act, total = m.group(2), m.group(3)
             run.theoretical = Theoretical(
                 float(m.group(1)), float(act) if act else None, float(total) if total else None
             )
             return
-        if L.OOM.search(text):
-            self._keep(run.ooms, _oom(tagged, self._where(number)))
-            return
-        m = L.WORLD.search(text)
+        m = L.WORLD.search(text) if "world size" in text else None
         if m is not None:  # printed just before the arguments block: a next run's first line
             if run.trained or run.args is not None:
                 self._new_run()
             self.run.world_size = int(m.group(1))
             return
-        m = L.PADDED_VOCAB.search(text)
+        m = L.PADDED_VOCAB.search(text) if "padded vocab" in text else None
         if m is not None:
             run.unpadded_vocab = int(m.group(1))
             return
-        m = L.COMMAND.search(text)
-        if m is not None and run.command is None:
+        m = L.COMMAND.search(text) if ".py" in text and run.command is None else None
+        if m is not None:
             run.command, run.command_where = _flags(m.group(2)), self._where(number)
             launcher = text[: m.start(1)]
             if L.TORCHRUN.search(launcher):
@@ -343,7 +358,7 @@ class _Reader:
         return [r for r in self.runs if r.trained or r.args is not None or r.command]
 
 
-def _oom(tagged: L.Tagged, where: str) -> OomMessage:
+def _oom(tagged: L.Tagged, where: str, node: int | None) -> OomMessage:
     text = tagged.text
     sizes = {name: L.size_bytes(p.search(text)) for name, p in L.OOM_FIELDS.items()}
     reserved_unallocated = sizes["reserved_unallocated"]
@@ -354,6 +369,7 @@ def _oom(tagged: L.Tagged, where: str) -> OomMessage:
     return OomMessage(
         rank=tagged.rank,
         tag=tagged.tag,
+        node=node,
         device=int(device.group(1)) if device and device.group(1) else None,
         requested=sizes["requested"],
         total=sizes["total"],
