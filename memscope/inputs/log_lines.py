@@ -18,20 +18,24 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_LAUNCHER = (
+# One pattern, one alternative per launcher; removed from the start of a line repeatedly.
+_PREFIX = re.compile(
     # torchrun --tee: [default0]: (role + local rank); a prefix template: [rank3]:
-    re.compile(r"\[(?P<role>[A-Za-z_]*?)(?P<local>\d+)\]:"),
+    r"\[(?P<role>[A-Za-z_]*?)(?P<local>\d+)\]:"
     # [host:rank]: wrappers
-    re.compile(r"\[(?P<host>[A-Za-z0-9][\w.-]*):(?P<grank>\d+)\]:"),
-    # srun --label: "3: " (heterogeneous jobs "1 3: ")
-    re.compile(r" *(?:\d+ )?(?P<task>\d+): "),
+    r"|\[(?P<host>[A-Za-z0-9][\w.-]*):(?P<grank>\d+)\]:"
+    # srun --label: "3: " (padded " 3: "; heterogeneous jobs "1 3: ")
+    r"| *(?:\d+ )?(?P<task>\d+): "
     # pdsh: "host: " (a host name holds a digit, so "Traceback: " or "ERROR: " is not one)
-    re.compile(r"(?P<pdsh>[A-Za-z][\w.-]*\d[\w.-]*): "),
+    r"|(?P<pdsh>[A-Za-z][\w.-]*\d[\w.-]*): "
     # timestamps a wrapper or Megatron adds: [2025-03-31 05:54:07], 2024-04-04T09:09:53.313Z
-    re.compile(
-        r"\[?\d{4}-\d{2}-\d{2}[T _]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\]?:?\s*"
-    ),
-    re.compile(r"\[?\d{2}:\d{2}:\d{2}(?:[.,]\d+)?\]?\s+"),
+    r"|\[?\d{4}-\d{2}-\d{2}[T _]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\]?:?\s*"
+    r"|\[?\d{2}:\d{2}:\d{2}(?:[.,]\d+)?\]?\s+"
+)
+#: Words one of which every line the reader uses holds (searched in the raw bytes: a line
+#: without any is not even decoded).
+KEYWORDS = re.compile(
+    rb"memory \(MB\)|iteration|out of memory|Theoretical|world size|padded vocab|\.py|arguments"
 )
 MAX_PREFIXES = 4  # prefixes removed from one line, at most
 
@@ -51,26 +55,22 @@ def untag(line: str) -> Tagged:
     """``line`` with its launcher prefixes and timestamps removed."""
     tag, rank = "", None
     for _ in range(MAX_PREFIXES):
-        for pattern in _LAUNCHER:
-            m = pattern.match(line)
-            if m is None or m.end() == 0:
-                continue
-            groups = m.groupdict()
-            if groups.get("local") is not None:
-                role = groups["role"] or ""
-                tag = tag or f"{role}{groups['local']}"
-                if role.lower() == "rank":
-                    rank = int(groups["local"])
-            elif groups.get("grank") is not None:
-                tag, rank = tag or f"{groups['host']}:{groups['grank']}", int(groups["grank"])
-            elif groups.get("task") is not None:
-                tag, rank = tag or groups["task"], int(groups["task"])
-            elif groups.get("pdsh") is not None:
-                tag = tag or groups["pdsh"]
-            line = line[m.end() :]
+        m = _PREFIX.match(line)
+        if m is None or m.end() == 0:
             break
-        else:
-            break
+        groups = m.groupdict()
+        if groups["local"] is not None:
+            role = groups["role"] or ""
+            tag = tag or f"{role}{groups['local']}"
+            if role.lower() == "rank":
+                rank = int(groups["local"])
+        elif groups["grank"] is not None:
+            tag, rank = tag or f"{groups['host']}:{groups['grank']}", int(groups["grank"])
+        elif groups["task"] is not None:
+            tag, rank = tag or groups["task"], int(groups["task"])
+        elif groups["pdsh"] is not None:
+            tag = tag or groups["pdsh"]
+        line = line[m.end() :]
     return Tagged(line, tag, rank)
 
 

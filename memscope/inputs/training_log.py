@@ -172,12 +172,19 @@ def read_runs(paths: list[str]) -> list[LogRun]:
 def read_file_runs(path: str) -> list[LogRun]:
     """The runs of one log file."""
     reader = _Reader(path)
-    for number, line in enumerate(_lines(path), 1):
+    wanted = L.KEYWORDS.search
+    for number, raw in enumerate(_lines(path), 1):
+        if reader.block is None and raw is not CUT and not wanted(raw):
+            continue  # nothing the reader uses: not even decoded
+        line = "\x00cut" if raw is CUT else raw.decode("utf-8", errors="replace").rstrip("\r\n")
         reader.feed(line, number)
     return reader.finish()
 
 
-def _lines(path: str) -> Iterator[str]:
+CUT = b"\x00cut"  # what _decoded yields for a line over MAX_LINE_BYTES
+
+
+def _lines(path: str) -> Iterator[bytes]:
     raw = open_regular(path, None)
     with raw:
         head = raw.read(2)
@@ -191,7 +198,7 @@ def _lines(path: str) -> Iterator[str]:
             raise InputRefused(f"{path}: a damaged gzip stream ({exc})") from None
 
 
-def _decoded(stream: IO[bytes], path: str) -> Iterator[str]:
+def _decoded(stream: IO[bytes], path: str) -> Iterator[bytes]:
     total = 0
     first = True
     while True:
@@ -208,9 +215,9 @@ def _decoded(stream: IO[bytes], path: str) -> Iterator[str]:
             while line and not line.endswith(b"\n"):
                 line = stream.readline(MAX_LINE_BYTES)
                 total += len(line)
-            yield "\x00cut"
+            yield CUT
             continue
-        yield line.decode("utf-8", errors="replace").rstrip("\r\n")
+        yield line
 
 
 def _refuse_binary(line: bytes, path: str) -> None:
