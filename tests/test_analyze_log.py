@@ -13,12 +13,14 @@ from dataclasses import replace
 import pytest
 
 from memscope.analysis.log_check import (
+    Status,
     check_oom,
     check_rank,
     grid_position,
     lazy_optimizer_bytes,
     moment_estimate,
     optimizer_steps,
+    verdict,
 )
 from memscope.analysis.static.config import ModelSpec, ParallelSpec, PrecisionSpec, TrainingSpec
 from memscope.analysis.static.estimator import estimate_rank
@@ -102,6 +104,11 @@ def test_verdict_names_the_terms_too_small_to_explain_the_gap():
     v = far["verdict"]
     assert v["status"] == "above" and v["error_ratio"] == pytest.approx(2.0, rel=1e-6)
     assert v["could_explain"] == [] and "activations" in v["cannot_explain"]
+    # a gap one term could explain: the optimizer state alone is that large
+    est_terms = far["estimate"]["terms"]
+    small = verdict(est.peak_memory_bytes + est_terms["optimizer_state"], est.peak_memory_bytes,
+                    est_terms)  # fmt: skip
+    assert small.status is Status.ABOVE and "optimizer_state" in small.could_explain
 
 
 def test_oom_remedies_fit_only_when_they_bring_the_need_under_what_pytorch_could_hold():

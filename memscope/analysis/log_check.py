@@ -14,6 +14,7 @@ out-of-memory message and sizes the remedies against the failing rank's measured
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from memscope.analysis.static.config import STATE_DTYPE_BYTES, TrainingSpec
@@ -126,21 +127,47 @@ def _terms(est: RankEstimate) -> dict[str, int]:
     }
 
 
-def verdict(measured: int, predicted: int, terms: dict[str, int]) -> dict[str, Any]:
-    """Within the estimator's band, or above/below by how much; which single terms are too
-    small to account for the gap (``cannot_explain``) and which could (``could_explain``)."""
+class Status(str, Enum):
+    """Where a measurement falls against the estimate."""
+
+    WITHIN_BAND = "within_band"
+    ABOVE = "above"
+    BELOW = "below"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A measurement against its estimate: within the estimator's band, or above/below by
+    ``error_bytes``; the single terms too small to account for the gap (``cannot_explain``)
+    and those that could (``could_explain``)."""
+
+    status: Status
+    error_bytes: int
+    error_ratio: float | None
+    could_explain: tuple[str, ...]
+    cannot_explain: tuple[str, ...]
+    band: float = ESTIMATE_UNCERTAINTY
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.status.value,
+            "band": self.band,
+            "error_bytes": self.error_bytes,
+            "error_ratio": self.error_ratio,
+            "could_explain": list(self.could_explain),
+            "cannot_explain": list(self.cannot_explain),
+        }
+
+
+def verdict(measured: int, predicted: int, terms: dict[str, int]) -> Verdict:
+    """``measured`` against ``predicted``, the gap weighed against each term of ``terms``."""
     gap = measured - predicted
     ratio = gap / predicted if predicted else None
-    within = ratio is not None and abs(ratio) <= ESTIMATE_UNCERTAINTY
-    big = {k: v for k, v in terms.items() if v >= abs(gap)}
-    return {
-        "status": "within_band" if within else "above" if gap > 0 else "below",
-        "band": ESTIMATE_UNCERTAINTY,
-        "error_bytes": gap,
-        "error_ratio": ratio,
-        "could_explain": [] if within else sorted(big),
-        "cannot_explain": [] if within else sorted(k for k in terms if k not in big),
-    }
+    if ratio is not None and abs(ratio) <= ESTIMATE_UNCERTAINTY:
+        return Verdict(Status.WITHIN_BAND, gap, ratio, (), ())
+    big = tuple(sorted(k for k, v in terms.items() if v >= abs(gap)))
+    small = tuple(sorted(k for k in terms if k not in big))
+    return Verdict(Status.ABOVE if gap > 0 else Status.BELOW, gap, ratio, big, small)
 
 
 def check_rank(
@@ -174,8 +201,10 @@ def check_rank(
             "terms": terms,
             "not_yet_allocated": dict(moment.missing),
         },
-        "verdict": verdict(measured["max_allocated"], moment.peak_bytes, _terms(est)),
-        "allocated_verdict": verdict(measured["allocated"], moment.allocated_bytes, _terms(est)),
+        "verdict": verdict(measured["max_allocated"], moment.peak_bytes, _terms(est)).to_dict(),
+        "allocated_verdict": verdict(
+            measured["allocated"], moment.allocated_bytes, _terms(est)
+        ).to_dict(),
     }
 
 
