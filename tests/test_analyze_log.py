@@ -280,3 +280,27 @@ def test_committed_fixture_table_is_what_the_tool_prints_now():
     fixtures = {r["fixture"] for r in data}
     assert fixtures == {p.name for p in DATA.iterdir()}, "every fixture has rows"
     assert all(abs(r["error"]) < 0.10 for r in data), "each estimate within 10% of the log"
+
+
+def test_lines_after_one_and_two_iterations_are_different_moments(tmp_path):
+    """v0.16 prints after iteration 1 (the moments appear at its step) and 2 (steady)."""
+    from memscope.inputs.log_document import explain_run
+    from memscope.inputs.training_log import read_file_runs
+
+    block = ["------------------------ arguments ------------------------"]
+    args = dict(num_layers=4, hidden_size=256, num_attention_heads=8, seq_length=256,
+                padded_vocab_size=1024, micro_batch_size=1, global_batch_size=4,
+                tensor_model_parallel_size=1, pipeline_model_parallel_size=1,
+                data_parallel_size=1, world_size=1, bf16=True, log_interval=1)  # fmt: skip
+    block += [f"  {k} {'.' * (48 - len(k))} {v}" for k, v in sorted(args.items())]
+    block.append("-------------------- end of arguments ---------------------")
+    mem = ("[Rank 0] (after {} iterations) memory (MB) | allocated: 10.00 | max allocated: "
+           "20.00 | reserved: 30.00 | max reserved: 30.00")  # fmt: skip
+    it = " iteration {:8d}/      10 | lm loss: 1.0E+01 | number of skipped iterations:   0 |"
+    log = tmp_path / "v016.log"
+    log.write_text("\n".join([*block, it.format(1), mem.format(1), it.format(2), mem.format(2)]))
+    rows = explain_run(read_file_runs(str(log))[0])["ranks"]
+    assert [(r["iteration"], r["optimizer_steps"]) for r in rows] == [(1, 1), (2, 2)]
+    first, second = (r["estimate"]["max_allocated_bytes"] for r in rows)
+    assert first < second  # iteration 1's backward ran before Adam's moments existed
+    assert rows[1]["moment"] == "steady state" and rows[0]["moment"].startswith("first real")

@@ -300,3 +300,17 @@ def test_an_oom_in_a_flagscale_host_file_gets_its_global_rank(tmp_path):
     run = read_runs([str(logs)])[0]
     assert run.ooms[0].node == 1 and run.ooms[0].tag == "default2"
     assert explain_run(run)["ooms"][0]["rank"] == 6
+
+
+def test_v016_memory_lines_two_decimals_and_device_memory_suffix(tmp_path):
+    """Megatron-LM v0.16 prints ``:.2f`` numbers and, with --log-device-memory-used, a
+    ``total device memory used`` field; checkpoint-time lines are not iterations."""
+    lines = [
+        "[Rank 0] (after 1 iterations) memory (MB) | allocated: 4806.14 | max allocated: 7116.91 "
+        "| reserved: 7724.00 | max reserved: 7724.00 | total device memory used: 8600.00",
+        "[Rank 0] (before save_checkpoint for iteration 2) memory (MB) | allocated: 1.00 | max "
+        "allocated: 2.00 | reserved: 3.00 | max reserved: 4.00",
+    ]
+    run = read_file_runs(_write(tmp_path / "log", lines))[0]
+    assert [(m.iteration, m.max_allocated_mb, m.reserved_mb) for m in run.memory] == [
+        (1, 7116.91, 7724.0)]  # fmt: skip
