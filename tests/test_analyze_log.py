@@ -304,3 +304,33 @@ def test_lines_after_one_and_two_iterations_are_different_moments(tmp_path):
     first, second = (r["estimate"]["max_allocated_bytes"] for r in rows)
     assert first < second  # iteration 1's backward ran before Adam's moments existed
     assert rows[1]["moment"] == "steady state" and rows[0]["moment"].startswith("first real")
+
+
+def test_a_log_with_only_the_launch_command_line_is_explained(tmp_path, capsys):
+    """The command line's flags, with Megatron's defaults for the rest and torchrun's world."""
+    command = (
+        "+ torchrun --nproc_per_node 4 --nnodes 1 --master_port 6000 pretrain_gpt.py "
+        "--num-layers 4 --hidden-size 256 --ffn-hidden-size 688 --num-attention-heads 8 "
+        "--group-query-attention --num-query-groups 2 --seq-length 512 "
+        "--max-position-embeddings 512 --micro-batch-size 2 --global-batch-size 16 "
+        "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --swiglu "
+        "--normalization RMSNorm --position-embedding-type rope --disable-bias-linear "
+        "--untie-embeddings-and-output-weights --bf16 --use-distributed-optimizer "
+        "--vocab-size 32000 --make-vocab-size-divisible-by 128 --log-interval 10"
+    )
+    mem = ("[Rank {r}] (after 10 iterations) memory (MB) | allocated: 100.0 | max allocated: "
+           "200.0 | reserved: 300.0 | max reserved: 300.0")  # fmt: skip
+    log = tmp_path / "cmd.log"
+    log.write_text("\n".join([command, *(f"{r}: " + mem.format(r=r) for r in (0, 1, 2, 3))]))
+    rc, _, err = _cli(capsys, log, "--outdir", tmp_path / "o")
+    assert rc == 0, err
+    run = json.loads((tmp_path / "o" / "log_report.json").read_text())["runs"][0]
+    cfg = run["config"]
+    assert cfg["origin"] == "command line" and cfg["world_size"] == 4
+    assert "torchrun" in cfg["world_origin"]
+    lay = cfg["layout"]
+    assert (lay["tp"], lay["pp"], lay["dp"], lay["num_microbatches"]) == (2, 2, 1, 8)
+    assert lay["vocab_size"] == 32000  # already a multiple of 128 x tp
+    grids = {r["rank"]: (r["grid"]["tp"], r["grid"]["pp"]) for r in run["ranks"]}
+    assert grids == {0: (0, 0), 1: (1, 0), 2: (0, 1), 3: (1, 1)}
+    assert [s["pp_rank"] for s in run["stages"]] == [0, 1]

@@ -93,7 +93,7 @@ ARG_LINE = re.compile(r"^\s*([A-Za-z_]\w*) \.+ (.*)$|^\s*([A-Za-z_]\w{47,})  (.*
 WORLD = re.compile(r"using world size: (\d+)")
 PADDED_VOCAB = re.compile(r"padded vocab \(size: (\d+)\) with (\d+) dummy tokens")
 # a Megatron entry point followed by its flags
-COMMAND = re.compile(r"(?:^|[\s/])((?:pre)?train_\w+\.py|run\.py)\s+(--\S.*)$")
+COMMAND = re.compile(r"(?:^|[\s/])((?:pre)?train_\w+\.py)\s+(--\S.*)$")
 TORCHRUN = re.compile(r"(?:torchrun|torch\.distributed\.(?:launch|run))\s")
 
 # --- PyTorch's out-of-memory message ---------------------------------------------------
