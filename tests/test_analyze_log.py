@@ -334,3 +334,25 @@ def test_a_log_with_only_the_launch_command_line_is_explained(tmp_path, capsys):
     grids = {r["rank"]: (r["grid"]["tp"], r["grid"]["pp"]) for r in run["ranks"]}
     assert grids == {0: (0, 0), 1: (1, 0), 2: (0, 1), 3: (1, 1)}
     assert [s["pp_rank"] for s in run["stages"]] == [0, 1]
+
+
+def test_a_flagscale_logs_folder_reads_as_the_plain_log(tmp_path, capsys):
+    """The Qwen2 log as FlagScale's runner writes it: one host_{node}_{host}.output per node,
+    every line with torchrun's --tee prefix, FlagScale's '>>> [FS] Theoretical' line."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    lines = DENSE_LOG.read_text().splitlines()
+    fs = [ln.replace("Theoretical", ">>> [FS] Theoretical") for ln in lines]
+    (logs / "host_0_node-a.output").write_text("\n".join(f"[default0]:{ln}" for ln in fs) + "\n")
+    (logs / "host_1_node-b.output").write_text("[default0]:> building GPT model ...\n")
+    docs = []
+    for i, src in enumerate((DENSE_LOG, logs)):
+        rc, _, err = _cli(capsys, src, "--outdir", tmp_path / str(i), "--vocab-size", 151936)
+        assert rc == 0, err
+        docs.append(json.loads((tmp_path / str(i) / "log_report.json").read_text()))
+    plain, folder = (d["runs"][0] for d in docs)
+    assert [pathlib.Path(f).name for f in docs[1]["files"]] == [
+        "host_0_node-a.output", "host_1_node-b.output"]  # fmt: skip
+    assert folder["ranks"][0]["measured"] == plain["ranks"][0]["measured"]
+    assert folder["ranks"][0]["estimate"] == plain["ranks"][0]["estimate"]
+    assert folder["theoretical"] == plain["theoretical"] is not None

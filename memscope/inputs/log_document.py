@@ -12,7 +12,7 @@ from typing import Any
 from memscope.analysis.log_check import DEFAULT_ORDER, check_oom, check_rank, optimizer_steps
 from memscope.analysis.static.config import TrainingSpec
 from memscope.inputs.log_spec import RunSpec, run_args, run_spec
-from memscope.inputs.training_log import LogRun, MemoryLine, OomMessage
+from memscope.inputs.training_log import LogRun, MemoryLine, OomMessage, log_files
 
 MIB = 2**20
 
@@ -182,7 +182,11 @@ def log_document(
     paths: list[str], runs: list[LogRun], vocab_size: int | None, world_size: int | None
 ) -> dict[str, Any]:
     """The whole ``log_report.json`` (identity keys are the reporter's)."""
-    return {"logs": list(paths), "runs": [explain_run(r, vocab_size, world_size) for r in runs]}
+    return {
+        "logs": list(paths),
+        "files": log_files(paths),  # every file read (a folder's host_*.output, in node order)
+        "runs": [explain_run(r, vocab_size, world_size) for r in runs],
+    }
 
 
 def calibration_comparisons(doc: dict[str, Any]) -> list[dict[str, Any]]:
