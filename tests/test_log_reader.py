@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import pathlib
 
@@ -314,3 +315,44 @@ def test_v016_memory_lines_two_decimals_and_device_memory_suffix(tmp_path):
     run = read_file_runs(_write(tmp_path / "log", lines))[0]
     assert [(m.iteration, m.max_allocated_mb, m.reserved_mb) for m in run.memory] == [
         (1, 7116.91, 7724.0)]  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_mangled_real_logs_give_a_report_or_one_line_error(tmp_path, seed):
+    """Fuzz-ish: a fixture cut, with lines dropped, duplicated or shuffled, bytes flipped or
+    a value replaced, never raises anything but the readers' one-line error."""
+    import random
+
+    from memscope.cli.analyze_log_cmd import analyze_logs
+    from memscope.cli.common import CliError
+
+    rng = random.Random(seed)
+    source = rng.choice(sorted(DATA.iterdir()))
+    lines = source.read_bytes().split(b"\n")
+    for _ in range(rng.randint(1, 6)):
+        i = rng.randrange(len(lines))
+        kind = rng.choice(("drop", "dup", "swap", "flip", "value", "cut"))
+        if kind == "drop":
+            del lines[i]
+        elif kind == "dup":
+            lines.insert(i, lines[i])
+        elif kind == "swap":
+            j = rng.randrange(len(lines))
+            lines[i], lines[j] = lines[j], lines[i]
+        elif kind == "flip" and lines[i]:
+            k = rng.randrange(len(lines[i]))
+            lines[i] = lines[i][:k] + bytes([rng.randrange(256)]) + lines[i][k + 1 :]
+        elif kind == "value":
+            value = rng.choice([b"-1", b"0", b"1e400", b"nan", b"[[[", b"None", b"9" * 40])
+            lines[i] = lines[i].rsplit(b" ", 1)[0] + b" " + value
+        elif kind == "cut":
+            lines = lines[:i]
+    log = tmp_path / source.name
+    log.write_bytes(b"\n".join(lines))
+    try:
+        doc = analyze_logs([str(log)], vocab_size=151936 if "qwen" in source.name else None)
+    except CliError as exc:
+        assert "\n" not in str(exc)
+    else:
+        assert doc["report_type"] == "log"
+        json.dumps(doc, allow_nan=False)  # what is written is valid JSON
