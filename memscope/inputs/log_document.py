@@ -15,6 +15,15 @@ from memscope.inputs.log_spec import RunSpec, run_args, run_spec
 from memscope.inputs.training_log import LogRun, MemoryLine, OomMessage, log_files
 
 MIB = 2**20
+#: What explaining a run may raise: the readers' and estimator's one-line ValueError, and a
+#: safety net for values no check foresaw (as analysis/static/sources.py keeps one).
+UNEXPLAINED = (ValueError, ArithmeticError, LookupError, TypeError)
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, ValueError):
+        return str(exc)
+    return f"an unexpected value in the log's configuration ({type(exc).__name__}: {exc})"
 
 
 def missing_memory_lines(run: LogRun) -> str:
@@ -82,8 +91,8 @@ def explain_run(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             rs: RunSpec = run_spec(run, vocab_size, world_size)
-    except ValueError as exc:
-        out["error"] = str(exc)
+    except UNEXPLAINED as exc:
+        out["error"] = _reason(exc)
         return out
     spec, args = rs.spec, run_args(run)[0]
     order = _order(args)
@@ -103,8 +112,8 @@ def explain_run(
         }  # fmt: skip
         try:
             row = check_rank(spec, line.rank, measured, line.iteration, steps, order)
-        except ValueError as exc:
-            out["notes"].append(f"{line.where}: rank {line.rank}: {exc}")
+        except UNEXPLAINED as exc:
+            out["notes"].append(f"{line.where}: rank {line.rank}: {_reason(exc)}")
             continue
         row["where"], row["steps_note"] = line.where, note
         if run.theoretical is not None and row["grid"].get("pp") == 0:
@@ -122,8 +131,8 @@ def explain_run(
         }  # fmt: skip
         try:
             row = check_oom(spec, rank, sizes, steps, order)
-        except ValueError as exc:
-            out["notes"].append(f"{oom.where}: {exc}")
+        except UNEXPLAINED as exc:
+            out["notes"].append(f"{oom.where}: {_reason(exc)}")
             continue
         row.update(where=oom.where, tag=oom.tag, device=oom.device, message=oom.text)
         out["ooms"].append(row)
