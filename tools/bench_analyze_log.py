@@ -1,6 +1,9 @@
 """Every rank of every committed training-log fixture (tests/data/logs/): measured max
 allocated, MemScope's estimate for that rank at that moment, the error.
 
+The last column is what a steady-state estimate (Adam's moments present from the first
+forward) would have said: the moment of the line matters where few real steps ran.
+
 A fixture's ``# MEMSCOPE-OPTIONS:`` header line gives the options its log needs (a
 tokenizer-defined vocabulary). An out-of-memory message has no max allocated: its row
 shows what the rank held when it failed (allocated + the request, a lower bound of its
@@ -56,6 +59,7 @@ def rows() -> list[dict[str, Any]]:
                             "real steps)",
                     "measured_bytes": measured, "estimate_bytes": est,
                     "error": (est - measured) / measured, "verdict": r["verdict"]["status"],
+                    "steady_bytes": r["estimate"]["steady_peak_bytes"],
                 })  # fmt: skip
             for o in run["ooms"]:
                 held = (o["sizes"]["allocated"] or 0) + (o["sizes"]["requested"] or 0)
@@ -65,18 +69,21 @@ def rows() -> list[dict[str, Any]]:
                     "what": f"OOM: allocated + request ({o['optimizer_steps']} real steps)",
                     "measured_bytes": held, "estimate_bytes": est,
                     "error": (est - held) / held, "verdict": "lower bound",
+                    "steady_bytes": o["estimate"]["steady_peak_bytes"],
                 })  # fmt: skip
     return out
 
 
 def table(data: list[dict[str, Any]]) -> str:
-    head = ["fixture", "run", "rank", "moment", "measured MiB", "estimate MiB", "error"]
+    head = ["fixture", "run", "rank", "moment", "measured MiB", "estimate MiB", "error",
+            "steady-state estimate MiB (error)"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in data:
         lines.append(
             f"| {r['fixture']} | {r['run']} | {r['rank']} | {r['what']} | "
             f"{r['measured_bytes'] / MIB:.1f} | {r['estimate_bytes'] / MIB:.1f} | "
-            f"{r['error'] * 100:+.1f}% |"
+            f"{r['error'] * 100:+.1f}% | {r['steady_bytes'] / MIB:.1f} "
+            f"({(r['steady_bytes'] - r['measured_bytes']) / r['measured_bytes'] * 100:+.1f}%) |"
         )
     worst = max((abs(r["error"]) for r in data if r["verdict"] != "lower bound"), default=0.0)
     lines.append("")
