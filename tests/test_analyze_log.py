@@ -371,3 +371,21 @@ def test_a_flagscale_logs_folder_reads_as_the_plain_log(tmp_path, capsys):
     assert folder["ranks"][0]["measured"] == plain["ranks"][0]["measured"]
     assert folder["ranks"][0]["estimate"] == plain["ranks"][0]["estimate"]
     assert folder["theoretical"] == plain["theoretical"] is not None
+
+
+def test_a_refused_configuration_still_reports_what_was_measured(tmp_path, capsys):
+    """A real vision setting (img_h 448 in the block) is refused by the estimator: the run
+    says why, and its memory lines are reported as measured, without an estimate."""
+    dots = "." * (48 - len("img_h"))
+    text = DENSE_LOG.read_text().replace(f"  img_h {dots} 224", f"  img_h {dots} 448")
+    assert "448" in text
+    log = tmp_path / "vlm.log"
+    log.write_text(text)
+    rc, out, err = _cli(capsys, log, "--outdir", tmp_path / "o", "--vocab-size", 151936)
+    assert rc == 0, err
+    run = json.loads((tmp_path / "o" / "log_report.json").read_text())["runs"][0]
+    assert "img_h" in run["error"] and "not explained" in out
+    (row,) = run["ranks"]
+    assert row["estimate"] is None and row["verdict"] is None
+    assert row["measured"]["max_allocated"] == round(7959.9697265625 * 2**20)
+    assert "not estimated" in (tmp_path / "o" / "log_report.md").read_text()

@@ -93,6 +93,7 @@ def explain_run(
             rs: RunSpec = run_spec(run, vocab_size, world_size)
     except UNEXPLAINED as exc:
         out["error"] = _reason(exc)
+        out["ranks"] = _measured_only(run)  # what the log measured is still worth showing
         return out
     spec, args = rs.spec, run_args(run)[0]
     order = _order(args)
@@ -106,12 +107,8 @@ def explain_run(
     iterations = [(i.iteration, i.skipped) for i in run.iterations]
     for line in _latest_lines(run):
         steps, note = optimizer_steps(line.iteration, iterations)
-        measured = {
-            "allocated": line.allocated_mb, "max_allocated": line.max_allocated_mb,
-            "reserved": line.reserved_mb, "max_reserved": line.max_reserved_mb,
-        }  # fmt: skip
         try:
-            row = check_rank(spec, line.rank, measured, line.iteration, steps, order)
+            row = check_rank(spec, line.rank, _measured(line), line.iteration, steps, order)
         except UNEXPLAINED as exc:
             out["notes"].append(f"{line.where}: rank {line.rank}: {_reason(exc)}")
             continue
@@ -139,6 +136,34 @@ def explain_run(
     if not out["ranks"] and not out["ooms"]:
         out["error"] = missing_memory_lines(run)
     return out
+
+
+def _measured(line: MemoryLine) -> dict[str, float]:
+    return {
+        "allocated": line.allocated_mb, "max_allocated": line.max_allocated_mb,
+        "reserved": line.reserved_mb, "max_reserved": line.max_reserved_mb,
+    }  # fmt: skip
+
+
+def _measured_only(run: LogRun) -> list[dict[str, Any]]:
+    """The memory lines of a run whose configuration could not be estimated: measured bytes,
+    iteration and real steps; no grid place, estimate or verdict."""
+    iterations = [(i.iteration, i.skipped) for i in run.iterations]
+    return [
+        {
+            "rank": line.rank,
+            "grid": None,
+            "iteration": line.iteration,
+            "optimizer_steps": optimizer_steps(line.iteration, iterations)[0],
+            "moment": None,
+            "measured": {k: round(v * MIB) for k, v in _measured(line).items()},
+            "estimate": None,
+            "verdict": None,
+            "allocated_verdict": None,
+            "where": line.where,
+        }
+        for line in _latest_lines(run)
+    ]
 
 
 def _oom_rank(oom: OomMessage, run: LogRun, world: int) -> int | None:
@@ -206,8 +231,8 @@ def calibration_comparisons(doc: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for run in doc.get("runs") or []:
         for row in run.get("ranks") or []:
-            if row.get("optimizer_steps", 0) < 2:
-                continue  # before the optimizer state existed: not the steady state
+            if row.get("estimate") is None or row.get("optimizer_steps", 0) < 2:
+                continue  # not estimated, or before the optimizer state existed
             terms, measured = row["estimate"]["terms"], row["measured"]
             persistent = ("weights", "gradients", "optimizer_state")
             static_steady = sum(terms[k] for k in persistent) + terms["workspaces"]

@@ -69,19 +69,21 @@ def run_lines(run: dict[str, Any]) -> list[str]:
                 str(r["rank"]), md_text(_grid(r["grid"])), str(r["iteration"]),
                 str(r["optimizer_steps"]), format_bytes(m["allocated"]),
                 format_bytes(m["max_allocated"]), format_bytes(m["reserved"]),
-                format_bytes(m["max_reserved"]), format_bytes(e["max_allocated_bytes"]),
-                md_text(_verdict(r["verdict"])),
+                format_bytes(m["max_reserved"]),
+                format_bytes(e["max_allocated_bytes"]) if e else "n/a",
+                md_text(_verdict(r["verdict"])) if r["verdict"] else "not estimated",
             ])  # fmt: skip
         out += md_table(
             ["rank", "grid", "after iter", "real steps", "allocated", "max allocated",
              "reserved", "max reserved", "estimate (max allocated)", "verdict"], rows,
         )  # fmt: skip
         first = run["ranks"][0]
-        out += [f"Estimate of rank {first['rank']} by term ({md_text(first['moment'])}):", ""]
-        out += md_table(
-            ["term", "bytes"],
-            [[md_text(k), format_bytes(v)] for k, v in first["estimate"]["terms"].items()],
-        )
+        if first["estimate"]:
+            out += [f"Estimate of rank {first['rank']} by term ({md_text(first['moment'])}):", ""]
+            out += md_table(
+                ["term", "bytes"],
+                [[md_text(k), format_bytes(v)] for k, v in first["estimate"]["terms"].items()],
+            )
         if first.get("megatron_theoretical_mb"):
             t = first["megatron_theoretical_mb"]
             out += [
@@ -143,8 +145,10 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
     out = []
     for run in doc["runs"]:
         head = f"run {run['index'] + 1}:"
-        if run.get("error") and not run["stages"] and not run["ooms"]:
-            out.append(f"{head} {run['error']}")
+        if run.get("error"):
+            out.append(f"{head} not explained: {run['error']}")
+            if run["ranks"]:
+                out.append(f"{head} {len(run['ranks'])} memory lines reported as measured")
         for s in run["stages"]:
             out.append(
                 f"{head} stage {s['pp_rank']} (rank {s['rank']}, after {s['iteration']} "
