@@ -356,3 +356,18 @@ def test_mangled_real_logs_give_a_report_or_one_line_error(tmp_path, seed):
     else:
         assert doc["report_type"] == "log"
         json.dumps(doc, allow_nan=False)  # what is written is valid JSON
+
+
+def test_an_old_memory_line_without_its_rank_is_rank_zeros(tmp_path):
+    """Megatron-LM of 2020 printed the line without ``[Rank N]`` (NVIDIA/Megatron-LM#60)."""
+    lines = [
+        " iteration        5/  120000 | elapsed time per iteration (ms): 16491.5 | learning rate:"
+        " 0.000E+00 | loss scale: 268435456.0 | number of skipped iterations:   5 | number of "
+        "nan iterations:   0 |",
+        "after 5 iterations memory (MB) | allocated: 10250.5693359375 | max allocated: "
+        "12606.06201171875 | reserved: 17482.0 | max reserved: 17482.0",
+    ]
+    run = read_file_runs(_write(tmp_path / "log", lines))[0]
+    assert [(m.rank, m.iteration, m.max_allocated_mb) for m in run.memory] == [
+        (0, 5, 12606.06201171875)]  # fmt: skip
+    assert [(i.iteration, i.skipped) for i in run.iterations] == [(5, 5)]

@@ -305,6 +305,8 @@ class _Reader:
         for mem in L.MEMORY.finditer(text):  # ranks printing at once can share a line
             rank = mem.group("rank")
             rank_n = int(rank) if rank is not None else tagged.rank
+            if rank_n is None and not tagged.tag:
+                rank_n = 0  # old Megatron-LM printed it without [Rank N], from rank 0
             if rank_n is not None:
                 a, ma, r, mr = (float(mem.group(i)) for i in range(3, 7))
                 where = self._where(number)
