@@ -70,12 +70,14 @@ def run_lines(run: dict[str, Any]) -> list[str]:
                 str(r["optimizer_steps"]), format_bytes(m["allocated"]),
                 format_bytes(m["max_allocated"]), format_bytes(m["reserved"]),
                 format_bytes(m["max_reserved"]),
+                format_bytes(e["allocated_bytes"]) if e else "n/a",
                 format_bytes(e["max_allocated_bytes"]) if e else "n/a",
                 md_text(_verdict(r["verdict"])) if r["verdict"] else "not estimated",
             ])  # fmt: skip
         out += md_table(
             ["rank", "grid", "after iter", "real steps", "allocated", "max allocated",
-             "reserved", "max reserved", "estimate (max allocated)", "verdict"], rows,
+             "reserved", "max reserved", "estimate (allocated)", "estimate (max allocated)",
+             "verdict (max allocated)"], rows,
         )  # fmt: skip
         first = run["ranks"][0]
         if first["estimate"]:
