@@ -21,10 +21,11 @@ ALLOWED: dict[str, set[str]] = {
     "capture": BASE | {"events", "config"},
     "analysis": BASE | {"events", "config"},
     "reporters": BASE | {"events"},
+    "inputs": BASE | {"events", "config", "analysis"},
     "session": BASE | {"events", "config", "capture", "analysis", "reporters", "io"},
     "integrations": BASE | {"events", "config", "capture", "analysis", "session", "io"},
     "demo": BASE | {"events", "config", "capture", "integrations"},
-    "cli": BASE | {"events", "config", "analysis", "reporters", "io", "demo"},
+    "cli": BASE | {"events", "config", "analysis", "reporters", "io", "inputs", "demo"},
 }
 
 

@@ -18,6 +18,7 @@ PACKAGE = os.path.dirname(os.path.abspath(memscope.__file__))
 EXAMPLE = os.path.join(REPO, "examples", "cpu_pp2_demo")
 EXAMPLE_REPORT = os.path.join(EXAMPLE, "rank00000", "runtime_report.json")
 STATIC_CONFIG = os.path.join(REPO, "configs", "static", "tiny_gpt.json")
+ANALYZE_LOG = os.path.join(REPO, "tests", "data", "logs", "gpt2_774m_fp16_oom_v100.log")
 
 
 def _modules(subpackage: str) -> list[str]:
@@ -40,6 +41,7 @@ OFFLINE_MODULES = [
     "memscope.analysis.job",
     *_modules("analysis"),
     *_modules("analysis.static"),
+    *_modules("inputs"),
     *_modules("cli"),
 ]
 
@@ -112,6 +114,7 @@ def test_offline_modules_and_commands_run_without_torch(tmp_path):
                 "export",
                 "diff",
                 "analyze-snapshot",
+                "analyze-log",
             )
         ],
         ["demo", "--help"],
@@ -121,6 +124,7 @@ def test_offline_modules_and_commands_run_without_torch(tmp_path):
         ["analyze-static", "--config", STATIC_CONFIG, "--outdir", str(tmp_path / "static")],
         ["analyze", "--trace", trace, "--out", str(tmp_path / "replayed.json")],
         ["diff", EXAMPLE, EXAMPLE, "--out", str(tmp_path / "diff")],
+        ["analyze-log", ANALYZE_LOG, "--outdir", str(tmp_path / "log")],
     ]
     path = [os.path.dirname(PACKAGE), os.environ.get("PYTHONPATH", "")]  # this memscope
     res = subprocess.run(
@@ -139,5 +143,6 @@ def test_offline_modules_and_commands_run_without_torch(tmp_path):
     for page in ("rank.html", "job.html"):
         assert (tmp_path / page).stat().st_size > 100_000
     assert (tmp_path / "static" / "static_report.json").exists()
+    assert (tmp_path / "log" / "log_report.html").exists()
     replayed = json.loads((tmp_path / "replayed.json").read_text())
     assert [s["step"] for s in replayed["steps"]] == [0, 1]

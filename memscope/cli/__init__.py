@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from memscope._version import __version__
 from memscope.cli import (
     analyze_cmd,
+    analyze_log_cmd,
     analyze_static_cmd,
     demo_cmd,
     diff_cmd,
@@ -38,6 +39,7 @@ COMMANDS = (
     summarize_cmd,
     analyze_cmd,
     analyze_static_cmd,
+    analyze_log_cmd,
     plan_cmd,
     snapshot_cmd,
     export_cmd,

@@ -75,8 +75,8 @@ def register(sub: Any) -> None:
         default=None,
         metavar="REPORT",
         help="a runtime_report.json (or its rank folder), job_summary.json or job directory "
-        "of a real run of this model: its measured / predicted bytes per term correct every "
-        "plan",
+        "of a real run of this model, or its Megatron training log: its measured / predicted "
+        "bytes per term correct every plan",
     )
     p.add_argument(
         "--bf16-optimizer-state",
@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     world, _ = world_size_from_args(args)
     if world is not None and world > MAX_WORLD_SIZE:
         raise CliError(f"world size {world} is beyond the {MAX_WORLD_SIZE:,} ranks plan searches")
-    calibrated = _calibration(args.calibrate) if args.calibrate else None
+    calibrated = _calibration(args.calibrate, args.vocab_size) if args.calibrate else None
     cost_model = _cost_model(args)
     try:
         # the config's own layout (its world size may differ from the one planned for: the
@@ -199,7 +199,7 @@ def _cost_model(args: argparse.Namespace) -> Any:
     return CostModel(**settings)
 
 
-def _calibration(path: str) -> dict[str, Any]:
+def _calibration(path: str, vocab_size: int | None = None) -> dict[str, Any]:
     """Per-term factors from the static comparisons of a rank report, a job summary or every
     rank report of a job directory; a path with none is a :class:`CliError`."""
     from memscope.analysis.static.planner import calibration
@@ -208,7 +208,13 @@ def _calibration(path: str) -> dict[str, Any]:
 
     comparisons = []
     path = folder_file(path)  # a rank folder is its report
+    if os.path.isfile(path) and not path.endswith(".json"):  # a training log (analyze-log)
+        from memscope.cli.analyze_log_cmd import log_comparisons
+
+        comparisons = log_comparisons(path, vocab_size)
     try:
+        if comparisons:
+            return calibration(comparisons)
         if os.path.isdir(path):
             for _, folder in rank_folders(path):
                 report = os.path.join(folder, REPORT_NAME)

@@ -98,3 +98,8 @@ def render_job_html(payload: dict[str, Any]) -> str:
 def render_diff_html(payload: dict[str, Any]) -> str:
     """The ``memscope diff`` page from its document (see :mod:`memscope.analysis.diff`)."""
     return _render("diff.html.j2", payload, "MemScope — diff")
+
+
+def render_log_html(doc: dict[str, Any]) -> str:
+    """The ``memscope analyze-log`` page from ``log_report.json``."""
+    return _render("log.html.j2", doc, "MemScope — training log explained")

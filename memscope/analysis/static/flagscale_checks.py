@@ -47,10 +47,23 @@ CORE_KEYS = ("num_layers", "hidden_size", "num_attention_heads")
 _REFUSAL = "the static estimator models Megatron GPTModel training only"
 
 
+# Megatron-LM's argparse defaults of the vision options every arguments dump prints
+# (megatron/training/arguments.py ``_add_vision_args``: --img-h 224, --img-w 224,
+# --patch-dim 16): a key at its default, or None, does not prove a multimodal model.
+VISION_DEFAULTS: dict[str, Any] = {"img_h": 224, "img_w": 224, "patch_dim": 16}
+
+
+def _sets_vision(merged: dict[str, Any], key: str) -> bool:
+    value = merged.get(key)
+    if value is None or str(value).strip() in ("None", "null", ""):
+        return False
+    return key not in VISION_DEFAULTS or str(value).strip() != str(VISION_DEFAULTS[key])
+
+
 def refuse_non_gpt(merged: dict[str, Any]) -> None:
     """Raise when the merged ``system``/``model``/``data`` keys prove a non-GPT model."""
     for key in VISION_KEYS:
-        if key in merged:
+        if _sets_vision(merged, key):
             raise ValueError(
                 f"{key}: a vision-language(-action) model config (a multimodal entrypoint "
                 f"builds its language model next to a vision encoder); {_REFUSAL}"

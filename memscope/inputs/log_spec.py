@@ -1,0 +1,117 @@
+"""A training log's run -> the estimator's :class:`TrainingSpec`.
+
+The arguments block (or, when that is all the log has, the launch command line) is read by
+the same reader as a FlagScale YAML (:func:`spec_from_flagscale_yaml`: Megatron's argument
+names, its defaults, the non-GPT refusals), with the world size the log itself states.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from memscope.analysis.static.config import TrainingSpec
+from memscope.analysis.static.sources import spec_from_flagscale_yaml
+from memscope.analysis.static.validation import ConfigWarning
+from memscope.inputs.training_log import LogRun
+
+_INT = re.compile(r"^[-+]?\d+$")
+_FLOAT = re.compile(r"^[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?$")
+MAX_LITERAL = 100_000  # characters of a printed list parsed as a literal
+
+
+def typed(value: Any) -> Any:
+    """An argument as ``_print_args`` printed it (``str()`` of the value) -> the value:
+    ``None``, ``True``/``False``, numbers and lists; anything else stays a string."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text == "None":
+        return None
+    if text in ("True", "False"):
+        return text == "True"
+    if _INT.match(text):
+        return int(text)
+    if _FLOAT.match(text):
+        return float(text)
+    if text.startswith("[") and text.endswith("]") and len(text) <= MAX_LITERAL:
+        try:
+            return ast.literal_eval(text)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            return text
+    return text
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """The spec of a run and what it was read from."""
+
+    spec: TrainingSpec
+    origin: str  # "arguments block" / "command line"
+    where: str
+    world_size: int
+    world_origin: str
+    notes: tuple[str, ...]
+
+
+def run_args(run: LogRun) -> tuple[dict[str, Any], str, str]:
+    """(Megatron args, origin, where) of a run: the arguments block, else the command line."""
+    if run.args is not None:
+        return {k: typed(v) for k, v in run.args.items()}, "arguments block", run.args_where
+    if run.command is not None:
+        return {k: typed(v) for k, v in run.command.items()}, "command line", run.command_where
+    raise ValueError(
+        "neither an arguments block ('------------------------ arguments "
+        "------------------------', printed by rank 0 at start-up) nor a Megatron launch "
+        "command line is in the log: the run's configuration is unknown"
+    )
+
+
+def run_world_size(run: LogRun, args: dict[str, Any], given: int | None) -> tuple[int, str]:
+    """The run's world size and where it comes from; sources that disagree are an error."""
+    found: list[tuple[int, str]] = []
+    if given is not None:
+        found.append((given, "--world-size"))
+    if run.world_size is not None:
+        found.append((run.world_size, "the log's 'using world size' line"))
+    if isinstance(args.get("world_size"), int):
+        found.append((args["world_size"], "the arguments block's world_size"))
+    if run.launcher_world_size is not None:
+        found.append((run.launcher_world_size, "torchrun's --nnodes x --nproc-per-node"))
+    for value, where in found[1:]:
+        if value != found[0][0]:
+            raise ValueError(
+                f"world size {found[0][0]} ({found[0][1]}) contradicts {value} ({where})"
+            )
+    if found:
+        return found[0]
+    tp_pp_cp = 1
+    for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                 "context_parallel_size"):  # fmt: skip
+        size = args.get(name)
+        tp_pp_cp *= size if isinstance(size, int) and size > 0 else 1
+    dp = args.get("data_parallel_size")
+    if isinstance(dp, int) and dp > 0:
+        return tp_pp_cp * dp, "tp x pp x cp x data_parallel_size"
+    raise ValueError(
+        "the world size is not in the log (no 'using world size' line, world_size argument "
+        "or torchrun command): give --world-size"
+    )
+
+
+def run_spec(run: LogRun, vocab_size: int | None = None, world_size: int | None = None) -> RunSpec:
+    """The spec of ``run`` (``vocab_size``: the tokenizer's unpadded size when the log has
+    neither ``vocab_size`` nor Megatron's 'padded vocab' line)."""
+    args, origin, where = run_args(run)
+    world, world_origin = run_world_size(run, args, world_size)
+    vocab = vocab_size if vocab_size is not None else run.unpadded_vocab
+    args.pop("world_size", None)  # the world size found above wins, checked to agree
+    args.pop("data_parallel_size", None)  # derived by Megatron from it
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConfigWarning)
+        spec = spec_from_flagscale_yaml({"system": args}, vocab, world)
+    notes = tuple(str(w.message) for w in caught)
+    return RunSpec(spec, origin, where, world, world_origin, notes)
