@@ -146,7 +146,8 @@ def test_nesting_bomb_is_refused_not_a_recursion_error(tmp_path, capsys):
     for depth in (100_000, 65):
         path = _write(tmp_path / f"bomb{depth}.json", "[" * depth + "]" * depth)
         _one_error_line(*_cli(capsys, "summarize", "--report", str(path)), "nested more than 64")
-    doc = {"schema_version": "1.0", "report_type": "runtime", "metadata": {"a": [[[[[[[]]]]]]]}}
+    doc = {"schema_version": "1.0", "report_type": "runtime", "metadata": {"a": [[[[[[[]]]]]]]},
+           "rank": 0, "world_size": 1, "status": "complete", "peak": {}, "steps": []}  # fmt: skip
     ok = _write(tmp_path / "ok.json", doc)
     assert load_report(str(ok))["metadata"]["a"] == [[[[[[[]]]]]]]
 

@@ -124,7 +124,10 @@ def job_entries(directory: str) -> list[RankEntry]:
         try:
             report = load_report(os.path.join(folder, REPORT_NAME), REPORT_TYPE_RUNTIME)
         except ReportError as exc:
-            entries.append(RankEntry(rank, None, str(exc), where=name))
+            # a folder with no report at all may be a stray beside the job; one whose report
+            # is unreadable is a rank that failed to write it
+            absent = not os.path.lexists(os.path.join(folder, REPORT_NAME))
+            entries.append(RankEntry(rank, None, str(exc), where=name if absent else ""))
             continue
         summary = rank_summary(report, max_steps=MAX_POINTS)  # no more than a page plots
         entry = _checked_entry(rank, summary, f"{name}/{REPORT_NAME}")
