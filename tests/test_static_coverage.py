@@ -214,9 +214,6 @@ def test_a_key_the_estimator_reads_is_never_unused_or_not_modelled(monkeypatch):
     result = config_coverage(merged, _spec(), None)
     assert result.unused_keys == ("not_a_megatron_key",)
     assert "swiglu" not in [n.key for n in result.not_modelled]
-    # ... except the documented one the estimator reads only to refuse the config
-    result = config_coverage({"pipeline_model_parallel_layout": "Et|tL"}, _spec(), None)
-    assert [n.key for n in result.not_modelled] == ["pipeline_model_parallel_layout"]
 
 
 def test_moe_keys_only_matter_with_experts():

@@ -23,13 +23,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from memscope.analysis.static.config import TrainingSpec
+from memscope.analysis.static.config import TrainingSpec, chunk_roles
 from memscope.analysis.static.moe import (
     moe_act_discarded,
     moe_global_buffer,
     moe_layer_saved,
     routed_rows,
 )
+from memscope.analysis.static.pipeline_layout import ChunkRoles
 
 FP32 = 4
 INT64 = 8
@@ -533,10 +534,21 @@ def _checkpointed(spec: TrainingSpec, n_layers: int) -> list[int | None]:
 
 
 def chunk_activations(
-    spec: TrainingSpec, n_layers: int, first: bool, last: bool
+    spec: TrainingSpec, n_layers: int, first: bool, last: bool, roles: ChunkRoles | None = None
 ) -> tuple[int, int, str, dict[str, int]]:
-    """(saved bytes, peak working bytes above them, peak moment, detail) of one chunk."""
+    """(saved bytes, peak working bytes above them, peak moment, detail) of one chunk.
+
+    ``roles`` (:func:`.config.chunk_roles`) says where the final norm and the MTP layers are
+    (a ``pipeline_model_parallel_layout`` may put the MTP layers on another chunk than the
+    loss: their layers' tensors are kept there, their losses on the loss chunk, which then
+    receives the main and every depth's hidden states, ``(1 + depth) [s, b, h]``:
+    megatron-core ``GPTModel._postprocess`` returns the MTP block's concatenation when not
+    ``post_process``). Default: both on the last chunk."""
     x = dims(spec)
+    depth = spec.model.mtp_num_layers or 0
+    if roles is None:
+        roles = ChunkRoles(embedding=first, loss=last, mtp=last and depth > 0, final_norm=last,
+                           first=first)  # fmt: skip
     full = layer_saved(spec, x)
     groups = _checkpointed(spec, n_layers)
     layer_total = sum(full.values())
@@ -544,7 +556,8 @@ def chunk_activations(
     kept = layer_total - discarded  # what a layer holds until its backward recomputes it
     offloaded = offloaded_layers(spec) if first and last else 0  # pp == 1 only
     moved = offloadable_bytes(full)
-    extras: dict[str, int] = {"chunk_input": x.hidden}
+    standalone_mtp = depth > 0 and last and not roles.mtp
+    extras: dict[str, int] = {"chunk_input": x.hidden * (1 + depth if standalone_mtp else 1)}
     if not spec.flash_attention and not fused_softmax(spec, x):
         extras["causal_mask"] = x.s * x.s  # [1, 1, s, s] bool, kept by the masked fill
     if first:
@@ -552,16 +565,22 @@ def chunk_activations(
         extras["token_ids"] = x.s * x.b * INT64 * (2 if positions else 1)
         if spec.model.hidden_dropout > 0:
             extras["embedding_dropout_mask"] = x.hidden_mask
-    if last:
+    if roles.final_norm:
         extras["final_norm"] = x.hidden + x.stats
+    if last:
         extras["cross_entropy_softmax"] = cross_entropy_saved(spec, x)
         extras["cross_entropy_small"] = x.s * x.b * CE_BYTES_PER_TOKEN
-        if spec.model.mtp_num_layers:
-            extras.update(mtp_saved(spec, x, kept))
+    if depth and (last or roles.mtp):
+        mtp = mtp_saved(spec, x, kept)
+        if roles.mtp:
+            extras["mtp_layers"] = mtp["mtp_layers"]
+        if last:
+            extras["mtp_cross_entropy"] = mtp["mtp_cross_entropy"]
     stored = []
     for i, g in enumerate(groups):
         ends_group = i + 1 == n_layers or groups[i + 1] != g
-        output_kept = i + 1 < n_layers or last  # a stage's last output is sent, then freed
+        # a stage's last output is sent, then freed (unless the final norm keeps it)
+        output_kept = i + 1 < n_layers or last or roles.final_norm
         if g is None:
             host = moved if i < offloaded else 0
             stored.append(kept - host - (0 if output_kept else x.hidden))
@@ -606,7 +625,7 @@ def chunk_activations(
             own = layer_total * sum(1 for j in range(i + 1) if groups[j] == group)
             own += 2 * x.hidden
         base = below + own + hold - saved
-        output_stored = i + 1 < n_layers or last
+        output_stored = i + 1 < n_layers or last or roles.final_norm
         for name, work in (
             ("attention_backward", attention_backward_work(spec, x, full, output_stored)),
             ("mlp_backward", mlp_backward_work(spec, x, full, output_stored)),
@@ -690,9 +709,8 @@ def activation_estimate(
     p = spec.parallel
     chunks = []
     for c, n in enumerate(layer_counts):
-        first = pp_rank == 0 and c == 0
-        last = pp_rank == p.pp - 1 and c == len(layer_counts) - 1
-        chunks.append(chunk_activations(spec, n, first, last))
+        roles = chunk_roles(spec.model, p, pp_rank, c)
+        chunks.append(chunk_activations(spec, n, roles.first, roles.loss, roles))
     x = dims(spec)
     extra_work = 0
     if p.vpp is not None:

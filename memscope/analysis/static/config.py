@@ -15,6 +15,12 @@ from memscope.analysis.static.feature_checks import (
     validate_moe,
     validate_savers,
 )
+from memscope.analysis.static.pipeline_layout import (
+    ChunkRoles,
+    mtp_chunk,
+    stage_chunk,
+    validate_layout,
+)
 from memscope.analysis.static.validation import check_scale, check_sharding, check_sizes
 from memscope.analysis.static.workspaces import compute_major
 
@@ -144,6 +150,8 @@ class ParallelSpec:
     moe_a2a_overlap: bool = False
     # nothing gave the world size or dp: dp is the least the grid allows (1 without experts)
     dp_assumed: bool = False
+    # pipeline_model_parallel_layout, its flat stages unrolled (:mod:`.pipeline_layout`)
+    layout: tuple[str, ...] | None = None
 
     @property
     def world_size(self) -> int:
@@ -366,7 +374,12 @@ def chunk_layer_counts(m: ModelSpec, p: ParallelSpec, pp_rank: int) -> list[int]
     +1 with ``account_for_loss_in_pipeline_split``) is split evenly over the stages and each
     stage's layers over its chunks, then the first chunk of the first stage builds one layer
     less for the embedding and the last chunk of the last stage one less for the loss.
-    FlagScale's hetero split gives each stage its own count (no virtual chunks)."""
+    FlagScale's hetero split gives each stage its own count (no virtual chunks); a
+    ``pipeline_model_parallel_layout`` gives each chunk its ``t`` entries
+    (``PipelineParallelLayerLayout.get_num_layers_to_build``)."""
+    if p.layout is not None:
+        chunks = len(p.layout) // p.pp
+        return [stage_chunk(p.layout, p.pp, pp_rank, c).count("t") for c in range(chunks)]
     if p.stage_layers is not None:
         return [p.stage_layers[pp_rank]]
     vpp = p.vpp if p.vpp is not None and p.pp > 1 else 1
@@ -400,6 +413,24 @@ def chunk_layer_offset(m: ModelSpec, p: ParallelSpec, pp_rank: int, chunk: int) 
     return earlier + sum(per_rank[r][chunk] for r in range(pp_rank))
 
 
+def chunk_roles(m: ModelSpec, p: ParallelSpec, pp_rank: int, chunk: int) -> ChunkRoles:
+    """What virtual chunk ``chunk`` of stage ``pp_rank`` builds besides its decoder layers
+    (:class:`.pipeline_layout.ChunkRoles`, megatron-core 0.16.1 ``GPTModel.__init__``)."""
+    counts = chunk_layer_counts(m, p, pp_rank)
+    chunks = len(counts)
+    first = pp_rank == 0 and chunk == 0  # the layout's E is always here
+    last = pp_rank == p.pp - 1 and chunk == chunks - 1  # and its L here
+    mtp = bool(m.mtp_num_layers) and mtp_chunk(p.pp, chunks, p.layout) == (pp_rank, chunk)
+    if m.mtp_num_layers:  # the final norm follows the last decoder layer
+        start = chunk_layer_offset(m, p, pp_rank, chunk)
+        final_norm = start <= m.num_layers - 1 < start + counts[chunk]
+    else:
+        final_norm = last
+    return ChunkRoles(
+        embedding=first or mtp, loss=last, mtp=mtp, final_norm=final_norm, first=first
+    )
+
+
 def stage_layer_counts(m: ModelSpec, p: ParallelSpec) -> list[int]:
     """Decoder layers per pipeline stage (all its virtual chunks)."""
     return [sum(chunk_layer_counts(m, p, r)) for r in range(p.pp)]
@@ -412,6 +443,25 @@ def _validate_stage_layers(m: ModelSpec, p: ParallelSpec) -> None:
         raise ValueError(f"parallel.stage_meshes: {len(p.stage_meshes)} stages, pp is {p.pp}")
     uneven = p.first_stage_layers is not None or p.last_stage_layers is not None
     accounted = p.account_for_embedding or p.account_for_loss
+    if p.layout is not None:
+        if uneven or accounted or p.stage_layers is not None:
+            raise ValueError(  # megatron-core TransformerConfig.__post_init__
+                "pipeline_model_parallel_layout cannot be combined with decoder_first/last_"
+                "pipeline_num_layers, account_for_embedding/loss_in_pipeline_split or a "
+                "per-stage layer split"
+            )
+        validate_layout(p.layout, p.pp, m.num_layers, m.mtp_num_layers)
+        chunks = len(p.layout) // p.pp
+        if p.pp < 2 and chunks > 1:
+            raise ValueError(
+                f"pipeline_model_parallel_layout: {chunks} virtual stages need parallel.pp >= 2"
+            )
+        if (p.vpp if p.vpp is not None and p.pp > 1 else 1) != chunks:
+            raise ValueError(
+                f"parallel.vpp ({p.vpp}) conflicts with pipeline_model_parallel_layout "
+                f"({chunks} virtual stages per pipeline rank)"
+            )
+        return
     if p.stage_layers is not None:
         counts = list(p.stage_layers)
         if len(counts) != p.pp or sum(counts) != m.num_layers or min(counts) < 1:

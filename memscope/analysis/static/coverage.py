@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from memscope.analysis.static.config import TrainingSpec
+from memscope.analysis.static.pipeline_layout import mtp_chunk
 from memscope.analysis.static.validation import READ_KEYS, show
 
 # Memory-relevant Megatron / FlagScale arguments the estimator does not model: key -> what
 # memory effect the estimate misses when the config sets it. A key the estimator reads
 # (READ_KEYS) is never reported, so modelling a feature and adding its key to READ_KEYS takes
-# it off this list without editing it -- except the keys of READ_NOT_MODELLED below.
+# it off this list without editing it.
 NOT_MODELLED: dict[str, str] = {
     "fp8": "FP8 (Transformer Engine): activations are counted in the parameter dtype; FP8 "
     "weight/activation casts, transpose caches and scaling state are not counted",
@@ -49,7 +50,6 @@ NOT_MODELLED: dict[str, str] = {
     "(Megatron FSDP) are counted whole on every rank",
     "distribute_saved_activations": "full-recompute checkpoints split over the tensor-parallel "
     "ranks: the estimate keeps each checkpoint whole on every rank (too high)",
-    "pipeline_model_parallel_layout": "a custom pipeline layout (refused by the estimator)",
     "moe_shared_expert_overlap": "the shared expert overlapped with the token dispatch keeps "
     "extra tensors alive, not counted",
     "recompute_granularity_per_stage_micro_batch": "FlagScale per-stage/micro-batch recompute: "
@@ -66,9 +66,6 @@ _ADAPTERS = (
     "the frozen base weights are counted with gradients and optimizer state"
 )
 NOT_MODELLED_PREFIXES: dict[str, str] = {"lora": _ADAPTERS, "peft": _ADAPTERS}
-# Keys in READ_KEYS that are still reported: the estimator reads them only to refuse the
-# config (pipeline_model_parallel_layout: never reaches a report).
-READ_NOT_MODELLED = frozenset({"pipeline_model_parallel_layout"})
 
 # Values that mean "off" (Megatron's defaults), compared in lower case.
 _OFF = frozenset(
@@ -174,10 +171,10 @@ def _reason(key: str) -> str | None:
 
 def not_modelled(merged: Mapping[str, Any], spec: TrainingSpec) -> tuple[NotModelled, ...]:
     """The memory-relevant keys ``merged`` sets that the estimate does not model (in key
-    order); keys the estimator reads are skipped unless in :data:`READ_NOT_MODELLED`."""
+    order); keys the estimator reads are skipped."""
     out = []
     for key in sorted(merged):
-        if key in READ_KEYS and key not in READ_NOT_MODELLED:
+        if key in READ_KEYS:
             continue
         reason = _reason(key)
         value = merged[key]
@@ -301,6 +298,11 @@ def modelled_features(spec: TrainingSpec) -> tuple[str, ...]:
         out.append(f"interleaved pipeline (vpp={p.vpp})" if p.vpp else f"1F1B pipeline (pp={p.pp})")
     if p.stage_meshes is not None:
         out.append("heterogeneous stage meshes")
+    if p.layout is not None:
+        out.append(
+            "pipeline_model_parallel_layout (per-chunk decoder layers; embedding, final norm, "
+            "MTP and output layer placed as megatron-core builds them)"
+        )
     if spec.recompute == "full":
         out.append(f"full recompute ({spec.recompute_method}, {spec.recompute_num_layers})")
     elif spec.recompute == "selective":
@@ -343,6 +345,12 @@ def approximated_features(spec: TrainingSpec) -> tuple[str, ...]:
             out.append("the flex (DeepEP) dispatcher as alltoall: its buffers are not counted")
     if m.multi_latent_attention:
         out.append("MLA activations (first order)")
+    mtp_at = mtp_chunk(spec.parallel.pp, 1, spec.parallel.layout)
+    if m.mtp_num_layers and mtp_at is not None and mtp_at[0] != spec.parallel.pp - 1:
+        out.append(
+            "MTP on another pipeline stage than the loss: its layers' activations are counted "
+            "there, the (1 + depth) hidden states it sends on in the loss stage's input"
+        )
     if spec.cpu_offloading:
         out.append(
             "activation offload residency: Transformer Engine's offload context is assumed "

@@ -25,6 +25,7 @@ from memscope.analysis.static.config import (
     TrainingSpec,
     chunk_layer_counts,
     chunk_layer_offset,
+    chunk_roles,
 )
 
 
@@ -156,16 +157,14 @@ def _embedding(spec: TrainingSpec, tag: str) -> list[ParamTensor]:
     return out
 
 
-def _mtp(spec: TrainingSpec, tag: str) -> list[ParamTensor]:
-    """``MultiTokenPredictionBlock`` on the last stage: per depth, two norms, ``eh_proj``
-    ``[h / tp, 2h]``, a transformer layer built from the spec of the stage's last decoder
-    layer (the model's last layer: MoE or dense as the pattern says) and a final norm.
-
-    (Megatron builds a MoE layer instead when the last stage has no decoder layer, which
-    needs a ``pipeline_model_parallel_layout``; first/last stage sizes must be >= 1.)"""
+def _mtp(spec: TrainingSpec, tag: str, moe: bool) -> list[ParamTensor]:
+    """``MultiTokenPredictionBlock``: per depth, two norms, ``eh_proj`` ``[h / tp, 2h]``, a
+    transformer layer and a final norm. The layer is built from the spec of the chunk's last
+    decoder layer (``get_gpt_mtp_block_spec``: ``spec.layer_specs[-1]``); on a chunk without
+    decoder layers Megatron-LM's ``gpt_builders`` uses ``_get_transformer_layer_spec``, a MoE
+    layer when the model has experts (``moe``: which of the two)."""
     m, p = spec.model, spec.parallel
     h = m.hidden_size
-    moe = m.is_moe_layer(m.num_layers - 1)
     out: list[ParamTensor] = []
     for k in range(m.mtp_num_layers or 0):
         prefix = f"{tag}mtp.layers.{k}"
@@ -178,26 +177,27 @@ def _mtp(spec: TrainingSpec, tag: str) -> list[ParamTensor]:
 
 
 def rank_params(spec: TrainingSpec, pos: RankPosition) -> list[ParamTensor]:
-    """Every parameter tensor the rank at ``pos`` holds, over all its virtual chunks."""
+    """Every parameter tensor the rank at ``pos`` holds, over all its virtual chunks (what
+    each chunk builds besides its layers: :func:`.config.chunk_roles`)."""
     m, p = spec.model, spec.parallel
     per_chunk = layers_per_chunk(spec, pos.pp_rank)
     chunks = len(per_chunk)
     out: list[ParamTensor] = []
     for chunk in range(chunks):
-        first = pos.pp_rank == 0 and chunk == 0
-        last = pos.pp_rank == p.pp - 1 and chunk == chunks - 1
-        mtp = last and bool(m.mtp_num_layers)
+        roles = chunk_roles(m, p, pos.pp_rank, chunk)
         tag = f"chunk{chunk}." if chunks > 1 else ""
-        if first or mtp:  # MTP needs the embedding on its stage too (a tied copy)
+        if roles.embedding:  # MTP needs the embedding on its stage too (a tied copy)
             out += _embedding(spec, tag)
         start = chunk_layer_offset(m, p, pos.pp_rank, chunk)
         for i in range(start, start + per_chunk[chunk]):
             out += layer_params(spec, f"{tag}decoder.layers.{i}", m.is_moe_layer(i))
-        if last:
+        if roles.final_norm:
             out += _norm(f"{tag}decoder.final_layernorm", m.hidden_size, m.normalization)
-        if mtp:
-            out += _mtp(spec, tag)
-        if last and not (m.tie_embeddings and first):
+        if roles.mtp:
+            end = start + per_chunk[chunk]
+            moe = m.is_moe_layer(end - 1) if per_chunk[chunk] else m.num_experts is not None
+            out += _mtp(spec, tag, moe)
+        if roles.loss and not (m.tie_embeddings and roles.first):
             # with pp > 1 the last stage keeps its own tied copy (also with MTP)
             vocab_shard = m.vocab_size // p.tp
             out.append(ParamTensor(f"{tag}output_layer.weight", vocab_shard * m.hidden_size))

@@ -36,6 +36,7 @@ from memscope.analysis.static.flagscale_experiment import (
     runner_world_size,
     train_config_of,
 )
+from memscope.analysis.static.pipeline_layout import layout_vpp, parse_layout
 from memscope.analysis.static.validation import (
     MAX_LAYERS,
     MAX_NESTING,
@@ -80,6 +81,37 @@ def _flag(src: Any, name: str, default: bool = False) -> bool:
 def _float(src: Any, name: str, default: float, low: float, high: float | None = None) -> float:
     field = f"model.{name}" if name.endswith("dropout") else name
     return as_float(_get(src, name, default), field, low, high)
+
+
+def _pipeline_layout(args: Any, pp: int) -> tuple[str, ...] | None:
+    """``pipeline_model_parallel_layout`` as its flat stages: a string (Megatron-LM's
+    ``--pipeline-model-parallel-layout``) or megatron-core's list of per-stage lists."""
+    value = _get(args, "pipeline_model_parallel_layout")
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        names = {"embedding": "E", "decoder": "t", "mtp": "m", "loss": "L"}  # LayerType
+        rows = []
+        for row in value:
+            if not isinstance(row, (list, tuple)):
+                raise ValueError("pipeline_model_parallel_layout: expected a list of lists")
+            keys = [str(getattr(x, "name", x)).strip().lower() for x in row]
+            for key in keys:
+                if key not in names:
+                    raise ValueError(
+                        f"pipeline_model_parallel_layout: {show(key)} is not one of "
+                        f"{', '.join(names)}"
+                    )
+            rows.append("".join(names[k] for k in keys))
+        value = "|".join(rows)
+    text = as_str(value, "pipeline_model_parallel_layout")
+    stages = parse_layout(text)
+    if len(stages) % pp:
+        raise ValueError(
+            f"pipeline_model_parallel_layout: {len(stages)} stages are not divisible by "
+            f"parallel.pp ({pp})"
+        )
+    return stages
 
 
 def _name(src: Any, name: str, default: str) -> str:
@@ -389,7 +421,16 @@ def spec_from_megatron_args(
                 f"layers per pipeline stage ({model.num_layers // pp})"
             )
         vpp = model.num_layers // (pp * per_vstage)
+    layout = _pipeline_layout(args, pp)
+    if layout is not None:
+        if per_vstage or stages:  # megatron/training/arguments.py: at most one of the three
+            raise ValueError(
+                "pipeline_model_parallel_layout cannot be combined with "
+                "num_layers_per_virtual_pipeline_stage / num_virtual_stages_per_pipeline_rank"
+            )
+        vpp = vpp if vpp is not None else layout_vpp(layout, pp)
     parallel = ParallelSpec(
+        layout=layout,
         tp=tp,
         pp=pp,
         dp=int(dp),
@@ -409,12 +450,6 @@ def spec_from_megatron_args(
         cp_comm_type=_cp_comm_type(args) if cp > 1 else "p2p",
         dp_assumed=dp_assumed,
     )
-    if _get(args, "pipeline_model_parallel_layout") is not None:
-        raise ValueError(
-            "pipeline_model_parallel_layout: a custom pipeline layout is not modelled by the "
-            "static estimator (use decoder_first/last_pipeline_num_layers or "
-            "account_for_embedding/loss_in_pipeline_split)"
-        )
     savers = _optimizer_savers(args)
     precision = PrecisionSpec(
         params_dtype=dtype,
