@@ -12,6 +12,7 @@ import pytest
 from memscope.analysis.static.activations import chunk_activations
 from memscope.analysis.static.config import chunk_layer_counts, chunk_layer_offset, chunk_roles
 from memscope.analysis.static.estimator import estimate_rank
+from memscope.analysis.static.muon import muon_managed
 from memscope.analysis.static.params import RankPosition, rank_params
 from memscope.analysis.static.pipeline_layout import parse_layout
 from memscope.analysis.static.sources import spec_from_megatron_args
@@ -213,7 +214,7 @@ def _layout_worker(rank: int, world: int, port: int, cases: list[dict[str, Any]]
                 virtual_pipeline_model_parallel_size=vpp,
                 create_gloo_process_groups=False,
             )
-            found: dict[str, int] = {}
+            found: dict[str, tuple[int, bool]] = {}
             for chunk in range(vpp or 1):
                 vp = chunk if vpp else None
                 # CPU stand-ins while building, neither shapes a parameter: the current
@@ -255,7 +256,10 @@ def _layout_worker(rank: int, world: int, port: int, cases: list[dict[str, Any]]
                     if number:  # Megatron numbers a chunk's layers from 0
                         rest = name[number.end() :]
                         name = f"decoder.layers.{int(number[1]) + offset}.{rest}"
-                    found[tag + name] = param.numel()
+                    # (numel, whether megatron-core's muon.py gives it to Muon: 2-D and not
+                    # tagged is_embedding_or_output_parameter)
+                    tagged = getattr(param, "is_embedding_or_output_parameter", False)
+                    found[tag + name] = (param.numel(), param.dim() == 2 and not tagged)
             out.append((parallel_state.get_pipeline_model_parallel_rank(), found))
     finally:
         destroy_process()
@@ -286,5 +290,8 @@ def test_every_rank_builds_the_parameters_the_layout_says():
         spec = spec_from_megatron_args(args)
         for results in per_rank:
             pp_rank, real = results[i]
-            ours = {t.name: t.numel for t in rank_params(spec, RankPosition(0, pp_rank))}
+            ours = {
+                t.name: (t.numel, muon_managed(t))
+                for t in rank_params(spec, RankPosition(0, pp_rank))
+            }
             assert ours == real, (name, pp_rank)

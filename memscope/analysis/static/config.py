@@ -15,6 +15,7 @@ from memscope.analysis.static.feature_checks import (
     validate_moe,
     validate_savers,
 )
+from memscope.analysis.static.muon import validate_muon
 from memscope.analysis.static.pipeline_layout import (
     ChunkRoles,
     mtp_chunk,
@@ -27,7 +28,7 @@ from memscope.analysis.static.workspaces import compute_major
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 POSITION_EMBEDDINGS = ("learned_absolute", "rope", "none")
-OPTIMIZERS = ("adam", "sgd")
+OPTIMIZERS = ("adam", "sgd", "muon", "dist_muon")  # dist_muon: layer-wise distributed Muon
 RECOMPUTE = (None, "selective", "full")
 RECOMPUTE_METHODS = ("uniform", "block")
 TRANSFORMER_IMPLS = ("local", "transformer_engine")
@@ -199,6 +200,8 @@ class PrecisionSpec:
     # --optimizer-cpu-offload (megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py)
     optimizer_cpu_offload: bool = False
     optimizer_offload_fraction: float = 1.0  # Megatron-LM's default
+    # Muon's tensor-parallel Newton-Schulz (megatron-core OptimizerConfig.muon_tp_mode)
+    muon_tp_mode: str = "blockwise"
 
     @property
     def param_bytes(self) -> int:
@@ -338,6 +341,7 @@ class TrainingSpec:
         validate_moe(m, p)
         validate_mla_mtp(m, p)
         validate_savers(self)
+        validate_muon(self)
         check_scale(self)
         return self
 

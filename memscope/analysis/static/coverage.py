@@ -309,6 +309,12 @@ def modelled_features(spec: TrainingSpec) -> tuple[str, ...]:
         out.append(f"selective recompute ({', '.join(spec.recompute_modules) or 'nothing'})")
     if prec.precision_aware:
         out.append("precision-aware optimizer (modelled from source, not measured on a GPU here)")
+    if prec.optimizer in ("muon", "dist_muon"):
+        shards = ", whole tensors per data-parallel rank" if prec.optimizer == "dist_muon" else ""
+        out.append(
+            "Muon on 2-D tensors (one fp32 momentum), Adam on norms, biases, embedding and "
+            f"output layer{shards}"
+        )
     if prec.optimizer_cpu_offload:
         out.append(
             f"optimizer CPU offload (fraction {prec.optimizer_offload_fraction:g}; modelled "
@@ -345,6 +351,12 @@ def approximated_features(spec: TrainingSpec) -> tuple[str, ...]:
             out.append("the flex (DeepEP) dispatcher as alltoall: its buffers are not counted")
     if m.multi_latent_attention:
         out.append("MLA activations (first order)")
+    if spec.precision.optimizer in ("muon", "dist_muon"):
+        out.append(
+            "Muon step temporaries (three fp32 copies of the largest Muon tensor; the all-gather "
+            "after a dist_muon step) from megatron-core's source: Muon needs emerging_optimizers, "
+            "not run here"
+        )
     mtp_at = mtp_chunk(spec.parallel.pp, 1, spec.parallel.layout)
     if m.mtp_num_layers and mtp_at is not None and mtp_at[0] != spec.parallel.pp - 1:
         out.append(

@@ -21,6 +21,7 @@ from memscope.analysis.static.activations import (
     optimizer_step_bytes,
 )
 from memscope.analysis.static.config import TrainingSpec, stage_spec
+from memscope.analysis.static.muon import is_muon, muon_step_bytes
 from memscope.analysis.static.params import (
     ParamTensor,
     RankPosition,
@@ -130,7 +131,10 @@ def estimate_rank(spec: TrainingSpec, position: RankPosition) -> RankEstimate:
         params=params,
         persistent=persistent_terms(spec, params),
         activations=activation_estimate(spec, position.pp_rank, per_chunk),
-        optimizer_step_bytes=optimizer_step_bytes(spec, largest),
+        optimizer_step_bytes=max(
+            optimizer_step_bytes(spec, largest),
+            muon_step_bytes(spec, params, spec.precision.muon_tp_mode) if is_muon(spec) else 0,
+        ),
         workspaces=workspace_terms(spec),
         post_step_bytes=fp32_grad_copies(spec, params),
     )

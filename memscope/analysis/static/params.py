@@ -36,6 +36,11 @@ class ParamTensor:
     name: str
     numel: int
     expert: bool = False  # a routed expert's weight (replicated over expert-DP, not DP)
+    ndim: int = 2  # 1: norm weights and biases
+    # megatron-core LanguageModule.setup_embeddings_and_output_layer tags the word embedding
+    # of the pre_process chunk and the output layer of the post_process chunk
+    # (``is_embedding_or_output_parameter``); the MTP chunk's embedding copy is not tagged
+    embedding_or_output: bool = False
 
 
 @dataclass(frozen=True)
@@ -54,9 +59,9 @@ def layers_per_chunk(spec: TrainingSpec, pp_rank: int = 0) -> list[int]:
 
 
 def _norm(prefix: str, size: int, normalization: str) -> list[ParamTensor]:
-    out = [ParamTensor(f"{prefix}.weight", size)]
+    out = [ParamTensor(f"{prefix}.weight", size, ndim=1)]
     if normalization == "LayerNorm":
-        out.append(ParamTensor(f"{prefix}.bias", size))
+        out.append(ParamTensor(f"{prefix}.bias", size, ndim=1))
     return out
 
 
@@ -64,7 +69,7 @@ def _linear(prefix: str, out_size: int, in_size: int, bias: bool, **kw: bool) ->
     """A (sharded) linear layer: ``weight [out, in]`` and optionally ``bias [out]``."""
     out = [ParamTensor(f"{prefix}.weight", out_size * in_size, **kw)]
     if bias:
-        out.append(ParamTensor(f"{prefix}.bias", out_size, **kw))
+        out.append(ParamTensor(f"{prefix}.bias", out_size, ndim=1, **kw))
     return out
 
 
@@ -107,7 +112,7 @@ def _mlp(m: ModelSpec, ffn: int, tp: int, prefix: str, bias: bool, **kw: bool) -
     out = _linear(f"{prefix}.linear_fc1", fc1_out, m.hidden_size, bias, **kw)
     out.append(ParamTensor(f"{prefix}.linear_fc2.weight", m.hidden_size * (ffn // tp), **kw))
     if bias:
-        out.append(ParamTensor(f"{prefix}.linear_fc2.bias", m.hidden_size, **kw))
+        out.append(ParamTensor(f"{prefix}.linear_fc2.bias", m.hidden_size, ndim=1, **kw))
     return out
 
 
@@ -146,11 +151,10 @@ def layer_params(spec: TrainingSpec, prefix: str = "layer", moe: bool = False) -
     return out
 
 
-def _embedding(spec: TrainingSpec, tag: str) -> list[ParamTensor]:
+def _embedding(spec: TrainingSpec, tag: str, tagged: bool) -> list[ParamTensor]:
     m, h = spec.model, spec.model.hidden_size
-    out = [
-        ParamTensor(f"{tag}embedding.word_embeddings.weight", m.vocab_size // spec.parallel.tp * h)
-    ]
+    words = m.vocab_size // spec.parallel.tp * h
+    out = [ParamTensor(f"{tag}embedding.word_embeddings.weight", words, embedding_or_output=tagged)]
     if m.position_embedding_type == "learned_absolute":
         positions = m.max_position_embeddings or m.seq_length
         out.append(ParamTensor(f"{tag}embedding.position_embeddings.weight", positions * h))
@@ -187,7 +191,7 @@ def rank_params(spec: TrainingSpec, pos: RankPosition) -> list[ParamTensor]:
         roles = chunk_roles(m, p, pos.pp_rank, chunk)
         tag = f"chunk{chunk}." if chunks > 1 else ""
         if roles.embedding:  # MTP needs the embedding on its stage too (a tied copy)
-            out += _embedding(spec, tag)
+            out += _embedding(spec, tag, tagged=roles.first)
         start = chunk_layer_offset(m, p, pos.pp_rank, chunk)
         for i in range(start, start + per_chunk[chunk]):
             out += layer_params(spec, f"{tag}decoder.layers.{i}", m.is_moe_layer(i))
@@ -200,7 +204,13 @@ def rank_params(spec: TrainingSpec, pos: RankPosition) -> list[ParamTensor]:
         if roles.loss and not (m.tie_embeddings and roles.first):
             # with pp > 1 the last stage keeps its own tied copy (also with MTP)
             vocab_shard = m.vocab_size // p.tp
-            out.append(ParamTensor(f"{tag}output_layer.weight", vocab_shard * m.hidden_size))
+            out.append(
+                ParamTensor(
+                    f"{tag}output_layer.weight",
+                    vocab_shard * m.hidden_size,
+                    embedding_or_output=True,
+                )
+            )
     return out
 
 

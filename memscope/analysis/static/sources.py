@@ -516,6 +516,7 @@ def _optimizer_savers(args: Any) -> dict[str, Any]:
     ``--optimizer-offload-fraction`` defaults to 1.0)."""
     return dict(
         precision_aware=_flag(args, "use_precision_aware_optimizer"),
+        muon_tp_mode=_name(args, "muon_tp_mode", "blockwise"),
         main_grads_dtype=_state_dtype(args, "main_grads_dtype"),
         main_params_dtype=_state_dtype(args, "main_params_dtype"),
         exp_avg_dtype=_state_dtype(args, "exp_avg_dtype"),

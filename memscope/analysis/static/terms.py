@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memscope.analysis.static.config import STATE_DTYPE_BYTES, PrecisionSpec, TrainingSpec
+from memscope.analysis.static.muon import is_muon, muon_optimizer_bytes
 from memscope.analysis.static.params import ParamTensor
 
 FP32 = 4
@@ -54,6 +55,8 @@ def persistent_terms(spec: TrainingSpec, params: list[ParamTensor]) -> Persisten
     count = sum(t.numel for t in params)
     weights = count * prec.param_bytes
     grads = count * (FP32 if prec.grads_in_fp32 else prec.param_bytes)
+    if is_muon(spec):  # Muon: its own state and main-copy split (muon.py)
+        return PersistentTerms(count, weights, grads, muon_optimizer_bytes(spec, params))
     if prec.optimizer == "adam":
         per_param = adam_bytes_per_param(prec)
     else:

@@ -67,6 +67,7 @@ READ_KEYS = frozenset(NEGATED_FLAGS) | frozenset(
         "main_grads_dtype",
         "main_params_dtype",
         "moe_layer_recompute",
+        "muon_tp_mode",
         "optimizer_cpu_offload",
         "optimizer_offload_fraction",
         "recompute_activations",
