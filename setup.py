@@ -32,6 +32,7 @@ setup(
             "regex",
             "hypothesis",
             "tensorboard",  # a real SummaryWriter for the dashboard test
+            "einops",  # megatron-core's Megatron-FSDP device meshes (tests/test_static_fsdp.py)
         ],
     },
     entry_points={"console_scripts": ["memscope=memscope.cli:main"]},

@@ -131,7 +131,7 @@ def test_default_values_are_not_reported(tmp_path, cli):
     assert _keys(res) == [] and not any("not modelled" in x for x in res.warnings())
     # the estimator reads these
     read = {"fp8", "moe_token_dispatcher_type", "main_grads_dtype", "exp_avg_dtype",
-            "recompute_modules"}  # fmt: skip
+            "recompute_modules", "data_parallel_sharding_strategy"}  # fmt: skip
     assert set(defaults) - read <= set(res.coverage["unused_keys"])
 
 

@@ -256,8 +256,6 @@ def not_modelled_feature(ns: Any) -> str | None:
 def unmentioned_features(ns: Any) -> list[str]:
     """Features in the run that the estimator neither models nor refuses (a note per case)."""
     notes = []
-    if getattr(ns, "use_torch_fsdp2", False) or getattr(ns, "use_megatron_fsdp", False):
-        notes.append("FSDP (parameter sharding not modelled)")
     if getattr(ns, "cuda_graph_impl", "none") not in (None, "none") or getattr(
         ns, "enable_cuda_graph", False
     ):

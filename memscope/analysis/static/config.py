@@ -15,6 +15,7 @@ from memscope.analysis.static.feature_checks import (
     validate_moe,
     validate_savers,
 )
+from memscope.analysis.static.fsdp_checks import validate_fsdp
 from memscope.analysis.static.muon import validate_muon
 from memscope.analysis.static.pipeline_layout import (
     ChunkRoles,
@@ -246,6 +247,10 @@ class TrainingSpec:
     cpu_offloading_num_layers: int = 0
     cpu_offloading_activations: bool = True
     cpu_offloading_weights: bool = False
+    # Megatron-FSDP's data_parallel_sharding_strategy (None: Megatron DDP) and torch FSDP2
+    # (:mod:`.fsdp`)
+    fsdp: str | None = None
+    torch_fsdp2: bool = False
 
     def recomputes(self, module: str) -> bool:
         """Whether selective recompute covers ``module`` (a ``recompute_modules`` name)."""
@@ -342,6 +347,7 @@ class TrainingSpec:
         validate_mla_mtp(m, p)
         validate_savers(self)
         validate_muon(self)
+        validate_fsdp(self)
         check_scale(self)
         return self
 

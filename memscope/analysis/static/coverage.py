@@ -40,14 +40,6 @@ NOT_MODELLED: dict[str, str] = {
     "micro-batches) is not modelled; the 1F1B/interleaved schedule is estimated instead",
     "fine_grained_activation_offloading": "activations offloaded to host memory are counted "
     "on the GPU (the estimate is too high)",
-    "use_torch_fsdp2": "FSDP2 shards parameters, gradients and optimizer state over data "
-    "parallel; the estimate uses Megatron DDP (too high, and no all-gather buffers)",
-    "use_megatron_fsdp": "Megatron FSDP shards parameters and gradients over data parallel; "
-    "the estimate uses Megatron DDP (too high, and no all-gather buffers)",
-    "use_custom_fsdp": "Megatron FSDP shards parameters and gradients over data parallel; "
-    "the estimate uses Megatron DDP (too high, and no all-gather buffers)",
-    "data_parallel_sharding_strategy": "parameters/gradients sharded over data parallel "
-    "(Megatron FSDP) are counted whole on every rank",
     "distribute_saved_activations": "full-recompute checkpoints split over the tensor-parallel "
     "ranks: the estimate keeps each checkpoint whole on every rank (too high)",
     "moe_shared_expert_overlap": "the shared expert overlapped with the token dispatch keeps "
@@ -325,6 +317,14 @@ def modelled_features(spec: TrainingSpec) -> tuple[str, ...]:
             f"activation CPU offload ({spec.cpu_offloading_num_layers} layers; modelled from "
             "source, not measured on a GPU here)"
         )
+    fsdp = "torch FSDP2" if spec.torch_fsdp2 else (
+        f"Megatron-FSDP ({spec.fsdp})" if spec.fsdp is not None else None
+    )  # fmt: skip
+    if fsdp is not None:
+        out.append(
+            f"{fsdp}: parameters, gradients and optimizer state each whole or sharded over "
+            "data parallel as its strategy says"
+        )
     if p.sequence_parallel:
         out.append("sequence parallel")
     if p.cp > 1:
@@ -351,6 +351,13 @@ def approximated_features(spec: TrainingSpec) -> tuple[str, ...]:
             out.append("the flex (DeepEP) dispatcher as alltoall: its buffers are not counted")
     if m.multi_latent_attention:
         out.append("MLA activations (first order)")
+    if spec.torch_fsdp2 or spec.fsdp is not None:
+        out.append(
+            "FSDP's unsharded buffers at the backward's start (Megatron-FSDP: every parameter "
+            "within its 5e8-element prefetch window and the largest unit's gradient bucket; "
+            "FSDP2: two units and one unit's gradient), from the source; bucket padding not "
+            "counted; FSDP2 not run on CPU here"
+        )
     if spec.precision.optimizer in ("muon", "dist_muon"):
         out.append(
             "Muon step temporaries (three fp32 copies of the largest Muon tensor; the all-gather "

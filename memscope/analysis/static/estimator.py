@@ -21,6 +21,7 @@ from memscope.analysis.static.activations import (
     optimizer_step_bytes,
 )
 from memscope.analysis.static.config import TrainingSpec, stage_spec
+from memscope.analysis.static.fsdp import unsharded_bytes
 from memscope.analysis.static.muon import is_muon, muon_step_bytes
 from memscope.analysis.static.params import (
     ParamTensor,
@@ -126,11 +127,19 @@ def estimate_rank(spec: TrainingSpec, position: RankPosition) -> RankEstimate:
     params = rank_params(spec, position)
     per_chunk = layers_per_chunk(spec, position.pp_rank)
     largest = max((t.numel for t in params), default=0)
+    activations = activation_estimate(spec, position.pp_rank, per_chunk)
+    in_flight = unsharded_bytes(spec, params)  # FSDP's all-gathered units (fsdp.py)
+    if in_flight:
+        activations = replace(
+            activations,
+            backward_working_bytes=activations.backward_working_bytes + in_flight,
+            detail={**activations.detail, "fsdp_unsharded": in_flight},
+        )
     return RankEstimate(
         position=position,
         params=params,
         persistent=persistent_terms(spec, params),
-        activations=activation_estimate(spec, position.pp_rank, per_chunk),
+        activations=activations,
         optimizer_step_bytes=max(
             optimizer_step_bytes(spec, largest),
             muon_step_bytes(spec, params, spec.precision.muon_tp_mode) if is_muon(spec) else 0,

@@ -489,6 +489,7 @@ def spec_from_megatron_args(
         gradient_accumulation_fusion=_flag(args, "gradient_accumulation_fusion", True),
         recompute_modules=modules,
         **_activation_offload(args),
+        **_fsdp(args),
     ).validate()
 
 
@@ -564,6 +565,15 @@ def _recompute(args: Any) -> tuple[str | None, tuple[str, ...]]:
         recompute = "selective"
         modules += [] if "moe" in modules else ["moe"]
     return recompute, tuple(modules)
+
+
+def _fsdp(args: Any) -> dict[str, Any]:
+    """TrainingSpec's ``fsdp`` / ``torch_fsdp2`` (Megatron-LM ``--use-megatron-fsdp`` (formerly
+    ``--use-custom-fsdp``) with ``--data-parallel-sharding-strategy``, default ``no_shard``;
+    ``--use-torch-fsdp2``)."""
+    megatron = _flag(args, "use_megatron_fsdp") or _flag(args, "use_custom_fsdp")
+    strategy = _name(args, "data_parallel_sharding_strategy", "no_shard") if megatron else None
+    return {"fsdp": strategy, "torch_fsdp2": _flag(args, "use_torch_fsdp2")}
 
 
 def _activation_offload(args: Any) -> dict[str, Any]:
