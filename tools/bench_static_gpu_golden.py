@@ -247,7 +247,7 @@ def not_modelled_feature(ns: Any) -> str | None:
         return f"FP8 training (--fp8-format {ns.fp8}): not modelled (docs/static-estimator.md)"
     if getattr(ns, "fp4", None):
         return f"FP4 training (--fp4-format {ns.fp4}): not modelled (docs/static-estimator.md)"
-    for flag in ("cpu_offloading", "optimizer_cpu_offload", "fine_grained_activation_offloading"):
+    for flag in ("cpu_offloading", "optimizer_cpu_offload"):
         if getattr(ns, flag, None):
             return f"--{flag.replace('_', '-')}: CPU/activation offloading is not modelled"
     return None

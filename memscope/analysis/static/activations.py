@@ -30,6 +30,7 @@ from memscope.analysis.static.moe import (
     moe_layer_saved,
     routed_rows,
 )
+from memscope.analysis.static.offload import fine_grained_moved
 from memscope.analysis.static.pipeline_layout import ChunkRoles
 
 FP32 = 4
@@ -556,6 +557,8 @@ def chunk_activations(
     kept = layer_total - discarded  # what a layer holds until its backward recomputes it
     offloaded = offloaded_layers(spec) if first and last else 0  # pp == 1 only
     moved = offloadable_bytes(full)
+    if spec.fine_grained_offloading:  # every layer but the chunk's last (offload.py)
+        offloaded, moved = n_layers - 1, fine_grained_moved(spec, full, x.e)
     standalone_mtp = depth > 0 and last and not roles.mtp
     extras: dict[str, int] = {"chunk_input": x.hidden * (1 + depth if standalone_mtp else 1)}
     if not spec.flash_attention and not fused_softmax(spec, x):

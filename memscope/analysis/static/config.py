@@ -17,6 +17,7 @@ from memscope.analysis.static.feature_checks import (
 )
 from memscope.analysis.static.fsdp_checks import validate_fsdp
 from memscope.analysis.static.muon import validate_muon
+from memscope.analysis.static.offload import validate_offload
 from memscope.analysis.static.pipeline_layout import (
     ChunkRoles,
     mtp_chunk,
@@ -251,6 +252,11 @@ class TrainingSpec:
     # (:mod:`.fsdp`)
     fsdp: str | None = None
     torch_fsdp2: bool = False
+    # fine-grained activation offloading (megatron/core/transformer/transformer_config.py;
+    # :mod:`.offload`)
+    fine_grained_offloading: bool = False
+    offload_modules: tuple[str, ...] = ()
+    min_offloaded_tensor_size: int = 1024 * 1024  # elements
 
     def recomputes(self, module: str) -> bool:
         """Whether selective recompute covers ``module`` (a ``recompute_modules`` name)."""
@@ -348,6 +354,7 @@ class TrainingSpec:
         validate_savers(self)
         validate_muon(self)
         validate_fsdp(self)
+        validate_offload(self)
         check_scale(self)
         return self
 

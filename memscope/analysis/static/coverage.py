@@ -38,8 +38,6 @@ NOT_MODELLED: dict[str, str] = {
     "(all-gather/reduce-scatter workspaces per GEMM), not counted",
     "use_dualpipev": "the DualPipeV schedule (two chunks per stage, its own in-flight "
     "micro-batches) is not modelled; the 1F1B/interleaved schedule is estimated instead",
-    "fine_grained_activation_offloading": "activations offloaded to host memory are counted "
-    "on the GPU (the estimate is too high)",
     "distribute_saved_activations": "full-recompute checkpoints split over the tensor-parallel "
     "ranks: the estimate keeps each checkpoint whole on every rank (too high)",
     "moe_shared_expert_overlap": "the shared expert overlapped with the token dispatch keeps "
@@ -325,6 +323,12 @@ def modelled_features(spec: TrainingSpec) -> tuple[str, ...]:
             f"{fsdp}: parameters, gradients and optimizer state each whole or sharded over "
             "data parallel as its strategy says"
         )
+    if spec.fine_grained_offloading:
+        out.append(
+            f"fine-grained activation offloading ({', '.join(spec.offload_modules)}; tensors of "
+            f"at least {spec.min_offloaded_tensor_size:,} elements; modelled from source, not run "
+            "here: it needs CUDA streams)"
+        )
     if p.sequence_parallel:
         out.append("sequence parallel")
     if p.cp > 1:
@@ -351,6 +355,13 @@ def approximated_features(spec: TrainingSpec) -> tuple[str, ...]:
             out.append("the flex (DeepEP) dispatcher as alltoall: its buffers are not counted")
     if m.multi_latent_attention:
         out.append("MLA activations (first order)")
+    if spec.fine_grained_offloading:
+        unmodelled = [m for m in spec.offload_modules if m in ("expert_fc1", "moe_act")]
+        out.append(
+            "fine-grained offload residency: every layer's selected tensors but each chunk's last "
+            "layer leave the GPU, one layer reloaded ahead in the backward"
+            + (f"; {', '.join(unmodelled)} stay counted on the GPU" if unmodelled else "")
+        )
     if spec.torch_fsdp2 or spec.fsdp is not None:
         out.append(
             "FSDP's unsharded buffers at the backward's start (Megatron-FSDP: every parameter "

@@ -490,6 +490,7 @@ def spec_from_megatron_args(
         recompute_modules=modules,
         **_activation_offload(args),
         **_fsdp(args),
+        **_fine_grained_offload(args),
     ).validate()
 
 
@@ -565,6 +566,21 @@ def _recompute(args: Any) -> tuple[str | None, tuple[str, ...]]:
         recompute = "selective"
         modules += [] if "moe" in modules else ["moe"]
     return recompute, tuple(modules)
+
+
+def _fine_grained_offload(args: Any) -> dict[str, Any]:
+    """TrainingSpec's fine-grained activation offloading fields (megatron-core
+    ``TransformerConfig`` names; ``offload_modules`` a list or a comma-separated string)."""
+    modules = _get(args, "offload_modules") or ()
+    if isinstance(modules, str):
+        modules = [m for m in modules.replace(",", " ").split() if m]
+    if not isinstance(modules, (list, tuple)):
+        raise ValueError(f"offload_modules: expected a list of module names, got {show(modules)}")
+    return {
+        "fine_grained_offloading": _flag(args, "fine_grained_activation_offloading"),
+        "offload_modules": tuple(as_str(m, "offload_modules") for m in modules),
+        "min_offloaded_tensor_size": _int(args, "min_offloaded_tensor_size", 1024 * 1024),
+    }
 
 
 def _fsdp(args: Any) -> dict[str, Any]:
