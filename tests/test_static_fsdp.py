@@ -2,10 +2,11 @@
 
 The persistent buffers of each ``data_parallel_sharding_strategy`` are checked against the
 buffers real megatron-core 0.16.1 Megatron-FSDP allocates for a real GPTModel on two gloo
-ranks (CPU stand-ins in ``tests/harness/megatron_fsdp_cpu.py``). torch FSDP2 as Megatron wraps
-it asks for CUDA device meshes and is checked here for direction and size only; its
-in-flight buffers, like Megatron-FSDP's, are derived from the source (the report's
-``approximated`` list says so).
+ranks (CPU stand-ins in ``tests/harness/megatron_fsdp_cpu.py``). torch FSDP2 as megatron-core
+wraps it (``TorchFullyShardedDataParallel``, its device mesh built on the CPU instead of
+"cuda") runs a forward and backward on two gloo ranks: the parameter and gradient shards are
+compared. The optimizer over FSDP2's shards and the in-flight buffers of both are derived
+from the source (the report's ``approximated`` list says so).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ ARGS = dict(num_layers=2, hidden_size=64, num_attention_heads=4, padded_vocab_si
             transformer_impl="local", untie_embeddings_and_output_weights=True, bf16=True,
             use_distributed_optimizer=True, position_embedding_type="rope")  # fmt: skip
 STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
+FSDP2_OK = dict(use_distributed_optimizer=False, no_gradient_accumulation_fusion=True)
 
 
 def _fsdp_worker(rank: int, world: int, port: int) -> dict[str, dict[str, int]]:
@@ -87,6 +89,68 @@ def test_persistent_buffers_match_megatron_fsdp_for_each_strategy():
             assert mine <= theirs <= mine * 1.03 + 4096, (strategy, name, mine, theirs)
 
 
+def _fsdp2_worker(rank: int, world: int, port: int) -> tuple[int, int]:
+    """(parameter bytes, gradient bytes) this rank holds under megatron-core's FSDP2."""
+    from unittest import mock
+
+    import torch
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.distributed import torch_fully_sharded_data_parallel as fsdp2
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt import gpt_layer_specs as specs
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from torch.distributed import DeviceMesh
+
+    from memscope.demo.tiny_gpt import FUSIONS_OFF, TinyGPTConfig, destroy_process, init_process
+
+    class CpuMesh:  # megatron-core asks for a "cuda" mesh over the data-parallel group
+        @staticmethod
+        def from_group(group: Any, device_type: str = "cuda", **_: Any) -> Any:
+            return DeviceMesh.from_group(group, "cpu", mesh_dim_names=("dp",))
+
+    init_process(rank, world, port, TinyGPTConfig())
+    try:
+        cfg = TransformerConfig(
+            num_layers=2, hidden_size=64, num_attention_heads=4, bf16=True,
+            params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16,
+            use_cpu_initialization=True, transformer_impl="local", **FUSIONS_OFF,
+        )  # fmt: skip
+        cpu = mock.patch("torch.cuda.current_device", lambda: torch.device("cpu"))
+        with cpu:
+            model = GPTModel(
+                config=cfg, transformer_layer_spec=specs.get_gpt_layer_local_spec(),
+                vocab_size=192, max_sequence_length=32,
+                share_embeddings_and_output_weights=False,
+            ).bfloat16()  # fmt: skip
+        with mock.patch.object(fsdp2, "DeviceMesh", CpuMesh):
+            wrapped = fsdp2.TorchFullyShardedDataParallel(
+                cfg, DistributedDataParallelConfig(), model
+            )
+        tokens = torch.randint(0, 192, (2, 32))
+        positions = torch.arange(32).expand(2, 32)
+        mask = torch.triu(torch.ones(32, 32, dtype=torch.bool), 1).view(1, 1, 32, 32)
+        with cpu:
+            wrapped(tokens, positions, mask, labels=tokens).sum().backward()
+        params = list(wrapped.parameters())
+        held = sum(p.to_local().numel() * p.element_size() for p in params)
+        grads = sum(p.grad.to_local().numel() * p.grad.element_size() for p in params)
+        return held, grads
+    finally:
+        destroy_process()
+
+
+@pytest.mark.integration
+@pytest.mark.multiprocess
+def test_fsdp2_parameter_and_gradient_shards_match_megatron_core():
+    from memscope.demo.launcher import free_port, spawn
+
+    est = _estimate(**FSDP2_OK, use_torch_fsdp2=True).persistent
+    for held, grads in spawn(2, _fsdp2_worker, free_port()):
+        # FSDP2 pads each tensor's first dimension to the group size (not counted)
+        assert est.weight_bytes <= held <= est.weight_bytes * 1.02
+        assert est.grad_bytes <= grads <= est.grad_bytes * 1.02  # 16-bit gradient shards
+
+
 def test_each_strategy_shards_one_more_term():
     ddp = _estimate()
     terms = {s: _estimate(use_megatron_fsdp=True, data_parallel_sharding_strategy=s).persistent
@@ -102,9 +166,6 @@ def test_each_strategy_shards_one_more_term():
     zero3 = _estimate(use_megatron_fsdp=True, data_parallel_sharding_strategy="optim_grads_params")
     assert zero3.activations.detail["fsdp_unsharded"] >= 2 * count
     assert zero3.persistent.total_bytes < ddp.persistent.total_bytes
-
-
-FSDP2_OK = dict(use_distributed_optimizer=False, no_gradient_accumulation_fusion=True)
 
 
 def test_torch_fsdp2_shards_everything_and_gathers_two_units():

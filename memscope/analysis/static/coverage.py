@@ -366,8 +366,8 @@ def approximated_features(spec: TrainingSpec) -> tuple[str, ...]:
         out.append(
             "FSDP's unsharded buffers at the backward's start (Megatron-FSDP: every parameter "
             "within its 5e8-element prefetch window and the largest unit's gradient bucket; "
-            "FSDP2: two units and one unit's gradient), from the source; bucket padding not "
-            "counted; FSDP2 not run on CPU here"
+            "FSDP2: two units and one unit's gradient), from the source, not measured; bucket "
+            "padding not counted"
         )
     if spec.precision.optimizer in ("muon", "dist_muon"):
         out.append(
