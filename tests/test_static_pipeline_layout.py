@@ -295,3 +295,17 @@ def test_every_rank_builds_the_parameters_the_layout_says():
                 for t in rank_params(spec, RankPosition(0, pp_rank))
             }
             assert ours == real, (name, pp_rank)
+
+
+def test_remedies_never_propose_more_stages_for_a_fixed_layout():
+    """A layout lists its stages: another pipeline size would need a new layout."""
+    from memscope.analysis.static.remedies import rank_remedies
+
+    spec = spec_from_megatron_args(dict(BASE, num_layers=6, pipeline_model_parallel_size=2,
+                                        world_size=12, global_batch_size=48,
+                                        pipeline_model_parallel_layout="Ettt|tttL"))  # fmt: skip
+    names = [r.name for r in rank_remedies(spec, RankPosition(0, 0))]
+    assert names and not any("pipeline stages" in n for n in names)
+    plain = spec_from_megatron_args(dict(BASE, num_layers=6, pipeline_model_parallel_size=2,
+                                         world_size=12, global_batch_size=48))  # fmt: skip
+    assert any("pipeline stages" in r.name for r in rank_remedies(plain, RankPosition(0, 0)))
