@@ -195,3 +195,14 @@ def test_torch_fsdp2_shards_everything_and_gathers_two_units():
 def test_what_megatron_lm_refuses_for_fsdp_is_refused(kw, match):
     with pytest.raises(ValueError, match=match):
         spec_from_megatron_args({**ARGS, "world_size": 2, **kw})
+
+
+def test_report_footer_lists_fsdp_as_modelled_and_its_buffers_as_approximated():
+    from memscope.analysis.static.coverage import config_coverage
+
+    args = dict(ARGS, world_size=2, use_megatron_fsdp=True,
+                data_parallel_sharding_strategy="optim_grads_params")  # fmt: skip
+    result = config_coverage(args, spec_from_megatron_args(args), None)
+    assert result.not_modelled == ()
+    assert any(m.startswith("Megatron-FSDP (optim_grads_params)") for m in result.modelled)
+    assert any("FSDP's unsharded buffers" in a for a in result.approximated)

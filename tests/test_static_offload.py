@@ -137,3 +137,15 @@ def test_offloading_moves_every_layer_but_the_last_and_the_threshold_keeps_small
 def test_what_megatron_core_refuses_for_offloading_is_refused(kw, match):
     with pytest.raises(ValueError, match=match):
         spec_from_megatron_args(dict(ARGS, fine_grained_activation_offloading=True, **kw))
+
+
+def test_report_footer_lists_offloading_as_modelled_and_moe_modules_as_counted_on_gpu():
+    from memscope.analysis.static.coverage import config_coverage
+
+    args = dict(ARGS, fine_grained_activation_offloading=True,
+                offload_modules=["core_attn", "expert_fc1"])  # fmt: skip
+    result = config_coverage(args, spec_from_megatron_args(args), None)
+    assert result.not_modelled == ()
+    assert any("fine-grained activation offloading (core_attn, expert_fc1" in m
+               for m in result.modelled)  # fmt: skip
+    assert any("expert_fc1 stay counted on the GPU" in a for a in result.approximated)
