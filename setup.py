@@ -44,6 +44,7 @@ setup(
             "psutil",
             "aiohttp",
             "tqdm",
+            "einops",  # megatron-core's Megatron-FSDP device meshes (tests/test_static_fsdp.py)
         ],
     },
     entry_points={"console_scripts": ["memscope=memscope.cli:main"]},

@@ -136,7 +136,7 @@ def test_default_values_are_not_reported(tmp_path, cli):
     assert _keys(res) == [] and not any("not modelled" in x for x in res.warnings())
     # the estimator reads these
     read = {"fp8", "fp8_recipe", "moe_token_dispatcher_type", "main_grads_dtype",
-            "exp_avg_dtype", "recompute_modules"}  # fmt: skip
+            "exp_avg_dtype", "recompute_modules", "data_parallel_sharding_strategy"}  # fmt: skip
     assert set(defaults) - read <= set(res.coverage["unused_keys"])
 
 
@@ -219,9 +219,6 @@ def test_a_key_the_estimator_reads_is_never_unused_or_not_modelled(monkeypatch):
     result = config_coverage(merged, _spec(), None)
     assert result.unused_keys == ("not_a_megatron_key",)
     assert "swiglu" not in [n.key for n in result.not_modelled]
-    # ... except the documented one the estimator reads only to refuse the config
-    result = config_coverage({"pipeline_model_parallel_layout": "Et|tL"}, _spec(), None)
-    assert [n.key for n in result.not_modelled] == ["pipeline_model_parallel_layout"]
 
 
 def test_moe_keys_only_matter_with_experts():

@@ -250,7 +250,7 @@ def tokenizer_vocab(ns: Any) -> tuple[int | None, str]:
 def not_modelled_feature(ns: Any) -> str | None:
     """A feature docs/static-estimator.md says the estimator does not model (FP8/FP4 training
     is modelled: memscope/analysis/static/fp8.py)."""
-    for flag in ("cpu_offloading", "optimizer_cpu_offload", "fine_grained_activation_offloading"):
+    for flag in ("cpu_offloading", "optimizer_cpu_offload"):
         if getattr(ns, flag, None):
             return f"--{flag.replace('_', '-')}: CPU/activation offloading is not modelled"
     return None
@@ -259,8 +259,6 @@ def not_modelled_feature(ns: Any) -> str | None:
 def unmentioned_features(ns: Any) -> list[str]:
     """Features in the run that the estimator neither models nor refuses (a note per case)."""
     notes = []
-    if getattr(ns, "use_torch_fsdp2", False) or getattr(ns, "use_megatron_fsdp", False):
-        notes.append("FSDP (parameter sharding not modelled)")
     if getattr(ns, "cuda_graph_impl", "none") not in (None, "none") or getattr(
         ns, "enable_cuda_graph", False
     ):

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from memscope.analysis.static.config import TrainingSpec
+from memscope.analysis.static.config import TrainingSpec, chunk_roles
 from memscope.analysis.static.distillation import distillation_extras, distillation_moments
 from memscope.analysis.static.fp8 import quantized_saved
 from memscope.analysis.static.moe import (
@@ -32,6 +32,8 @@ from memscope.analysis.static.moe import (
     moe_layer_saved,
     routed_rows,
 )
+from memscope.analysis.static.offload import fine_grained_moved
+from memscope.analysis.static.pipeline_layout import ChunkRoles
 
 FP32 = 4
 INT64 = 8
@@ -614,11 +616,23 @@ def chunk_activations(
     first: bool,
     last: bool,
     partner: PairedForward | None = None,
+    roles: ChunkRoles | None = None,
 ) -> tuple[int, int, str, dict[str, int]]:
-    """(saved bytes, peak working bytes above them, peak moment, detail) of one chunk; with
-    ``partner``, the forward running paired with this backward is priced in the working
-    bytes (MoE all-to-all overlap, :class:`PairedForward`)."""
+    """(saved bytes, peak working bytes above them, peak moment, detail) of one chunk.
+
+    With ``partner``, the forward running paired with this backward is priced in the
+    working bytes (MoE all-to-all overlap, :class:`PairedForward`). ``roles``
+    (:func:`.config.chunk_roles`) says where the final norm and the MTP layers are (a
+    ``pipeline_model_parallel_layout`` may put the MTP layers on another chunk than the
+    loss: their layers' tensors are kept there, their losses on the loss chunk, which then
+    receives the main and every depth's hidden states, ``(1 + depth) [s, b, h]``:
+    megatron-core ``GPTModel._postprocess`` returns the MTP block's concatenation when not
+    ``post_process``). Default: both on the last chunk."""
     x = dims(spec)
+    depth = spec.model.mtp_num_layers or 0
+    if roles is None:
+        roles = ChunkRoles(embedding=first, loss=last, mtp=last and depth > 0, final_norm=last,
+                           first=first)  # fmt: skip
     full = layer_saved(spec, x)
     groups = _checkpointed(spec, n_layers)
     layer_total = sum(full.values())
@@ -626,18 +640,29 @@ def chunk_activations(
     kept = layer_total - discarded  # what a layer holds until its backward recomputes it
     offloaded = offloaded_layers(spec) if first and last else 0  # pp == 1 only
     moved = offloadable_bytes(full)
+    if spec.fine_grained_offloading:  # every layer but the chunk's last (offload.py)
+        offloaded, moved = n_layers - 1, fine_grained_moved(spec, full, x.e)
+    standalone_mtp = depth > 0 and last and not roles.mtp
     extras = chunk_inputs(spec, x, first)
-    if last:
+    if standalone_mtp:  # the MTP layers ran on another chunk: every depth's hidden states
+        extras["chunk_input"] = x.hidden * (1 + depth)
+    if roles.final_norm:
         extras["final_norm"] = x.hidden + x.stats
+    if last:
         extras["cross_entropy_softmax"] = cross_entropy_saved(spec, x)
         extras["cross_entropy_small"] = x.s * x.b * CE_BYTES_PER_TOKEN
-        if spec.model.mtp_num_layers:
-            extras.update(mtp_saved(spec, x, kept))
+    if depth and (last or roles.mtp):
+        mtp = mtp_saved(spec, x, kept)
+        if roles.mtp:
+            extras["mtp_layers"] = mtp["mtp_layers"]
+        if last:
+            extras["mtp_cross_entropy"] = mtp["mtp_cross_entropy"]
     distillation_extras(spec, x, first, last, extras)  # teacher input, KD loss (distillation.py)
     stored = []
     for i, g in enumerate(groups):
         ends_group = i + 1 == n_layers or groups[i + 1] != g
-        output_kept = i + 1 < n_layers or last  # a stage's last output is sent, then freed
+        # a stage's last output is sent, then freed (unless the final norm keeps it)
+        output_kept = i + 1 < n_layers or last or roles.final_norm
         if g is None:
             host = moved if i < offloaded else 0
             stored.append(kept - host - (0 if output_kept else x.hidden))
@@ -689,7 +714,7 @@ def chunk_activations(
             own = layer_total * sum(1 for j in range(i + 1) if groups[j] == group)
             own += 2 * x.hidden
         base = below + own + hold - saved
-        output_stored = i + 1 < n_layers or last
+        output_stored = i + 1 < n_layers or last or roles.final_norm
         for name, work in (
             ("attention_backward", attention_backward_work(spec, x, full, output_stored)),
             ("mlp_backward", mlp_backward_work(spec, x, full, output_stored)),
@@ -776,11 +801,11 @@ def activation_estimate(
 ) -> ActivationEstimate:
     """Activation terms of stage ``pp_rank``; ``layer_counts`` are its chunks' layers."""
     p = spec.parallel
-    chunks = []
+    chunks, chunk_role = [], []
     for c, n in enumerate(layer_counts):
-        first = pp_rank == 0 and c == 0
-        last = pp_rank == p.pp - 1 and c == len(layer_counts) - 1
-        chunks.append(chunk_activations(spec, n, first, last))
+        roles = chunk_roles(spec.model, p, pp_rank, c)
+        chunk_role.append(roles)
+        chunks.append(chunk_activations(spec, n, roles.first, roles.loss, roles=roles))
     x = dims(spec)
     extra_work = 0
     if p.vpp is not None:
@@ -801,10 +826,11 @@ def activation_estimate(
         result = chunks[chunk]
         total = sum(n * b for n, b in zip(alive, saved_each, strict=False))
         if paired is not None:  # MoE all-to-all overlap: that forward is only partly built
-            partner = paired_forward(spec, layer_counts[paired], pp_rank == 0 and paired == 0)
-            first = pp_rank == 0 and chunk == 0
-            last = pp_rank == p.pp - 1 and chunk == len(layer_counts) - 1
-            result = chunk_activations(spec, layer_counts[chunk], first, last, partner)
+            partner = paired_forward(spec, layer_counts[paired], chunk_role[paired].first)
+            roles = chunk_role[chunk]
+            result = chunk_activations(
+                spec, layer_counts[chunk], roles.first, roles.loss, partner, roles
+            )
             total -= saved_each[paired]
         total += result[1]
         if best is None or total > best[0]:

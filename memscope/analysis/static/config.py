@@ -16,6 +16,15 @@ from memscope.analysis.static.feature_checks import (
     validate_moe,
     validate_savers,
 )
+from memscope.analysis.static.fsdp_checks import validate_fsdp
+from memscope.analysis.static.muon import validate_muon
+from memscope.analysis.static.offload import validate_offload
+from memscope.analysis.static.pipeline_layout import (
+    ChunkRoles,
+    mtp_chunk,
+    stage_chunk,
+    validate_layout,
+)
 from memscope.analysis.static.validation import check_scale, check_sharding, check_sizes
 from memscope.analysis.static.workspaces import compute_major
 
@@ -26,7 +35,7 @@ if TYPE_CHECKING:
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 POSITION_EMBEDDINGS = ("learned_absolute", "rope", "none")
-OPTIMIZERS = ("adam", "sgd")
+OPTIMIZERS = ("adam", "sgd", "muon", "dist_muon")  # dist_muon: layer-wise distributed Muon
 RECOMPUTE = (None, "selective", "full")
 RECOMPUTE_METHODS = ("uniform", "block")
 TRANSFORMER_IMPLS = ("local", "transformer_engine")
@@ -149,6 +158,8 @@ class ParallelSpec:
     moe_a2a_overlap: bool = False
     # nothing gave the world size or dp: dp is the least the grid allows (1 without experts)
     dp_assumed: bool = False
+    # pipeline_model_parallel_layout, its flat stages unrolled (:mod:`.pipeline_layout`)
+    layout: tuple[str, ...] | None = None
 
     @property
     def world_size(self) -> int:
@@ -196,6 +207,8 @@ class PrecisionSpec:
     # --optimizer-cpu-offload (megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py)
     optimizer_cpu_offload: bool = False
     optimizer_offload_fraction: float = 1.0  # Megatron-LM's default
+    # Muon's tensor-parallel Newton-Schulz (megatron-core OptimizerConfig.muon_tp_mode)
+    muon_tp_mode: str = "blockwise"
 
     @property
     def param_bytes(self) -> int:
@@ -244,6 +257,15 @@ class TrainingSpec:
     quant: QuantSpec | None = None
     # ModelOpt knowledge distillation (distillation.py); None: no teacher
     distillation: DistillationSpec | None = None
+    # Megatron-FSDP's data_parallel_sharding_strategy (None: Megatron DDP) and torch FSDP2
+    # (:mod:`.fsdp`)
+    fsdp: str | None = None
+    torch_fsdp2: bool = False
+    # fine-grained activation offloading (megatron/core/transformer/transformer_config.py;
+    # :mod:`.offload`)
+    fine_grained_offloading: bool = False
+    offload_modules: tuple[str, ...] = ()
+    min_offloaded_tensor_size: int = 1024 * 1024  # elements
 
     def recomputes(self, module: str) -> bool:
         """Whether selective recompute covers ``module`` (a ``recompute_modules`` name)."""
@@ -339,6 +361,9 @@ class TrainingSpec:
         validate_moe(m, p)
         validate_mla_mtp(m, p)
         validate_savers(self)
+        validate_muon(self)
+        validate_fsdp(self)
+        validate_offload(self)
         check_scale(self)
         return self
 
@@ -375,7 +400,12 @@ def chunk_layer_counts(m: ModelSpec, p: ParallelSpec, pp_rank: int) -> list[int]
     +1 with ``account_for_loss_in_pipeline_split``) is split evenly over the stages and each
     stage's layers over its chunks, then the first chunk of the first stage builds one layer
     less for the embedding and the last chunk of the last stage one less for the loss.
-    FlagScale's hetero split gives each stage its own count (no virtual chunks)."""
+    FlagScale's hetero split gives each stage its own count (no virtual chunks); a
+    ``pipeline_model_parallel_layout`` gives each chunk its ``t`` entries
+    (``PipelineParallelLayerLayout.get_num_layers_to_build``)."""
+    if p.layout is not None:
+        chunks = len(p.layout) // p.pp
+        return [stage_chunk(p.layout, p.pp, pp_rank, c).count("t") for c in range(chunks)]
     if p.stage_layers is not None:
         return [p.stage_layers[pp_rank]]
     vpp = p.vpp if p.vpp is not None and p.pp > 1 else 1
@@ -409,6 +439,24 @@ def chunk_layer_offset(m: ModelSpec, p: ParallelSpec, pp_rank: int, chunk: int) 
     return earlier + sum(per_rank[r][chunk] for r in range(pp_rank))
 
 
+def chunk_roles(m: ModelSpec, p: ParallelSpec, pp_rank: int, chunk: int) -> ChunkRoles:
+    """What virtual chunk ``chunk`` of stage ``pp_rank`` builds besides its decoder layers
+    (:class:`.pipeline_layout.ChunkRoles`, megatron-core 0.16.1 ``GPTModel.__init__``)."""
+    counts = chunk_layer_counts(m, p, pp_rank)
+    chunks = len(counts)
+    first = pp_rank == 0 and chunk == 0  # the layout's E is always here
+    last = pp_rank == p.pp - 1 and chunk == chunks - 1  # and its L here
+    mtp = bool(m.mtp_num_layers) and mtp_chunk(p.pp, chunks, p.layout) == (pp_rank, chunk)
+    if m.mtp_num_layers:  # the final norm follows the last decoder layer
+        start = chunk_layer_offset(m, p, pp_rank, chunk)
+        final_norm = start <= m.num_layers - 1 < start + counts[chunk]
+    else:
+        final_norm = last
+    return ChunkRoles(
+        embedding=first or mtp, loss=last, mtp=mtp, final_norm=final_norm, first=first
+    )
+
+
 def stage_layer_counts(m: ModelSpec, p: ParallelSpec) -> list[int]:
     """Decoder layers per pipeline stage (all its virtual chunks)."""
     return [sum(chunk_layer_counts(m, p, r)) for r in range(p.pp)]
@@ -421,6 +469,25 @@ def _validate_stage_layers(m: ModelSpec, p: ParallelSpec) -> None:
         raise ValueError(f"parallel.stage_meshes: {len(p.stage_meshes)} stages, pp is {p.pp}")
     uneven = p.first_stage_layers is not None or p.last_stage_layers is not None
     accounted = p.account_for_embedding or p.account_for_loss
+    if p.layout is not None:
+        if uneven or accounted or p.stage_layers is not None:
+            raise ValueError(  # megatron-core TransformerConfig.__post_init__
+                "pipeline_model_parallel_layout cannot be combined with decoder_first/last_"
+                "pipeline_num_layers, account_for_embedding/loss_in_pipeline_split or a "
+                "per-stage layer split"
+            )
+        validate_layout(p.layout, p.pp, m.num_layers, m.mtp_num_layers)
+        chunks = len(p.layout) // p.pp
+        if p.pp < 2 and chunks > 1:
+            raise ValueError(
+                f"pipeline_model_parallel_layout: {chunks} virtual stages need parallel.pp >= 2"
+            )
+        if (p.vpp if p.vpp is not None and p.pp > 1 else 1) != chunks:
+            raise ValueError(
+                f"parallel.vpp ({p.vpp}) conflicts with pipeline_model_parallel_layout "
+                f"({chunks} virtual stages per pipeline rank)"
+            )
+        return
     if p.stage_layers is not None:
         counts = list(p.stage_layers)
         if len(counts) != p.pp or sum(counts) != m.num_layers or min(counts) < 1:

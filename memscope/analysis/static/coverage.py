@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from memscope.analysis.static.config import TrainingSpec
+from memscope.analysis.static.pipeline_layout import mtp_chunk
 from memscope.analysis.static.validation import READ_KEYS, memscope_keys, show
 
 # Memory-relevant Megatron / FlagScale arguments the estimator does not model: key -> what
 # memory effect the estimate misses when the config sets it. A key the estimator reads
 # (READ_KEYS) is never reported, so modelling a feature and adding its key to READ_KEYS takes
-# it off this list without editing it -- except the keys of READ_NOT_MODELLED below.
+# it off this list without editing it.
 NOT_MODELLED: dict[str, str] = {
     "cuda_graph_impl": "CUDA graphs keep static input/output buffers and a private memory pool "
     "per captured graph, not counted",
@@ -31,19 +32,8 @@ NOT_MODELLED: dict[str, str] = {
     "(all-gather/reduce-scatter workspaces per GEMM), not counted",
     "use_dualpipev": "the DualPipeV schedule (two chunks per stage, its own in-flight "
     "micro-batches) is not modelled; the 1F1B/interleaved schedule is estimated instead",
-    "fine_grained_activation_offloading": "activations offloaded to host memory are counted "
-    "on the GPU (the estimate is too high)",
-    "use_torch_fsdp2": "FSDP2 shards parameters, gradients and optimizer state over data "
-    "parallel; the estimate uses Megatron DDP (too high, and no all-gather buffers)",
-    "use_megatron_fsdp": "Megatron FSDP shards parameters and gradients over data parallel; "
-    "the estimate uses Megatron DDP (too high, and no all-gather buffers)",
-    "use_custom_fsdp": "Megatron FSDP shards parameters and gradients over data parallel; "
-    "the estimate uses Megatron DDP (too high, and no all-gather buffers)",
-    "data_parallel_sharding_strategy": "parameters/gradients sharded over data parallel "
-    "(Megatron FSDP) are counted whole on every rank",
     "distribute_saved_activations": "full-recompute checkpoints split over the tensor-parallel "
     "ranks: the estimate keeps each checkpoint whole on every rank (too high)",
-    "pipeline_model_parallel_layout": "a custom pipeline layout (refused by the estimator)",
     "moe_shared_expert_overlap": "the shared expert overlapped with the token dispatch keeps "
     "extra tensors alive, not counted",
     "recompute_granularity_per_stage_micro_batch": "FlagScale per-stage/micro-batch recompute: "
@@ -60,9 +50,6 @@ _ADAPTERS = (
     "the frozen base weights are counted with gradients and optimizer state"
 )
 NOT_MODELLED_PREFIXES: dict[str, str] = {"lora": _ADAPTERS, "peft": _ADAPTERS}
-# Keys in READ_KEYS that are still reported: the estimator reads them only to refuse the
-# config (pipeline_model_parallel_layout: never reaches a report).
-READ_NOT_MODELLED = frozenset({"pipeline_model_parallel_layout"})
 
 # Values that mean "off" (Megatron's defaults), compared in lower case.
 _OFF = frozenset(
@@ -165,10 +152,10 @@ def _reason(key: str) -> str | None:
 
 def not_modelled(merged: Mapping[str, Any], spec: TrainingSpec) -> tuple[NotModelled, ...]:
     """The memory-relevant keys ``merged`` sets that the estimate does not model (in key
-    order); keys the estimator reads are skipped unless in :data:`READ_NOT_MODELLED`."""
+    order); keys the estimator reads are skipped."""
     out = []
     for key in sorted(merged):
-        if key in READ_KEYS and key not in READ_NOT_MODELLED:
+        if key in READ_KEYS:
             continue
         reason = _reason(key)
         value = merged[key]
@@ -292,12 +279,23 @@ def modelled_features(spec: TrainingSpec) -> tuple[str, ...]:
         out.append(f"interleaved pipeline (vpp={p.vpp})" if p.vpp else f"1F1B pipeline (pp={p.pp})")
     if p.stage_meshes is not None:
         out.append("heterogeneous stage meshes")
+    if p.layout is not None:
+        out.append(
+            "pipeline_model_parallel_layout (per-chunk decoder layers; embedding, final norm, "
+            "MTP and output layer placed as megatron-core builds them)"
+        )
     if spec.recompute == "full":
         out.append(f"full recompute ({spec.recompute_method}, {spec.recompute_num_layers})")
     elif spec.recompute == "selective":
         out.append(f"selective recompute ({', '.join(spec.recompute_modules) or 'nothing'})")
     if prec.precision_aware:
         out.append("precision-aware optimizer (modelled from source, not measured on a GPU here)")
+    if prec.optimizer in ("muon", "dist_muon"):
+        shards = ", whole tensors per data-parallel rank" if prec.optimizer == "dist_muon" else ""
+        out.append(
+            "Muon on 2-D tensors (one fp32 momentum), Adam on norms, biases, embedding and "
+            f"output layer{shards}"
+        )
     if prec.optimizer_cpu_offload:
         out.append(
             f"optimizer CPU offload (fraction {prec.optimizer_offload_fraction:g}; modelled "
@@ -307,6 +305,20 @@ def modelled_features(spec: TrainingSpec) -> tuple[str, ...]:
         out.append(
             f"activation CPU offload ({spec.cpu_offloading_num_layers} layers; modelled from "
             "source, not measured on a GPU here)"
+        )
+    fsdp = "torch FSDP2" if spec.torch_fsdp2 else (
+        f"Megatron-FSDP ({spec.fsdp})" if spec.fsdp is not None else None
+    )  # fmt: skip
+    if fsdp is not None:
+        out.append(
+            f"{fsdp}: parameters, gradients and optimizer state each whole or sharded over "
+            "data parallel as its strategy says"
+        )
+    if spec.fine_grained_offloading:
+        out.append(
+            f"fine-grained activation offloading ({', '.join(spec.offload_modules)}; tensors of "
+            f"at least {spec.min_offloaded_tensor_size:,} elements; modelled from source, not run "
+            "here: it needs CUDA streams)"
         )
     if p.sequence_parallel:
         out.append("sequence parallel")
@@ -359,6 +371,32 @@ def approximated_features(spec: TrainingSpec) -> tuple[str, ...]:
             out.append("the flex (DeepEP) dispatcher as alltoall: its buffers are not counted")
     if m.multi_latent_attention:
         out.append("MLA activations (first order)")
+    if spec.fine_grained_offloading:
+        unmodelled = [m for m in spec.offload_modules if m in ("expert_fc1", "moe_act")]
+        out.append(
+            "fine-grained offload residency: every layer's selected tensors but each chunk's last "
+            "layer leave the GPU, one layer reloaded ahead in the backward"
+            + (f"; {', '.join(unmodelled)} stay counted on the GPU" if unmodelled else "")
+        )
+    if spec.torch_fsdp2 or spec.fsdp is not None:
+        out.append(
+            "FSDP's unsharded buffers at the backward's start (Megatron-FSDP: every parameter "
+            "within its 5e8-element prefetch window and the largest unit's gradient bucket; "
+            "FSDP2: two units and one unit's gradient), from the source, not measured; bucket "
+            "padding not counted"
+        )
+    if spec.precision.optimizer in ("muon", "dist_muon"):
+        out.append(
+            "Muon step temporaries (three fp32 copies of the largest Muon tensor; the all-gather "
+            "after a dist_muon step) from megatron-core's source: Muon needs emerging_optimizers, "
+            "not run here"
+        )
+    mtp_at = mtp_chunk(spec.parallel.pp, 1, spec.parallel.layout)
+    if m.mtp_num_layers and mtp_at is not None and mtp_at[0] != spec.parallel.pp - 1:
+        out.append(
+            "MTP on another pipeline stage than the loss: its layers' activations are counted "
+            "there, the (1 + depth) hidden states it sends on in the loss stage's input"
+        )
     if spec.cpu_offloading:
         out.append(
             "activation offload residency: Transformer Engine's offload context is assumed "

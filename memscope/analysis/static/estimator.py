@@ -24,6 +24,8 @@ from memscope.analysis.static.activations import (
 from memscope.analysis.static.config import TrainingSpec, stage_spec
 from memscope.analysis.static.distillation import teacher_terms
 from memscope.analysis.static.fp8 import quantized_weight_terms
+from memscope.analysis.static.fsdp import unsharded_bytes
+from memscope.analysis.static.muon import is_muon, muon_step_bytes
 from memscope.analysis.static.params import (
     ParamTensor,
     RankPosition,
@@ -146,12 +148,23 @@ def estimate_rank(spec: TrainingSpec, position: RankPosition) -> RankEstimate:
     extra = weight_terms(spec, params, position)
     persistent = persistent_terms(spec, params)
     persistent = replace(persistent, weight_bytes=persistent.weight_bytes + sum(extra.values()))
+    activations = activation_estimate(spec, position.pp_rank, per_chunk)
+    in_flight = unsharded_bytes(spec, params)  # FSDP's all-gathered units (fsdp.py)
+    if in_flight:
+        activations = replace(
+            activations,
+            backward_working_bytes=activations.backward_working_bytes + in_flight,
+            detail={**activations.detail, "fsdp_unsharded": in_flight},
+        )
     return RankEstimate(
         position=position,
         params=params,
         persistent=persistent,
-        activations=activation_estimate(spec, position.pp_rank, per_chunk),
-        optimizer_step_bytes=optimizer_step_bytes(spec, largest),
+        activations=activations,
+        optimizer_step_bytes=max(
+            optimizer_step_bytes(spec, largest),
+            muon_step_bytes(spec, params, spec.precision.muon_tp_mode) if is_muon(spec) else 0,
+        ),
         workspaces=workspace_terms(spec),
         post_step_bytes=fp32_grad_copies(spec, params),
         retained_input_bytes=retained_inputs_bytes(spec, position.pp_rank, len(per_chunk)),

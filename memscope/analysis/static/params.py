@@ -25,6 +25,7 @@ from memscope.analysis.static.config import (
     TrainingSpec,
     chunk_layer_counts,
     chunk_layer_offset,
+    chunk_roles,
 )
 
 
@@ -35,6 +36,11 @@ class ParamTensor:
     name: str
     numel: int
     expert: bool = False  # a routed expert's weight (replicated over expert-DP, not DP)
+    ndim: int = 2  # 1: norm weights and biases
+    # megatron-core LanguageModule.setup_embeddings_and_output_layer tags the word embedding
+    # of the pre_process chunk and the output layer of the post_process chunk
+    # (``is_embedding_or_output_parameter``); the MTP chunk's embedding copy is not tagged
+    embedding_or_output: bool = False
 
 
 @dataclass(frozen=True)
@@ -53,9 +59,9 @@ def layers_per_chunk(spec: TrainingSpec, pp_rank: int = 0) -> list[int]:
 
 
 def _norm(prefix: str, size: int, normalization: str) -> list[ParamTensor]:
-    out = [ParamTensor(f"{prefix}.weight", size)]
+    out = [ParamTensor(f"{prefix}.weight", size, ndim=1)]
     if normalization == "LayerNorm":
-        out.append(ParamTensor(f"{prefix}.bias", size))
+        out.append(ParamTensor(f"{prefix}.bias", size, ndim=1))
     return out
 
 
@@ -63,7 +69,7 @@ def _linear(prefix: str, out_size: int, in_size: int, bias: bool, **kw: bool) ->
     """A (sharded) linear layer: ``weight [out, in]`` and optionally ``bias [out]``."""
     out = [ParamTensor(f"{prefix}.weight", out_size * in_size, **kw)]
     if bias:
-        out.append(ParamTensor(f"{prefix}.bias", out_size, **kw))
+        out.append(ParamTensor(f"{prefix}.bias", out_size, ndim=1, **kw))
     return out
 
 
@@ -106,7 +112,7 @@ def _mlp(m: ModelSpec, ffn: int, tp: int, prefix: str, bias: bool, **kw: bool) -
     out = _linear(f"{prefix}.linear_fc1", fc1_out, m.hidden_size, bias, **kw)
     out.append(ParamTensor(f"{prefix}.linear_fc2.weight", m.hidden_size * (ffn // tp), **kw))
     if bias:
-        out.append(ParamTensor(f"{prefix}.linear_fc2.bias", m.hidden_size, **kw))
+        out.append(ParamTensor(f"{prefix}.linear_fc2.bias", m.hidden_size, ndim=1, **kw))
     return out
 
 
@@ -145,27 +151,24 @@ def layer_params(spec: TrainingSpec, prefix: str = "layer", moe: bool = False) -
     return out
 
 
-def _embedding(spec: TrainingSpec, tag: str) -> list[ParamTensor]:
+def _embedding(spec: TrainingSpec, tag: str, tagged: bool) -> list[ParamTensor]:
     m, h = spec.model, spec.model.hidden_size
-    out = [
-        ParamTensor(f"{tag}embedding.word_embeddings.weight", m.vocab_size // spec.parallel.tp * h)
-    ]
+    words = m.vocab_size // spec.parallel.tp * h
+    out = [ParamTensor(f"{tag}embedding.word_embeddings.weight", words, embedding_or_output=tagged)]
     if m.position_embedding_type == "learned_absolute":
         positions = m.max_position_embeddings or m.seq_length
         out.append(ParamTensor(f"{tag}embedding.position_embeddings.weight", positions * h))
     return out
 
 
-def _mtp(spec: TrainingSpec, tag: str) -> list[ParamTensor]:
-    """``MultiTokenPredictionBlock`` on the last stage: per depth, two norms, ``eh_proj``
-    ``[h / tp, 2h]``, a transformer layer built from the spec of the stage's last decoder
-    layer (the model's last layer: MoE or dense as the pattern says) and a final norm.
-
-    (Megatron builds a MoE layer instead when the last stage has no decoder layer, which
-    needs a ``pipeline_model_parallel_layout``; first/last stage sizes must be >= 1.)"""
+def _mtp(spec: TrainingSpec, tag: str, moe: bool) -> list[ParamTensor]:
+    """``MultiTokenPredictionBlock``: per depth, two norms, ``eh_proj`` ``[h / tp, 2h]``, a
+    transformer layer and a final norm. The layer is built from the spec of the chunk's last
+    decoder layer (``get_gpt_mtp_block_spec``: ``spec.layer_specs[-1]``); on a chunk without
+    decoder layers Megatron-LM's ``gpt_builders`` uses ``_get_transformer_layer_spec``, a MoE
+    layer when the model has experts (``moe``: which of the two)."""
     m, p = spec.model, spec.parallel
     h = m.hidden_size
-    moe = m.is_moe_layer(m.num_layers - 1)
     out: list[ParamTensor] = []
     for k in range(m.mtp_num_layers or 0):
         prefix = f"{tag}mtp.layers.{k}"
@@ -178,29 +181,36 @@ def _mtp(spec: TrainingSpec, tag: str) -> list[ParamTensor]:
 
 
 def rank_params(spec: TrainingSpec, pos: RankPosition) -> list[ParamTensor]:
-    """Every parameter tensor the rank at ``pos`` holds, over all its virtual chunks."""
+    """Every parameter tensor the rank at ``pos`` holds, over all its virtual chunks (what
+    each chunk builds besides its layers: :func:`.config.chunk_roles`)."""
     m, p = spec.model, spec.parallel
     per_chunk = layers_per_chunk(spec, pos.pp_rank)
     chunks = len(per_chunk)
     out: list[ParamTensor] = []
     for chunk in range(chunks):
-        first = pos.pp_rank == 0 and chunk == 0
-        last = pos.pp_rank == p.pp - 1 and chunk == chunks - 1
-        mtp = last and bool(m.mtp_num_layers)
+        roles = chunk_roles(m, p, pos.pp_rank, chunk)
         tag = f"chunk{chunk}." if chunks > 1 else ""
-        if first or mtp:  # MTP needs the embedding on its stage too (a tied copy)
-            out += _embedding(spec, tag)
+        if roles.embedding:  # MTP needs the embedding on its stage too (a tied copy)
+            out += _embedding(spec, tag, tagged=roles.first)
         start = chunk_layer_offset(m, p, pos.pp_rank, chunk)
         for i in range(start, start + per_chunk[chunk]):
             out += layer_params(spec, f"{tag}decoder.layers.{i}", m.is_moe_layer(i))
-        if last:
+        if roles.final_norm:
             out += _norm(f"{tag}decoder.final_layernorm", m.hidden_size, m.normalization)
-        if mtp:
-            out += _mtp(spec, tag)
-        if last and not (m.tie_embeddings and first):
+        if roles.mtp:
+            end = start + per_chunk[chunk]
+            moe = m.is_moe_layer(end - 1) if per_chunk[chunk] else m.num_experts is not None
+            out += _mtp(spec, tag, moe)
+        if roles.loss and not (m.tie_embeddings and roles.first):
             # with pp > 1 the last stage keeps its own tied copy (also with MTP)
             vocab_shard = m.vocab_size // p.tp
-            out.append(ParamTensor(f"{tag}output_layer.weight", vocab_shard * m.hidden_size))
+            out.append(
+                ParamTensor(
+                    f"{tag}output_layer.weight",
+                    vocab_shard * m.hidden_size,
+                    embedding_or_output=True,
+                )
+            )
     return out
 
 

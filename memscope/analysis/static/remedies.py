@@ -90,7 +90,7 @@ def _candidates(spec: TrainingSpec) -> Iterator[Candidate]:
     if (
         p.dp % stages == 0
         and spec.model.num_layers % (stages * (p.vpp or 1)) == 0
-        and not (p.stage_layers or p.first_stage_layers or p.last_stage_layers)
+        and not (p.stage_layers or p.first_stage_layers or p.last_stage_layers or p.layout)
     ):
         yield (f"{stages} pipeline stages", f"--pipeline-model-parallel-size {stages}",
                {"pipeline_model_parallel_size": stages},

@@ -39,6 +39,7 @@ from memscope.analysis.static.flagscale_experiment import (
     train_config_of,
 )
 from memscope.analysis.static.fp8 import quant_from_args
+from memscope.analysis.static.pipeline_layout import layout_vpp, parse_layout
 from memscope.analysis.static.validation import (
     MAX_LAYERS,
     MAX_NESTING,
@@ -83,6 +84,37 @@ def _flag(src: Any, name: str, default: bool = False) -> bool:
 def _float(src: Any, name: str, default: float, low: float, high: float | None = None) -> float:
     field = f"model.{name}" if name.endswith("dropout") else name
     return as_float(_get(src, name, default), field, low, high)
+
+
+def _pipeline_layout(args: Any, pp: int) -> tuple[str, ...] | None:
+    """``pipeline_model_parallel_layout`` as its flat stages: a string (Megatron-LM's
+    ``--pipeline-model-parallel-layout``) or megatron-core's list of per-stage lists."""
+    value = _get(args, "pipeline_model_parallel_layout")
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        names = {"embedding": "E", "decoder": "t", "mtp": "m", "loss": "L"}  # LayerType
+        rows = []
+        for row in value:
+            if not isinstance(row, (list, tuple)):
+                raise ValueError("pipeline_model_parallel_layout: expected a list of lists")
+            keys = [str(getattr(x, "name", x)).strip().lower() for x in row]
+            for key in keys:
+                if key not in names:
+                    raise ValueError(
+                        f"pipeline_model_parallel_layout: {show(key)} is not one of "
+                        f"{', '.join(names)}"
+                    )
+            rows.append("".join(names[k] for k in keys))
+        value = "|".join(rows)
+    text = as_str(value, "pipeline_model_parallel_layout")
+    stages = parse_layout(text)
+    if len(stages) % pp:
+        raise ValueError(
+            f"pipeline_model_parallel_layout: {len(stages)} stages are not divisible by "
+            f"parallel.pp ({pp})"
+        )
+    return stages
 
 
 def _name(src: Any, name: str, default: str) -> str:
@@ -392,7 +424,16 @@ def spec_from_megatron_args(
                 f"layers per pipeline stage ({model.num_layers // pp})"
             )
         vpp = model.num_layers // (pp * per_vstage)
+    layout = _pipeline_layout(args, pp)
+    if layout is not None:
+        if per_vstage or stages:  # megatron/training/arguments.py: at most one of the three
+            raise ValueError(
+                "pipeline_model_parallel_layout cannot be combined with "
+                "num_layers_per_virtual_pipeline_stage / num_virtual_stages_per_pipeline_rank"
+            )
+        vpp = vpp if vpp is not None else layout_vpp(layout, pp)
     parallel = ParallelSpec(
+        layout=layout,
         tp=tp,
         pp=pp,
         dp=int(dp),
@@ -412,12 +453,6 @@ def spec_from_megatron_args(
         cp_comm_type=_cp_comm_type(args) if cp > 1 else "p2p",
         dp_assumed=dp_assumed,
     )
-    if _get(args, "pipeline_model_parallel_layout") is not None:
-        raise ValueError(
-            "pipeline_model_parallel_layout: a custom pipeline layout is not modelled by the "
-            "static estimator (use decoder_first/last_pipeline_num_layers or "
-            "account_for_embedding/loss_in_pipeline_split)"
-        )
     savers = _optimizer_savers(args)
     precision = PrecisionSpec(
         params_dtype=dtype,
@@ -458,6 +493,8 @@ def spec_from_megatron_args(
         recompute_modules=modules,
         **_activation_offload(args),
         quant=quant_from_args(args, _get),
+        **_fsdp(args),
+        **_fine_grained_offload(args),
     ).validate()
     kd = distillation_from_args(args, spec)  # the teacher is built from these same args
     return replace(spec, distillation=kd) if kd is not None else spec
@@ -487,6 +524,7 @@ def _optimizer_savers(args: Any) -> dict[str, Any]:
     ``--optimizer-offload-fraction`` defaults to 1.0)."""
     return dict(
         precision_aware=_flag(args, "use_precision_aware_optimizer"),
+        muon_tp_mode=_name(args, "muon_tp_mode", "blockwise"),
         main_grads_dtype=_state_dtype(args, "main_grads_dtype"),
         main_params_dtype=_state_dtype(args, "main_params_dtype"),
         exp_avg_dtype=_state_dtype(args, "exp_avg_dtype"),
@@ -534,6 +572,30 @@ def _recompute(args: Any) -> tuple[str | None, tuple[str, ...]]:
         recompute = "selective"
         modules += [] if "moe" in modules else ["moe"]
     return recompute, tuple(modules)
+
+
+def _fine_grained_offload(args: Any) -> dict[str, Any]:
+    """TrainingSpec's fine-grained activation offloading fields (megatron-core
+    ``TransformerConfig`` names; ``offload_modules`` a list or a comma-separated string)."""
+    modules = _get(args, "offload_modules") or ()
+    if isinstance(modules, str):
+        modules = [m for m in modules.replace(",", " ").split() if m]
+    if not isinstance(modules, (list, tuple)):
+        raise ValueError(f"offload_modules: expected a list of module names, got {show(modules)}")
+    return {
+        "fine_grained_offloading": _flag(args, "fine_grained_activation_offloading"),
+        "offload_modules": tuple(as_str(m, "offload_modules") for m in modules),
+        "min_offloaded_tensor_size": _int(args, "min_offloaded_tensor_size", 1024 * 1024),
+    }
+
+
+def _fsdp(args: Any) -> dict[str, Any]:
+    """TrainingSpec's ``fsdp`` / ``torch_fsdp2`` (Megatron-LM ``--use-megatron-fsdp`` (formerly
+    ``--use-custom-fsdp``) with ``--data-parallel-sharding-strategy``, default ``no_shard``;
+    ``--use-torch-fsdp2``)."""
+    megatron = _flag(args, "use_megatron_fsdp") or _flag(args, "use_custom_fsdp")
+    strategy = _name(args, "data_parallel_sharding_strategy", "no_shard") if megatron else None
+    return {"fsdp": strategy, "torch_fsdp2": _flag(args, "use_torch_fsdp2")}
 
 
 def _activation_offload(args: Any) -> dict[str, Any]:

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memscope.analysis.static.config import STATE_DTYPE_BYTES, PrecisionSpec, TrainingSpec
+from memscope.analysis.static.fsdp import Sharding, shard_bytes, sharding
+from memscope.analysis.static.muon import is_muon, muon_optimizer_bytes
 from memscope.analysis.static.params import ParamTensor
 
 FP32 = 4
@@ -54,6 +56,11 @@ def persistent_terms(spec: TrainingSpec, params: list[ParamTensor]) -> Persisten
     count = sum(t.numel for t in params)
     weights = count * prec.param_bytes
     grads = count * (FP32 if prec.grads_in_fp32 else prec.param_bytes)
+    if is_muon(spec):  # Muon: its own state and main-copy split (muon.py)
+        return PersistentTerms(count, weights, grads, muon_optimizer_bytes(spec, params))
+    shard = sharding(spec)
+    if shard is not None:  # Megatron-FSDP / torch FSDP2 (fsdp.py)
+        return _fsdp_terms(spec, params, shard)
     if prec.optimizer == "adam":
         per_param = adam_bytes_per_param(prec)
     else:
@@ -71,6 +78,31 @@ def persistent_terms(spec: TrainingSpec, params: list[ParamTensor]) -> Persisten
     if prec.torch_optimizer and prec.optimizer == "adam":
         optimizer += FP32 * len(params)  # one float32 ``step`` tensor per parameter tensor
     return PersistentTerms(count, weights, grads, optimizer, host)
+
+
+def _fsdp_terms(spec: TrainingSpec, params: list[ParamTensor], shard: Sharding) -> PersistentTerms:
+    """Weights, gradients and main weights + optimizer state under FSDP, each whole or the
+    rank's data-parallel share as :func:`.fsdp.sharding` says. torch FSDP2 keeps the
+    gradients in the parameter dtype (its sharded ``param.grad``; Megatron's fp32 main-grad
+    buffer belongs to its DDP)."""
+    prec = spec.precision
+    count = sum(t.numel for t in params)
+    grad_dtype = prec.param_bytes if spec.torch_fsdp2 or not prec.grads_in_fp32 else FP32
+    per_param = (
+        adam_bytes_per_param(prec)
+        if prec.optimizer == "adam"
+        else (FP32 if prec.sgd_momentum else 0) + (FP32 if prec.mixed_precision else 0)
+    )
+
+    def held(per_element: float, sharded: bool) -> int:
+        return shard_bytes(spec, params, per_element) if sharded else int(count * per_element)
+
+    return PersistentTerms(
+        count,
+        held(prec.param_bytes, shard.params),
+        held(grad_dtype, shard.grads),
+        held(per_param, shard.optimizer),
+    )
 
 
 def adam_bytes_per_param(prec: PrecisionSpec) -> int:
@@ -127,6 +159,8 @@ def fp32_grad_copies(spec: TrainingSpec, params: list[ParamTensor]) -> int:
     The precision-aware optimizer makes none; optimizer CPU offload makes them for the
     parameters it updates on the GPU (hybrid_optimizer.py ``_set_sub_optimizer_grads``)."""
     prec = spec.precision
+    if spec.torch_fsdp2 and prec.mixed_precision:  # ``.float()`` of each 16-bit grad shard
+        return shard_bytes(spec, params, FP32)
     if not prec.mixed_precision or prec.grads_in_fp32 or prec.torch_optimizer:
         return 0
     if prec.precision_aware and not prec.optimizer_cpu_offload:

@@ -1,0 +1,106 @@
+"""Megatron-FSDP (``use_megatron_fsdp``, ``data_parallel_sharding_strategy``) and torch FSDP2
+(``use_torch_fsdp2``): what each shards over data parallel, and the unsharded buffers in
+flight during forward and backward.
+
+Megatron-FSDP, megatron-core 0.16.1 ``distributed/fsdp/src/megatron_fsdp/
+param_and_grad_buffer.py`` ``ParamAndGradBuffer._init_each_parameter_group_buffers``: per
+parameter group a compute-weight buffer (parameter dtype; sharded under
+``optim_grads_params``), an fp32 main-weight buffer (``preserve_fp32_weights``; sharded under
+every strategy but ``no_shard``) and a main-gradient buffer (fp32 with
+``grad_reduce_in_fp32``, else the parameter dtype; sharded under ``optim_grads`` and
+``optim_grads_params``); the optimizer's moments follow the main weights. Temporaries:
+``megatron_fsdp.py`` all-gathers a unit's bucket and prefetches further buckets up to
+``suggested_AG_prefetch_size`` elements, which is half of ``suggested_communication_unit_size``
+and that is at least 1e9 (``max(1_000_000_000, ...)``); the backward starts with a prefetch
+in backward order (``_root_pre_backward``). So a rank's whole parameter set up to 5e8 elements
+is unsharded at the start of the backward. Reduce-scatter buckets are freed when the queue
+passes ``suggested_RS_queue_capacity`` (the same >= 1e9), i.e. the unsharded gradients of
+units already back-propagated stay until the backward ends; at the backward's start the
+first unit's (the output layer's) full gradient bucket is alive.
+
+torch FSDP2, megatron-core ``distributed/torch_fully_sharded_data_parallel.py``:
+``fully_shard`` on every ``TransformerLayer``, ``LanguageModelEmbedding``,
+``RotaryEmbedding``, the output ``ColumnParallelLinear`` (not with the local spec) and the
+root, ``reshard_after_forward=True``: parameters, gradients and optimizer state sharded over
+dp x cp; one unit unsharded plus the next one prefetched (torch
+``distributed/fsdp/_fully_shard``), and a unit's unsharded gradient until its reduce-scatter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from memscope.analysis.static.config import TrainingSpec
+    from memscope.analysis.static.params import ParamTensor
+
+FSDP_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
+AG_PREFETCH_ELEMENTS = 500_000_000  # megatron_fsdp.py: max(1e9, suggested) // 2
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """What a data-parallel rank keeps only its share of."""
+
+    params: bool
+    grads: bool
+    optimizer: bool
+
+
+def sharding(spec: TrainingSpec) -> Sharding | None:
+    """The sharding of ``spec``'s FSDP, or None without FSDP (Megatron's DDP)."""
+    if spec.torch_fsdp2:
+        return Sharding(params=True, grads=True, optimizer=True)
+    if spec.fsdp is None:
+        return None
+    level = FSDP_STRATEGIES.index(spec.fsdp)
+    return Sharding(params=level >= 3, grads=level >= 2, optimizer=level >= 1)
+
+
+def shard_bytes(spec: TrainingSpec, params: list[ParamTensor], per_element: float) -> int:
+    """Bytes of ``params`` at ``per_element`` on one data-parallel rank: dense tensors over
+    dp x cp, expert tensors over the expert-data-parallel group (the padding of each buffer
+    to the group size is not counted)."""
+    p = spec.parallel
+    dense = sum(t.numel for t in params if not t.expert)
+    expert = sum(t.numel for t in params if t.expert)
+    return int(-(-dense * per_element // (p.dp * p.cp)) + -(-expert * per_element // p.expert_dp))
+
+
+def _units(spec: TrainingSpec, params: list[ParamTensor]) -> list[int]:
+    """Elements of each FSDP unit on this rank: one per decoder/MTP layer, the rest (the
+    embedding, the output layer, norms) as Megatron-FSDP's non-unit groups or FSDP2's
+    embedding/output units."""
+    layers: dict[str, int] = {}
+    rest: dict[str, int] = {}
+    for t in params:
+        head = t.name.split(".transformer_layer")[0] if ".mtp." in t.name else t.name
+        parts = head.split(".")
+        if "layers" in parts:
+            key = ".".join(parts[: parts.index("layers") + 2])
+            layers[key] = layers.get(key, 0) + t.numel
+        else:
+            key = "output_layer" if "output_layer" in t.name else "embedding"
+            if spec.model.transformer_impl == "local" and spec.torch_fsdp2:
+                key = "root"  # the local spec's output layer is not wrapped: the root unit
+            rest[key] = rest.get(key, 0) + t.numel
+    return list(layers.values()) + list(rest.values())
+
+
+def unsharded_bytes(spec: TrainingSpec, params: list[ParamTensor]) -> int:
+    """Unsharded parameters and gradients in flight at the start of the backward (beyond
+    the shards :func:`.terms.persistent_terms` counts)."""
+    shard = sharding(spec)
+    if shard is None or spec.parallel.dp * spec.parallel.cp == 1:
+        return 0
+    prec = spec.precision
+    units = _units(spec, params)
+    grad_bytes = 4 if prec.grads_in_fp32 else prec.param_bytes
+    gathered = 0
+    if shard.params and spec.torch_fsdp2:  # the unit in use and the prefetched next one
+        gathered = sum(sorted(units)[-2:]) * prec.param_bytes
+    elif shard.params:  # every bucket within the prefetch window
+        gathered = min(sum(units), AG_PREFETCH_ELEMENTS + max(units)) * prec.param_bytes
+    grads = max(units) * grad_bytes if shard.grads else 0
+    return gathered + grads

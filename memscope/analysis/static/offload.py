@@ -1,0 +1,75 @@
+"""Fine-grained activation offloading (``fine_grained_activation_offloading``,
+``offload_modules``, ``min_offloaded_tensor_size``): which saved tensors of a layer leave the
+GPU, from megatron-core 0.16.1.
+
+Each selected module runs inside ``FineGrainedActivationOffloadingInterface``
+(megatron/core/pipeline_parallel/fine_grained_activation_offload.py): every tensor autograd
+saves during that module's forward (``on_save_for_backward``) joins the module's group, and
+at the group's commit (``bulk_offload_group``) those of at least ``min_offloaded_tensor_size``
+elements (``tensor_need_offloading_checker``) are copied to pinned host memory and released;
+in the backward the next group is reloaded one ahead (``bulk_reload``). The last group of
+each module name before its backward is not offloaded (``post_warmup_callback``'s margin and
+``should_bulk_offload``): modelled as each chunk's last layer keeping its tensors. Where the
+modules sit: ``attn_norm`` / ``mlp_norm`` (transformer_layer.py: the norms' inputs),
+``qkv_linear`` / ``core_attn`` / ``attn_proj`` (attention.py), ``expert_fc1`` / ``moe_act``
+(moe/experts.py).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from memscope.analysis.static.config import TrainingSpec
+
+# transformer_config.py __post_init__'s allowed offload_modules
+OFFLOAD_MODULES = (
+    "attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act"
+)  # fmt: skip
+# Per module: the items of :func:`.activations.layer_saved` its forward saves, each with the
+# number of equally sized tensors in it (for the size threshold); the norms' statistics are
+# small and never pass the threshold.
+_SAVED_BY: dict[str, tuple[tuple[str, int, float], ...]] = {
+    # (item, tensors in the item, share of the item this module saves)
+    "attn_norm": (("layer_output", 1, 1.0),),  # the layer's input, the previous output
+    "qkv_linear": (("norm_outputs", 2, 0.5),),  # linear_qkv's input
+    "core_attn": (
+        ("attention_qkv", 3, 1.0),
+        ("attention_scores", 1, 1.0),
+        ("attention_dropout", 2, 1.0),
+        ("attention_softmax_lse", 1, 1.0),
+    ),
+    "attn_proj": (("attention_context", 1, 1.0),),  # linear_proj's input
+    "mlp_norm": (("attention_residual", 1, 1.0),),  # the pre-MLP norm's input
+}
+UNMODELLED_MODULES = ("expert_fc1", "moe_act")  # inside the experts' own itemisation
+
+
+def fine_grained_moved(spec: TrainingSpec, items: dict[str, int], element_bytes: int) -> int:
+    """Bytes of one layer's saved tensors (``items``, per microbatch) that the selected
+    ``offload_modules`` move to the host."""
+    moved = 0.0
+    for module in spec.offload_modules:
+        for item, tensors, share in _SAVED_BY.get(module, ()):
+            size = items.get(item, 0) * share
+            if size / tensors / element_bytes >= spec.min_offloaded_tensor_size:
+                moved += size
+    return int(moved)
+
+
+def validate_offload(spec: TrainingSpec) -> None:
+    """What megatron-core 0.16.1 ``TransformerConfig.__post_init__`` asserts."""
+    if not spec.fine_grained_offloading:
+        return
+    if spec.cpu_offloading:
+        raise ValueError("fine_grained_activation_offloading cannot be enabled with cpu_offloading")
+    unknown = sorted(set(spec.offload_modules) - set(OFFLOAD_MODULES))
+    if not spec.offload_modules or unknown:
+        raise ValueError(
+            f"offload_modules must name some of {', '.join(OFFLOAD_MODULES)}"
+            + (f" (unknown: {', '.join(unknown)})" if unknown else "")
+        )
+    if "attn_proj" in spec.offload_modules and "core_attn" not in spec.offload_modules:
+        raise ValueError("offload_modules: attn_proj needs core_attn (megatron-core)")
+    if spec.min_offloaded_tensor_size < 0:
+        raise ValueError("min_offloaded_tensor_size must be >= 0")
