@@ -9,6 +9,7 @@ routing); every other byte comes from the estimator. CUDA-only calls are redirec
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 from datetime import timedelta
@@ -16,7 +17,12 @@ from typing import Any
 
 import pytest
 
-from memscope.analysis.static.moe import moe_global_buffer, moe_layer_saved, routed_rows
+from memscope.analysis.static.moe import (
+    imbalance_bound,
+    moe_global_buffer,
+    moe_layer_saved,
+    routed_rows,
+)
 from memscope.analysis.static.sources import spec_from_megatron_args
 from memscope.demo.launcher import free_port, spawn
 
@@ -33,6 +39,8 @@ for _disp in ("allgather", "alltoall"):
     CASES[f"{_disp}_aux_loss"] = {**BASE, "dispatcher": _disp, "aux_loss": True}
     CASES[f"{_disp}_capacity_padded"] = {**BASE, "dispatcher": _disp, "cf": 1.5, "pad": True}
     CASES[f"{_disp}_ep2"] = {**BASE, "dispatcher": _disp, "ep": 2}
+    # every token's top-k on rank 0's experts: the imbalance bound (moe.imbalance_bound)
+    CASES[f"{_disp}_ep2_skewed"] = {**BASE, "dispatcher": _disp, "ep": 2, "skewed": True}
 
 
 def _measure(rank: int, world: int, port: int, names: list[str]) -> dict[str, tuple[int, int]]:
@@ -66,6 +74,12 @@ def _measure(rank: int, world: int, port: int, names: list[str]) -> dict[str, tu
             cfg = CASES[name]
             layer = build_moe_layer(cfg)
             x = torch.randn(S, B, cfg["h"], dtype=getattr(torch, cfg["dtype"]), requires_grad=True)
+            if cfg.get("skewed"):  # positive inputs, and only experts 0..k-1 score positive
+                with torch.no_grad():
+                    x.abs_()
+                    weight = layer.router.weight
+                    weight.fill_(-1.0)
+                    weight[: cfg["k"]] = 1.0
             rows: list[int] = []
             layer.experts.register_forward_pre_hook(
                 lambda m, a, rows=rows: rows.append(a[0].shape[0])
@@ -141,3 +155,23 @@ def test_moe_layer_keeps_what_the_estimate_itemises(measured, name):
         assert held == modelled, (name, rows, held, modelled)
         if cfg["ep"] == 1:  # every routed row stays on the one rank: the balanced count
             assert rows == routed_rows(s, S * B)
+
+
+@pytest.mark.parametrize("dispatcher", ["allgather", "alltoall"])
+def test_skewed_routing_reaches_the_imbalance_bound_on_the_busiest_rank(measured, dispatcher):
+    cfg = CASES[f"{dispatcher}_ep2_skewed"]
+    balanced = _spec(cfg)
+    bound = imbalance_bound(balanced)
+    assert bound == 2.0  # ep 2, k 2 <= 4 local experts
+    worst = dataclasses.replace(
+        balanced, model=dataclasses.replace(balanced.model, moe_token_imbalance=bound)
+    )
+    (busy_rows, busy_held), (idle_rows, _) = measured[f"{dispatcher}_ep2_skewed"]
+    assert idle_rows == 0
+    # the busiest rank's rows and held bytes, from the assumption alone (no measured rows)
+    assert busy_rows == routed_rows(worst, S * B) == 2 * routed_rows(balanced, S * B)
+    modelled = sum(moe_layer_saved(worst, S, B, 1, 2).values()) + moe_global_buffer(
+        worst, S, B, 1, 2
+    )
+    assert busy_held == modelled
+    assert modelled > sum(moe_layer_saved(balanced, S, B, 1, 2).values())

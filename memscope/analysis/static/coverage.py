@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memscope.analysis.static.config import TrainingSpec
+from memscope.analysis.static.moe import imbalance_bound
 from memscope.analysis.static.validation import READ_KEYS, show
 
 # Memory-relevant Megatron / FlagScale arguments the estimator does not model: key -> what
@@ -50,8 +51,6 @@ NOT_MODELLED: dict[str, str] = {
     "distribute_saved_activations": "full-recompute checkpoints split over the tensor-parallel "
     "ranks: the estimate keeps each checkpoint whole on every rank (too high)",
     "pipeline_model_parallel_layout": "a custom pipeline layout (refused by the estimator)",
-    "moe_shared_expert_overlap": "the shared expert overlapped with the token dispatch keeps "
-    "extra tensors alive, not counted",
     "recompute_granularity_per_stage_micro_batch": "FlagScale per-stage/micro-batch recompute: "
     "the global recompute settings are applied to every stage and micro-batch",
     "recompute_method_per_stage_micro_batch": "FlagScale per-stage/micro-batch recompute: the "
@@ -79,17 +78,12 @@ _OFF = frozenset(
 _DEFAULTS: dict[str, Any] = {"fp8_recipe": "delayed", "recompute_modules": ["core_attn"]}
 
 
-def _moe(merged: Mapping[str, Any], spec: TrainingSpec) -> bool:
-    return spec.model.num_experts is not None
-
-
 # Keys that only matter together with another setting (else Megatron ignores them).
 _RELEVANT: dict[str, Callable[[Mapping[str, Any], TrainingSpec], bool]] = {
     "fp8_recipe": lambda merged, spec: (
         is_set("fp8", merged.get("fp8")) or is_set("fp4", merged.get("fp4"))
     ),
     "distribute_saved_activations": lambda merged, spec: spec.recompute == "full",
-    "moe_shared_expert_overlap": _moe,
 }
 # Read by the JSON config reader besides READ_KEYS (its own names).
 EXTRA_READ_KEYS = frozenset({"dtype", "model_type", "hetero_stage_layers", "hetero_stage_meshes"})
@@ -333,12 +327,21 @@ def modelled_features(spec: TrainingSpec) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _imbalance(spec: TrainingSpec) -> str:
+    value = spec.model.moe_token_imbalance
+    return f"{value:g}" + (" (balanced)" if value == 1.0 else "")
+
+
 def approximated_features(spec: TrainingSpec) -> tuple[str, ...]:
     """What the estimate models only to first order for this config."""
     m = spec.model
     out = []
     if m.num_experts:
-        out.append("MoE routing is balanced (each expert gets tokens x top-k / experts)")
+        out.append(
+            f"MoE routing: the busiest rank gets moe_token_imbalance={_imbalance(spec)} x the "
+            f"balanced tokens x top-k rows (bound {imbalance_bound(spec):g} when every token's "
+            "top-k lands on one rank's experts; set moe_token_imbalance to move within it)"
+        )
         if m.moe_token_dispatcher == "flex":
             out.append("the flex (DeepEP) dispatcher as alltoall: its buffers are not counted")
     if m.multi_latent_attention:

@@ -18,7 +18,13 @@ from memscope._version import __version__
 from memscope.analysis.static.activations import dims
 from memscope.analysis.static.allowance import allowance
 from memscope.analysis.static.config import TrainingSpec
-from memscope.analysis.static.estimator import SOURCE, RankEstimate, ranks_by_position
+from memscope.analysis.static.estimator import (
+    SOURCE,
+    RankEstimate,
+    estimate_rank,
+    ranks_by_position,
+)
+from memscope.analysis.static.moe import imbalance_range
 from memscope.events.schema import SCHEMA_VERSION
 
 REPORT_TYPE_STATIC = "static"
@@ -249,6 +255,18 @@ def build_static_report(
             "approximations": APPROXIMATE,
         },
     }
+    imbalance = imbalance_range(
+        spec, lambda s: estimate_rank(s, selected.position).peak_memory_bytes
+    )
+    if imbalance is not None:
+        report["summary"]["moe_token_imbalance"] = imbalance
     if coverage is not None:
         report["coverage"] = coverage
+        if imbalance is not None:
+            low, high = imbalance["peak_bytes_balanced"], imbalance["peak_bytes_at_bound"]
+            coverage["approximated"] = [
+                *coverage.get("approximated", []),
+                f"this rank's peak ranges from {low / 2**30:.2f} GiB (balanced routing) to "
+                f"{high / 2**30:.2f} GiB (imbalance bound {imbalance['bound']:g})",
+            ]
     return report
