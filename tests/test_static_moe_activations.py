@@ -1,7 +1,7 @@
 """The MoE layer's activation terms (``memscope/analysis/static/moe.py``) against what a real
 megatron-core 0.16.1 ``MoELayer`` keeps after its forward on CPU, measured with the exact
 storage ledger: the allgather and alltoall dispatchers, bf16 and fp32, an fp32 router, the
-aux loss, a non-gated MLP, capacity padding, and expert parallelism over two processes
+aux loss, the z-loss, a non-gated MLP, capacity padding, and expert parallelism over two processes
 (gloo). The rows that reached the experts are read from the run (under EP they depend on the
 routing); every other byte comes from the estimator. CUDA-only calls are redirected in
 ``tests/harness/moe_cpu.py``.
@@ -37,6 +37,9 @@ for _disp in ("allgather", "alltoall"):
     CASES[f"{_disp}_router_fp32"] = {**BASE, "dispatcher": _disp, "router_dtype": "fp32"}
     CASES[f"{_disp}_gelu"] = {**BASE, "dispatcher": _disp, "gated": False}
     CASES[f"{_disp}_aux_loss"] = {**BASE, "dispatcher": _disp, "aux_loss": True}
+    CASES[f"{_disp}_z_loss_router_fp32"] = {
+        **BASE, "dispatcher": _disp, "z_loss": True, "router_dtype": "fp32"
+    }  # fmt: skip
     CASES[f"{_disp}_capacity_padded"] = {**BASE, "dispatcher": _disp, "cf": 1.5, "pad": True}
     CASES[f"{_disp}_ep2"] = {**BASE, "dispatcher": _disp, "ep": 2}
     # every token's top-k on rank 0's experts: the imbalance bound (moe.imbalance_bound)
@@ -139,6 +142,8 @@ def _spec(cfg: dict[str, Any]) -> Any:
         args.update(moe_router_load_balancing_type="aux_loss", moe_aux_loss_coeff=1e-2)
     else:
         args["moe_router_load_balancing_type"] = "none"
+    if cfg.get("z_loss"):
+        args["moe_z_loss_coeff"] = 1e-3
     if cfg.get("cf"):
         args.update(moe_expert_capacity_factor=cfg["cf"], moe_pad_expert_input_to_capacity=True)
     return spec_from_megatron_args(args)

@@ -73,6 +73,7 @@ class ModelSpec:
     moe_router_dtype: str | None = None  # "fp32" / "fp64"; None: the activation dtype
     moe_router_score_function: str = "softmax"
     moe_aux_loss: bool = False  # an aux-loss load balancing type with a positive coefficient
+    moe_z_loss: bool = False  # moe_z_loss_coeff set (router.py apply_z_loss)
     moe_expert_capacity_factor: float | None = None  # None or negative: dropless
     moe_pad_expert_input_to_capacity: bool = False
     moe_shared_expert_overlap: bool = False  # shared experts on their own stream

@@ -27,7 +27,9 @@ rank's experts.
   top-k keeps the int64 top-k indices and the fp32 top-k softmax (``12 T k``); sigmoid
   scoring keeps the fp32 ``[T, E]`` scores as well; an aux loss (a load-balancing type with a
   positive ``moe_aux_loss_coeff``) keeps the fp32 ``[T, E]`` scores, the int64 tokens per
-  expert and the loss scalar.
+  expert and the loss scalar; the z-loss (``moe_z_loss_coeff``, router.py ``apply_z_loss``,
+  moe_utils.py ``z_loss_func``) keeps the router-dtype ``[T, E]`` logits (``logsumexp``'s
+  input), its ``[T]`` result and the scalar ``MoEAuxLossAutoScaler`` saves.
 - **Dispatcher** (token_dispatcher.py, moe_utils.py ``permute``): allgather keeps the int64
   sort indices of its ``n`` rows, the transposed probabilities and routing mask that
   ``masked_select`` saves over the gathered ``T G`` tokens, and holds the local routing map;
@@ -154,6 +156,8 @@ def moe_layer_saved(
         router += FP32 * tokens * experts
     if m.moe_aux_loss:
         router += FP32 * tokens * experts + INT64 * experts + FP32
+    if m.moe_z_loss:  # logsumexp keeps the [T, E] logits and its [T] result; the scaler the loss
+        router += r * tokens * experts + r * tokens + r
 
     padded = m.moe_pad_expert_input_to_capacity and m.moe_expert_capacity_factor is not None
     counts = INT64 * experts * etp if local > 1 else 0  # per-expert token counts (alltoall)

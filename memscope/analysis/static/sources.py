@@ -217,6 +217,7 @@ def _expert_fields(args: Any, num_layers: int) -> dict[str, Any]:
             args, "moe_router_score_function", "softmax", ("softmax", "sigmoid")
         ),
         moe_aux_loss=_aux_loss_enabled(args),
+        moe_z_loss=_get(args, "moe_z_loss_coeff") is not None,
         moe_expert_capacity_factor=_capacity_factor(args),
         moe_pad_expert_input_to_capacity=_flag(args, "moe_pad_expert_input_to_capacity"),
         moe_permute_fusion=_flag(args, "moe_permute_fusion"),

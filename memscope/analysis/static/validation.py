@@ -129,6 +129,7 @@ READ_KEYS = frozenset(NEGATED_FLAGS) | frozenset(
         "moe_router_topk",
         "moe_token_dispatcher_type",
         "moe_token_imbalance",
+        "moe_z_loss_coeff",
         "moe_shared_expert_intermediate_size",
         "moe_shared_expert_overlap",
         "moe_use_legacy_grouped_gemm",
