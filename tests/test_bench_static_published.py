@@ -35,6 +35,9 @@ def test_committed_benchmark_output_is_what_the_tool_prints_now(result):
     )
     with open(JSON, encoding="utf-8") as f:
         assert json.load(f)["summary"] == json.loads(json.dumps(result["summary"]))
+    with open(os.path.join(ROOT, "docs", "static-estimator.md"), encoding="utf-8") as f:
+        docs = " ".join(f.read().split())
+    assert f"Last run: {bench.doc_figures(result['summary'])}." in docs
 
 
 def test_every_case_names_its_source_and_nothing_is_dropped(result):

@@ -272,6 +272,17 @@ def summary(rows: list[dict[str, Any]], total: int) -> dict[str, Any]:
     return out
 
 
+def doc_figures(s: dict[str, Any]) -> str:
+    """The figures docs/static-estimator.md quotes, as this function words them."""
+    if not s["modelled"]:
+        return f"0 of {s['cases']} cases modelled"
+    return (
+        f"{s['modelled']} of {s['cases']} cases modelled, median |error| "
+        f"{100 * s['median_abs_error']:.1f}%, worst {100 * s['worst_error']:+.1f}% "
+        f"(`{s['worst_case']}`), {len(s['over_5_percent'])} beyond 5%"
+    )
+
+
 def _gib(n: float) -> str:
     return f"{n / GIB:7.2f}"
 
