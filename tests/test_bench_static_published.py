@@ -62,6 +62,18 @@ def test_every_case_names_its_source_and_nothing_is_dropped(result):
         )
 
 
+def test_dropless_moe_rows_carry_the_imbalance_range(result):
+    moe = [r for r in result["rows"] if r["parallel"]["ep"] > 1 or r["family"] == "moe"]
+    assert moe and all(r["imbalance_bound"] for r in moe)
+    for r in moe:
+        bound = r["imbalance_bound"]
+        assert bound["bound"] >= 1.0
+        assert bound["peak_bytes"] >= r["estimate"]["peak_bytes"]
+        assert (bound["peak_bytes"] > r["estimate"]["peak_bytes"]) == (bound["bound"] > 1.0)
+    dense = [r for r in result["rows"] if r["family"] == "gpt"]
+    assert dense and not any(r["imbalance_bound"] for r in dense)
+
+
 def test_features_being_added_are_awaited_not_estimated(result):
     reasons = {s["name"]: s["reason"] for s in result["separate"]}
     assert reasons["gpt3_moe_mcore_te_ep8_resume_torch_dist_muon"].startswith("awaiting Muon")

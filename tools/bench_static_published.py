@@ -210,6 +210,27 @@ def awaiting(parsed: dict[str, Any]) -> str | None:
     return None
 
 
+def imbalance_range(case: dict[str, Any], parsed: dict[str, Any]) -> dict[str, Any] | None:
+    """For a dropless MoE case: the token-imbalance bound (``moe.imbalance_bound``) and our
+    peak at it, the other end of the range the report gives (the benchmark's error uses the
+    default assumption, balanced routing)."""
+    import types
+
+    from memscope.analysis.static.moe import imbalance_bound
+
+    experts = parsed.get("num_experts")
+    factor = parsed.get("moe_expert_capacity_factor")
+    if not experts or (factor is not None and float(factor) >= 0):
+        return None
+    shape = types.SimpleNamespace(
+        model=types.SimpleNamespace(num_experts=experts, moe_router_topk=parsed["moe_router_topk"]),
+        parallel=types.SimpleNamespace(ep=parsed.get("expert_model_parallel_size") or 1),
+    )
+    bound = imbalance_bound(shape)  # type: ignore[arg-type]
+    at_bound = golden.estimate_case(case, {**parsed, "moe_token_imbalance": bound})
+    return {"bound": bound, "peak_bytes": at_bound["estimate"]["peak_bytes"]}
+
+
 def run(tree: str, cases: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     cases = load_cases() if cases is None else cases
     rows: list[dict[str, Any]] = []
@@ -248,6 +269,7 @@ def run(tree: str, cases: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         if "reason" in result:
             separate.append(result)
             continue
+        result["imbalance_bound"] = imbalance_range(case, ns)
         rows.append(result)
     megatron, flagscale = golden.versions(tree)
     return {
@@ -269,6 +291,15 @@ def summary(rows: list[dict[str, Any]], total: int) -> dict[str, Any]:
             median_abs_error=statistics.median(abs(r["error"]) for r in rows),
             over_5_percent=[r["name"] for r in rows if abs(r["error"]) > 0.05],
         )
+        ranged = [r for r in rows if r.get("imbalance_bound")]
+        out["dropless_moe"] = len(ranged)
+        out["within_imbalance_range"] = [
+            r["name"]
+            for r in ranged
+            if r["estimate"]["peak_bytes"]
+            <= r["measured"]["peak_bytes"]
+            <= r["imbalance_bound"]["peak_bytes"]
+        ]
     return out
 
 
@@ -293,17 +324,21 @@ def render(result: dict[str, Any]) -> str:
         f"# published GPU memory: {src['repo']}@{src['commit'][:12]} functional-test golden "
         f"values (last rank), parsed by Megatron-LM {parser['megatron']} (FlagScale "
         f"{parser['flagscale']}); GiB; steady = mem-allocated-bytes at the last logged "
-        "iteration, peak = max mem-max-allocated-bytes; moment = where our peak falls",
+        "iteration, peak = max mem-max-allocated-bytes; est = ours under balanced routing "
+        "(moe_token_imbalance 1), @bound = ours at the imbalance bound of a dropless MoE case "
+        "(the report's range); moment = where our peak falls",
         f"{'case':<72} {'world':>5} {'tp,pp':>5} {'steady':>7} {'peak':>7} {'est.stdy':>8} "
-        f"{'est.peak':>8} {'error':>7}  moment",
+        f"{'est.peak':>8} {'error':>7} {'@bound':>7}  moment",
     ]
     for r in result["rows"]:
         m, e = r["measured"], r["estimate"]
+        bound = r["imbalance_bound"]
+        at_bound = _gib(bound["peak_bytes"]) if bound else f"{'-':>7}"
         lines.append(
             f"{r['family'] + '/' + r['name']:<72} {r['world_size']:>5} "
             f"{r['tp_rank']:>2},{r['pp_rank']:<2} {_gib(m['steady_bytes'])} "
             f"{_gib(m['peak_bytes'])} {_gib(e['steady_bytes']):>8} {_gib(e['peak_bytes']):>8} "
-            f"{r['error'] * 100:+6.1f}%  {e['peak_moment']}"
+            f"{r['error'] * 100:+6.1f}% {at_bound}  {e['peak_moment']}"
         )
     lines.append("")
     lines.append(f"listed separately: {len(result['separate'])} cases")
@@ -319,6 +354,11 @@ def render(result: dict[str, Any]) -> str:
         lines.append(
             f"modelled: {s['modelled']} of {s['cases']} cases; worst: {s['worst_case']}; "
             f"{len(s['over_5_percent'])} beyond 5%"
+        )
+        lines.append(
+            f"dropless MoE: the measured peak lies between ours at balanced routing and ours at "
+            f"the imbalance bound in {len(s['within_imbalance_range'])} of {s['dropless_moe']} "
+            "cases"
         )
         lines.append(
             f"worst: {100 * s['worst_error']:+.1f}%  median: {100 * s['median_abs_error']:.1f}%"
