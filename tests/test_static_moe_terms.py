@@ -120,3 +120,14 @@ def test_the_moe_peak_grows_with_the_assumed_imbalance():
     assert high.activations.total_bytes > low.activations.total_bytes
     assert high.persistent.total_bytes == low.persistent.total_bytes
     assert dataclasses.replace(high_spec.model, moe_token_imbalance=1.0) == _spec().model
+
+
+@pytest.mark.parametrize("impl", ["transformer_engine", "local"])
+def test_mlp_recompute_drops_the_fused_pre_mlp_norm_only_under_transformer_engine(impl):
+    spec = _spec(num_experts=None, expert_model_parallel_size=1, transformer_impl=impl,
+                 recompute_granularity="selective", recompute_modules=["mlp"])  # fmt: skip
+    x = dims(spec)
+    full = layer_saved(spec, x)
+    dropped = recompute_discarded(spec, x, full)["mlp"]
+    norm = (full["norm_outputs"] + full["norm_statistics"]) // 2
+    assert dropped == full["mlp"] + (norm if impl == "transformer_engine" else 0)

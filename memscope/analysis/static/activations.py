@@ -275,8 +275,10 @@ def recompute_discarded(spec: TrainingSpec, x: Dims, saved: dict[str, int]) -> d
       layer (``IdentityOp``): nothing for a dense layer, the pre-MLP norm of a MoE layer and
       the input norm of MLA (models/gpt/gpt_layer_specs.py: MLA's down projections are plain
       ``TELinear``, so ``input_layernorm`` is a separate ``TENorm``).
-    * ``mlp`` (transformer_layer.py: ``tensor_parallel.checkpoint(self.mlp, ...)`` for
-      dense layers only): everything the MLP keeps; its input, the norm output, stays.
+    * ``mlp`` (transformer_layer.py ``_forward_mlp``: ``tensor_parallel.checkpoint(self.mlp,
+      ...)`` for dense layers only): everything the MLP keeps; its input, the norm output,
+      stays (local spec). Transformer Engine's spec fuses the pre-MLP norm into fc1, so the
+      checkpoint's input is the residual and the norm's output and statistics go too.
     * ``moe`` (transformer/moe/moe_layer.py ``moe_layer_recompute``): the whole MoE MLP
       (router, dispatcher, experts, shared experts).
     * ``moe_act`` (transformer/moe/experts.py ``activation_recompute``): the experts'
@@ -295,6 +297,10 @@ def recompute_discarded(spec: TrainingSpec, x: Dims, saved: dict[str, int]) -> d
         out["layernorm"] = norms * (saved["norm_outputs"] + saved["norm_statistics"]) // 2
     if spec.recomputes("mlp") and not moe:
         out["mlp"] = saved["mlp"]
+        if m.transformer_impl == "transformer_engine":
+            # the pre-MLP norm is fused into fc1 (IdentityOp before it), so the checkpoint's
+            # input is the residual and fc1's normalised input and statistics are inside it
+            out["mlp"] += (saved["norm_outputs"] + saved["norm_statistics"]) // 2
     if moe and spec.recomputes("moe"):
         out["moe"] = saved["mlp"]
     elif moe:
