@@ -26,6 +26,7 @@ from memscope.analysis.static.estimator import (
 )
 from memscope.analysis.static.moe import imbalance_range
 from memscope.events.schema import SCHEMA_VERSION
+from memscope.units import format_bytes
 
 REPORT_TYPE_STATIC = "static"
 APPROXIMATE = (
@@ -262,11 +263,14 @@ def build_static_report(
         report["summary"]["moe_token_imbalance"] = imbalance
     if coverage is not None:
         report["coverage"] = coverage
-        if imbalance is not None:
+        if imbalance is not None:  # the MoE assumption's range, beside the assumption itself
             low, high = imbalance["peak_bytes_balanced"], imbalance["peak_bytes_at_bound"]
-            coverage["approximated"] = [
-                *coverage.get("approximated", []),
-                f"this rank's peak ranges from {low / 2**30:.2f} GiB (balanced routing) to "
-                f"{high / 2**30:.2f} GiB (imbalance bound {imbalance['bound']:g})",
-            ]
+            report["coverage"] = {
+                **coverage,
+                "approximated": [
+                    *coverage.get("approximated", []),
+                    f"this rank's peak ranges from {format_bytes(low)} (balanced routing) to "
+                    f"{format_bytes(high)} (imbalance bound {imbalance['bound']:g})",
+                ],
+            }
     return report
