@@ -376,24 +376,22 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     if opts.extract:
         cases = extract(opts.extract)
-        with open(DATA, "w", encoding="utf-8") as f:
-            json.dump({"cases": cases}, f, indent=1, sort_keys=True)
-            f.write("\n")
+        _write_json(DATA, {"cases": cases})
         print(f"wrote {len(cases)} cases to {os.path.relpath(DATA, ROOT)}")
         return 0
-    if opts.tree:
-        tree = opts.tree
-    else:
-        from flagscale_wheel import flagscale_tree
+    from flagscale_wheel import flagscale_tree
 
-        tree = flagscale_tree()
-    result = run(tree)
+    result = run(opts.tree or flagscale_tree())
     print(render(result))
     if opts.json:
-        with open(opts.json, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1, sort_keys=True)
-            f.write("\n")
+        _write_json(opts.json, result)
     return 0
+
+
+def _write_json(path: str, data: Any) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+        f.write("\n")
 
 
 if __name__ == "__main__":
