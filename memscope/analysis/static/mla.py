@@ -38,8 +38,11 @@ the checkpoint keeps its inputs instead: ``q_compressed``, ``kv_compressed`` (a 
 ``kv_combined`` storage on TE, where the view is not copied) and ``k_pos_emb``, all-gathered to
 ``[s, b, pe]`` under sequence parallelism.
 
-Measured on CPU for the local spec without TP (``tests/test_static_mla_activations.py``);
-the TE terms are read from the code above and not measured here (no TE on CPU).
+Measured on CPU for the local spec on one rank and under TP 2 without sequence parallelism
+(``tests/test_static_mla_activations.py``); the TE terms are read from the code above and not
+measured here (no TE on CPU). Known gap: the local spec under sequence parallelism also keeps
+the up projections' outputs alive on CPU (one more ``[s, b, a (2 qk + pe + v)]`` per layer),
+not yet traced to what holds them, so not counted.
 """
 
 from __future__ import annotations
