@@ -42,10 +42,9 @@ CASES: dict[str, dict[str, Any]] = {
 for _name in list(CASES):
     CASES[f"{_name}_up_proj_recompute"] = {**CASES[_name], "recompute_up_proj": True}
 # TP 2 without sequence parallelism: the down projections' sharded outputs all-gathered to the
-# whole latent width. (Local spec under SP: megatron-core refuses torch's norms there, and in
-# the plain case the up projections' outputs stay alive beside what autograd saves -- one
-# more [s, b, a (2 qk + pe + v)] per layer, not yet traced to its holder, so not modelled;
-# Transformer Engine is what runs MLA under SP.)
+# whole latent width. (Under SP megatron-core refuses torch's norms, and the plain case's CPU
+# run holds one more [s, b, h] per call that neither a Python tensor nor autograd references:
+# the all-gathered input's size, consistent with gloo's staging buffer; see mla.py.)
 CASES["plain_tp2"] = {**BASE, "tp": 2}
 CASES["plain_tp2_up_proj_recompute"] = {**BASE, "tp": 2, "recompute_up_proj": True}
 

@@ -40,9 +40,10 @@ the checkpoint keeps its inputs instead: ``q_compressed``, ``kv_compressed`` (a 
 
 Measured on CPU for the local spec on one rank and under TP 2 without sequence parallelism
 (``tests/test_static_mla_activations.py``); the TE terms are read from the code above and not
-measured here (no TE on CPU). Known gap: the local spec under sequence parallelism also keeps
-the up projections' outputs alive on CPU (one more ``[s, b, a (2 qk + pe + v)]`` per layer),
-not yet traced to what holds them, so not counted.
+measured here (no TE on CPU). Under sequence parallelism the local spec's CPU run holds one
+more ``[s, b, h]`` per call that no Python tensor and no saved tensor references: the size of
+the down projections' all-gathered input, consistent with gloo's all-gather staging buffer
+(a CPU-collective artifact, not counted); that case is therefore not in the exact test.
 """
 
 from __future__ import annotations
