@@ -221,15 +221,16 @@ def test_a_key_the_estimator_reads_is_never_unused_or_not_modelled(monkeypatch):
     assert "swiglu" not in [n.key for n in result.not_modelled]
 
 
-def test_moe_keys_only_matter_with_experts():
+def test_shared_expert_overlap_is_read_and_routing_imbalance_is_a_stated_assumption():
     merged = {"moe_shared_expert_overlap": True}
     assert config_coverage(merged, _spec(), None).not_modelled == ()
-    moe = _spec(num_experts=4, moe_router_topk=2)
+    moe = _spec(num_experts=4, moe_router_topk=2, expert_model_parallel_size=2,
+                data_parallel_size=2)  # fmt: skip
     result = config_coverage(merged, moe, None)
-    found = [(n.key, n.value) for n in result.not_modelled]
-    assert found == [("moe_shared_expert_overlap", "true")]
+    assert result.not_modelled == ()  # modelled (moe.py), no longer listed
     assert any("MoE (4 experts, top-2" in m for m in result.modelled)
-    assert any("balanced" in a for a in result.approximated)
+    [line] = [a for a in result.approximated if "moe_token_imbalance" in a]
+    assert "1 (balanced)" in line and "bound 2" in line, line
 
 
 def test_is_set():

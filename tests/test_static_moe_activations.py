@@ -1,7 +1,7 @@
 """The MoE layer's activation terms (``memscope/analysis/static/moe.py``) against what a real
 megatron-core 0.16.1 ``MoELayer`` keeps after its forward on CPU, measured with the exact
 storage ledger: the allgather and alltoall dispatchers, bf16 and fp32, an fp32 router, the
-aux loss, a non-gated MLP, capacity padding, and expert parallelism over two processes
+aux loss, the z-loss, a non-gated MLP, capacity padding, and expert parallelism over two processes
 (gloo). The rows that reached the experts are read from the run (under EP they depend on the
 routing); every other byte comes from the estimator. CUDA-only calls are redirected in
 ``tests/harness/moe_cpu.py``.
@@ -9,6 +9,7 @@ routing); every other byte comes from the estimator. CUDA-only calls are redirec
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 from datetime import timedelta
@@ -16,7 +17,12 @@ from typing import Any
 
 import pytest
 
-from memscope.analysis.static.moe import moe_global_buffer, moe_layer_saved, routed_rows
+from memscope.analysis.static.moe import (
+    imbalance_bound,
+    moe_global_buffer,
+    moe_layer_saved,
+    routed_rows,
+)
 from memscope.analysis.static.sources import spec_from_megatron_args
 from memscope.demo.launcher import free_port, spawn
 
@@ -31,8 +37,13 @@ for _disp in ("allgather", "alltoall"):
     CASES[f"{_disp}_router_fp32"] = {**BASE, "dispatcher": _disp, "router_dtype": "fp32"}
     CASES[f"{_disp}_gelu"] = {**BASE, "dispatcher": _disp, "gated": False}
     CASES[f"{_disp}_aux_loss"] = {**BASE, "dispatcher": _disp, "aux_loss": True}
+    CASES[f"{_disp}_z_loss_router_fp32"] = {
+        **BASE, "dispatcher": _disp, "z_loss": True, "router_dtype": "fp32"
+    }  # fmt: skip
     CASES[f"{_disp}_capacity_padded"] = {**BASE, "dispatcher": _disp, "cf": 1.5, "pad": True}
     CASES[f"{_disp}_ep2"] = {**BASE, "dispatcher": _disp, "ep": 2}
+    # every token's top-k on rank 0's experts: the imbalance bound (moe.imbalance_bound)
+    CASES[f"{_disp}_ep2_skewed"] = {**BASE, "dispatcher": _disp, "ep": 2, "skewed": True}
 
 
 def _measure(rank: int, world: int, port: int, names: list[str]) -> dict[str, tuple[int, int]]:
@@ -66,6 +77,12 @@ def _measure(rank: int, world: int, port: int, names: list[str]) -> dict[str, tu
             cfg = CASES[name]
             layer = build_moe_layer(cfg)
             x = torch.randn(S, B, cfg["h"], dtype=getattr(torch, cfg["dtype"]), requires_grad=True)
+            if cfg.get("skewed"):  # positive inputs, and only experts 0..k-1 score positive
+                with torch.no_grad():
+                    x.abs_()
+                    weight = layer.router.weight
+                    weight.fill_(-1.0)
+                    weight[: cfg["k"]] = 1.0
             rows: list[int] = []
             layer.experts.register_forward_pre_hook(
                 lambda m, a, rows=rows: rows.append(a[0].shape[0])
@@ -125,6 +142,8 @@ def _spec(cfg: dict[str, Any]) -> Any:
         args.update(moe_router_load_balancing_type="aux_loss", moe_aux_loss_coeff=1e-2)
     else:
         args["moe_router_load_balancing_type"] = "none"
+    if cfg.get("z_loss"):
+        args["moe_z_loss_coeff"] = 1e-3
     if cfg.get("cf"):
         args.update(moe_expert_capacity_factor=cfg["cf"], moe_pad_expert_input_to_capacity=True)
     return spec_from_megatron_args(args)
@@ -141,3 +160,23 @@ def test_moe_layer_keeps_what_the_estimate_itemises(measured, name):
         assert held == modelled, (name, rows, held, modelled)
         if cfg["ep"] == 1:  # every routed row stays on the one rank: the balanced count
             assert rows == routed_rows(s, S * B)
+
+
+@pytest.mark.parametrize("dispatcher", ["allgather", "alltoall"])
+def test_skewed_routing_reaches_the_imbalance_bound_on_the_busiest_rank(measured, dispatcher):
+    cfg = CASES[f"{dispatcher}_ep2_skewed"]
+    balanced = _spec(cfg)
+    bound = imbalance_bound(balanced)
+    assert bound == 2.0  # ep 2, k 2 <= 4 local experts
+    worst = dataclasses.replace(
+        balanced, model=dataclasses.replace(balanced.model, moe_token_imbalance=bound)
+    )
+    (busy_rows, busy_held), (idle_rows, _) = measured[f"{dispatcher}_ep2_skewed"]
+    assert idle_rows == 0
+    # the busiest rank's rows and held bytes, from the assumption alone (no measured rows)
+    assert busy_rows == routed_rows(worst, S * B) == 2 * routed_rows(balanced, S * B)
+    modelled = sum(moe_layer_saved(worst, S, B, 1, 2).values()) + moe_global_buffer(
+        worst, S, B, 1, 2
+    )
+    assert busy_held == modelled
+    assert modelled > sum(moe_layer_saved(balanced, S, B, 1, 2).values())

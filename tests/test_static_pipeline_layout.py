@@ -157,15 +157,15 @@ def test_standalone_mtp_stage_keeps_the_mtp_layers_and_the_loss_stage_the_concat
     )
     loss_plain = estimate_rank(plain, RankPosition(0, 2))
     hidden = 32 * 1 * 64 * 4  # s b h, fp32
-    loss_chunk = chunk_activations(spec, 0, False, True,
-                                   roles=chunk_roles(spec.model, spec.parallel, 2, 1))[3]  # fmt: skip
+    loss_roles = chunk_roles(spec.model, spec.parallel, 2, 1)
+    loss_chunk = chunk_activations(spec, 0, False, True, roles=loss_roles)[3]
     assert loss_chunk["chunk_input"] == 2 * hidden  # the main and the one depth's states
     assert "mtp_layers" not in loss_chunk and loss_chunk["mtp_cross_entropy"] > 0
-    mtp_chunk = chunk_activations(spec, 0, False, False,
-                                 roles=chunk_roles(spec.model, spec.parallel, 1, 1))[3]  # fmt: skip
+    mtp_roles = chunk_roles(spec.model, spec.parallel, 1, 1)
+    mtp_chunk = chunk_activations(spec, 0, False, False, roles=mtp_roles)[3]
     assert mtp_chunk["mtp_layers"] > 0 and "mtp_cross_entropy" not in mtp_chunk
-    plain_chunk = chunk_activations(plain, 0, False, True,
-                                  roles=chunk_roles(plain.model, plain.parallel, 2, 1))[3]  # fmt: skip
+    plain_roles = chunk_roles(plain.model, plain.parallel, 2, 1)
+    plain_chunk = chunk_activations(plain, 0, False, True, roles=plain_roles)[3]
     # with MTP the final norm sits with the last decoder layer (rank 2's first chunk)
     assert "final_norm" in plain_chunk and "final_norm" not in loss_chunk
     saved = [e.activations.saved_per_chunk[1] for e in (loss_rank, loss_plain)]

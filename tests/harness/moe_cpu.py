@@ -71,7 +71,7 @@ def install_moe_cpu_stand_ins() -> None:
 
 def build_moe_layer(cfg: dict[str, Any]) -> Any:
     """A ``MoELayer`` of megatron-core's local spec for ``cfg`` (keys: h, f_e, E, k, ep,
-    dispatcher, dtype, gated, router_dtype, aux_loss, cf, pad)."""
+    dispatcher, dtype, gated, router_dtype, aux_loss, z_loss, cf, pad)."""
     import torch
     import torch.nn.functional as F
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -94,6 +94,7 @@ def build_moe_layer(cfg: dict[str, Any]) -> Any:
         moe_router_dtype=cfg.get("router_dtype"),
         moe_router_load_balancing_type="aux_loss" if cfg.get("aux_loss") else "none",
         moe_aux_loss_coeff=1e-2 if cfg.get("aux_loss") else 0.0,
+        moe_z_loss_coeff=1e-3 if cfg.get("z_loss") else None,
         moe_expert_capacity_factor=cfg.get("cf"),
         moe_pad_expert_input_to_capacity=cfg.get("pad", False),
         add_bias_linear=False,

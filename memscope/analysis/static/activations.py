@@ -26,6 +26,7 @@ from functools import lru_cache
 from memscope.analysis.static.config import TrainingSpec, chunk_roles
 from memscope.analysis.static.distillation import distillation_extras, distillation_moments
 from memscope.analysis.static.fp8 import quantized_saved
+from memscope.analysis.static.mla import mla_saved, mla_up_proj_discarded
 from memscope.analysis.static.moe import (
     moe_act_discarded,
     moe_global_buffer,
@@ -187,8 +188,8 @@ def layer_saved(spec: TrainingSpec, x: Dims) -> dict[str, int]:
         items["rope_cos_sin"] = 2 * 2 * x.s * x.d * x.e
     if m.qk_layernorm and not m.multi_latent_attention:
         items["qk_layernorm"] = qk_layernorm_saved(spec, x)
-    if m.multi_latent_attention:  # approximate, not measured: see approximate_moe_mla()
-        items.update(_mla_items(spec, x))
+    if m.multi_latent_attention:  # query/key/value, context, latents, RoPE tables (mla.py)
+        items.update(mla_saved(spec, x.s, x.b, x.a, x.sp, x.e))
     if m.num_experts is not None:  # router, dispatcher, experts, shared experts (moe.py)
         items["mlp"] = sum(moe_layer_saved(spec, x.s, x.b, x.sp, x.e).values())
     if spec.flash_attention:
@@ -268,23 +269,6 @@ def mtp_saved(spec: TrainingSpec, x: Dims, layer_total: int) -> dict[str, int]:
     }
 
 
-def _mla_items(spec: TrainingSpec, x: Dims) -> dict[str, int]:
-    """Multi-latent attention (approximate, first order; not checked against measurement).
-
-    Query/key carry ``qk_head_dim + qk_pos_emb_head_dim`` per head, value and context
-    ``v_head_dim``; the compressed kv (and query) latents and their norm outputs are kept.
-    """
-    m = spec.model
-    tokens = x.s * x.b * x.e
-    qk, v = m.qk_head_dim + m.qk_pos_emb_head_dim, m.v_head_dim
-    latents = m.kv_lora_rank + m.qk_pos_emb_head_dim + (m.q_lora_rank or 0)
-    return {
-        "attention_qkv": tokens * x.a * (2 * qk + v),
-        "attention_context": tokens * x.a * v,
-        "attention_latents": 2 * tokens * latents,  # down-projection outputs, their norms
-    }
-
-
 def recompute_discarded(spec: TrainingSpec, x: Dims, saved: dict[str, int]) -> dict[str, int]:
     """Bytes of one layer's saved tensors (``saved``: :func:`layer_saved`) that selective
     recompute of each ``recompute_modules`` entry besides ``core_attn`` (already applied by
@@ -293,9 +277,13 @@ def recompute_discarded(spec: TrainingSpec, x: Dims, saved: dict[str, int]) -> d
     * ``layernorm`` (transformer/transformer_layer.py: ``CheckpointWithoutOutput`` around
       ``input_layernorm`` and ``pre_mlp_layernorm``, outputs discarded after use): the norms'
       outputs and statistics. Transformer Engine's spec fuses the norms into the next linear
-      layer (``IdentityOp``): nothing for a dense layer, the pre-MLP norm of a MoE layer.
-    * ``mlp`` (transformer_layer.py: ``tensor_parallel.checkpoint(self.mlp, ...)`` for
-      dense layers only): everything the MLP keeps; its input, the norm output, stays.
+      layer (``IdentityOp``): nothing for a dense layer, the pre-MLP norm of a MoE layer and
+      the input norm of MLA (models/gpt/gpt_layer_specs.py: MLA's down projections are plain
+      ``TELinear``, so ``input_layernorm`` is a separate ``TENorm``).
+    * ``mlp`` (transformer_layer.py ``_forward_mlp``: ``tensor_parallel.checkpoint(self.mlp,
+      ...)`` for dense layers only): everything the MLP keeps; its input, the norm output,
+      stays (local spec). Transformer Engine's spec fuses the pre-MLP norm into fc1, so the
+      checkpoint's input is the residual and the norm's output and statistics go too.
     * ``moe`` (transformer/moe/moe_layer.py ``moe_layer_recompute``): the whole MoE MLP
       (router, dispatcher, experts, shared experts).
     * ``moe_act`` (transformer/moe/experts.py ``activation_recompute``): the experts'
@@ -310,10 +298,14 @@ def recompute_discarded(spec: TrainingSpec, x: Dims, saved: dict[str, int]) -> d
     moe = m.num_experts is not None
     out: dict[str, int] = {}
     if spec.recomputes("layernorm"):
-        norms = 2 if m.transformer_impl == "local" else (1 if moe else 0)
+        norms = 2 if m.transformer_impl == "local" else int(moe) + int(m.multi_latent_attention)
         out["layernorm"] = norms * (saved["norm_outputs"] + saved["norm_statistics"]) // 2
     if spec.recomputes("mlp") and not moe:
         out["mlp"] = saved["mlp"]
+        if m.transformer_impl == "transformer_engine":
+            # the pre-MLP norm is fused into fc1 (IdentityOp before it), so the checkpoint's
+            # input is the residual and fc1's normalised input and statistics are inside it
+            out["mlp"] += (saved["norm_outputs"] + saved["norm_statistics"]) // 2
     if moe and spec.recomputes("moe"):
         out["moe"] = saved["mlp"]
     elif moe:
@@ -323,7 +315,7 @@ def recompute_discarded(spec: TrainingSpec, x: Dims, saved: dict[str, int]) -> d
         if spec.recomputes("shared_experts"):
             out["shared_experts"] = parts.get("moe_shared_experts", 0)
     if spec.recomputes("mla_up_proj") and m.multi_latent_attention:
-        out["mla_up_proj"] = saved["attention_qkv"]
+        out["mla_up_proj"] = mla_up_proj_discarded(spec, x.s, x.b, x.a, x.sp, x.e)
     return out
 
 

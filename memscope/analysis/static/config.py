@@ -87,8 +87,14 @@ class ModelSpec:
     moe_router_dtype: str | None = None  # "fp32" / "fp64"; None: the activation dtype
     moe_router_score_function: str = "softmax"
     moe_aux_loss: bool = False  # an aux-loss load balancing type with a positive coefficient
+    moe_z_loss: bool = False  # moe_z_loss_coeff set (router.py apply_z_loss)
     moe_expert_capacity_factor: float | None = None  # None or negative: dropless
     moe_pad_expert_input_to_capacity: bool = False
+    moe_shared_expert_overlap: bool = False  # shared experts on their own stream
+    moe_permute_fusion: bool = False  # Transformer Engine's fused (un)permute (moe_utils.permute)
+    # Assumption, not a Megatron setting: under dropless routing, the busiest rank's routed rows
+    # at the peak over the balanced ``tokens * topk`` (1.0: balanced; see moe.imbalance_bound)
+    moe_token_imbalance: float = 1.0
     # Multi-latent attention (Megatron's argument defaults).
     multi_latent_attention: bool = False
     q_lora_rank: int | None = None  # None: linear_q_proj without low-rank query compression

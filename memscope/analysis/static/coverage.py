@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memscope.analysis.static.config import TrainingSpec
+from memscope.analysis.static.moe import imbalance_bound
 from memscope.analysis.static.pipeline_layout import mtp_chunk
 from memscope.analysis.static.validation import READ_KEYS, memscope_keys, show
 
@@ -60,14 +61,9 @@ _OFF = frozenset(
 _DEFAULTS: dict[str, Any] = {"fp8_recipe": "delayed", "recompute_modules": ["core_attn"]}
 
 
-def _moe(merged: Mapping[str, Any], spec: TrainingSpec) -> bool:
-    return spec.model.num_experts is not None
-
-
 # Keys that only matter together with another setting (else Megatron ignores them).
 _RELEVANT: dict[str, Callable[[Mapping[str, Any], TrainingSpec], bool]] = {
     "distribute_saved_activations": lambda merged, spec: spec.recompute == "full",
-    "moe_shared_expert_overlap": _moe,
 }
 # Read by the JSON config reader besides READ_KEYS (its own names).
 EXTRA_READ_KEYS = frozenset({"dtype", "model_type", "hetero_stage_layers", "hetero_stage_meshes"})
@@ -361,12 +357,21 @@ def _quant_and_kd_modelled(spec: TrainingSpec) -> list[str]:
     return out
 
 
+def _imbalance(spec: TrainingSpec) -> str:
+    value = spec.model.moe_token_imbalance
+    return f"{value:g}" + (" (balanced)" if value == 1.0 else "")
+
+
 def approximated_features(spec: TrainingSpec) -> tuple[str, ...]:
     """What the estimate models only to first order for this config."""
     m = spec.model
     out = []
     if m.num_experts:
-        out.append("MoE routing is balanced (each expert gets tokens x top-k / experts)")
+        out.append(
+            f"MoE routing: the busiest rank gets moe_token_imbalance={_imbalance(spec)} x the "
+            f"balanced tokens x top-k rows (bound {imbalance_bound(spec):g} when every token's "
+            "top-k lands on one rank's experts; set moe_token_imbalance to move within it)"
+        )
         if m.moe_token_dispatcher == "flex":
             out.append("the flex (DeepEP) dispatcher as alltoall: its buffers are not counted")
     if m.multi_latent_attention:

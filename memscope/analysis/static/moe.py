@@ -1,8 +1,9 @@
 """Activation memory of a mixture-of-experts MLP (megatron/core/transformer/moe/).
 
-Per microbatch, what one ``MoELayer`` keeps for backward on one rank, itemised, under
-balanced routing. Each term follows what megatron-core 0.15 (FlagScale 0.8.0's bundled
-Megatron-LM) and 0.16 save, and the held bytes were measured exactly on CPU for the
+Per microbatch, what one ``MoELayer`` keeps for backward on one rank, itemised, for the
+busiest rank under an assumed token imbalance (``moe_token_imbalance``, 1.0 = balanced).
+Each term follows what megatron-core 0.15 (FlagScale 0.8.0's bundled Megatron-LM) and 0.16
+save, and the held bytes were measured exactly on CPU for the
 allgather and alltoall dispatchers, bf16 and fp32, ep 1 and 2, capacity padding, an fp32
 router and the aux loss (``tests/test_static_moe_activations.py``).
 
@@ -14,7 +15,10 @@ rank's experts.
 
 - **Routed rows.** Every dispatcher brings ``n = T k etp`` rows to a rank under balanced
   routing (token_dispatcher.py: allgather gathers over ``G``; alltoall permutes ``T k`` rows,
-  exchanges them over EP and all-gathers over expert TP). With
+  exchanges them over EP and all-gathers over expert TP). Dropless routing is not balanced:
+  the busiest rank gets ``n = ceil(T k etp * moe_token_imbalance)`` rows, an assumption the
+  report states with its bound ``ep * min(k, E_l) / k`` (:func:`imbalance_bound`); the
+  experts' saved tensors and their backward scale with it, the local permute does not. With
   ``moe_pad_expert_input_to_capacity`` every local expert gets its capacity
   ``C = ceil(T k / E * capacity_factor)`` from each of the ``G`` sources: ``n = C E etp``
   (moe_utils.py ``get_capacity``). A capacity factor below one drops tokens beyond it.
@@ -23,16 +27,20 @@ rank's experts.
   top-k keeps the int64 top-k indices and the fp32 top-k softmax (``12 T k``); sigmoid
   scoring keeps the fp32 ``[T, E]`` scores as well; an aux loss (a load-balancing type with a
   positive ``moe_aux_loss_coeff``) keeps the fp32 ``[T, E]`` scores, the int64 tokens per
-  expert and the loss scalar.
+  expert and the loss scalar; the z-loss (``moe_z_loss_coeff``, router.py ``apply_z_loss``,
+  moe_utils.py ``z_loss_func``) keeps the router-dtype ``[T, E]`` logits (``logsumexp``'s
+  input), its ``[T]`` result and the scalar ``MoEAuxLossAutoScaler`` saves.
 - **Dispatcher** (token_dispatcher.py, moe_utils.py ``permute``): allgather keeps the int64
   sort indices of its ``n`` rows, the transposed probabilities and routing mask that
   ``masked_select`` saves over the gathered ``T G`` tokens, and holds the local routing map;
   alltoall keeps the sort indices of its ``T k`` local rows, the transposed probabilities and
   mask over ``T`` tokens, and holds ``probs``, ``routing_map`` and (``E_l > 1``) the per-expert
   token counts as attributes; padded to capacity it keeps two int64 index vectors of
-  ``C E`` instead of the transposed copies. The allgather dispatcher with ``G > 1``
-  gathers the hidden states into megatron's global memory buffer (``T G h`` at the activation
-  dtype, one buffer per process, counted with the global buffer).
+  ``C E`` instead of the transposed copies. With ``moe_permute_fusion`` (Transformer Engine)
+  the fused permute keeps one int32 ``[E, T]`` row map instead of the sort indices and the
+  transposed copies (read from TE's permutation.py, not measurable on CPU). The allgather
+  dispatcher with ``G > 1`` gathers the hidden states into megatron's global memory buffer
+  (``T G h`` at the activation dtype, one buffer per process, counted with the global buffer).
 - **Experts** (experts.py): the permuted tokens (``n h``), the probabilities applied inside
   the experts (``r n``) and ``A n f_e / etp`` activation-dtype elements of the expert MLP:
   ``A = 6`` gated unfused (fc1's ``2f`` output, silu, the linear branch plus its offset, their
@@ -41,7 +49,8 @@ rank's experts.
   3 not gated (fc1 output, activation, the probability-weighted product). The legacy
   ``GroupedMLP`` also keeps the int64 tokens per local expert.
 - **Shared experts** (shared_experts.py): a dense TP-sharded MLP of its own width over the
-  whole sequence.
+  whole sequence. With ``moe_shared_expert_overlap`` under sequence parallelism fc1 keeps the
+  all-gathered ``[s, b, h]`` input (``pre_forward_comm``) instead of the local norm output.
 
 The ``flex`` dispatcher (DeepEP) is estimated as alltoall: its communication buffers are not
 counted (stated in the report's approximations).
@@ -49,11 +58,14 @@ counted (stated in the report's approximations).
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable
 
 from memscope.analysis.static.config import TrainingSpec
 
 FP32 = 4
+INT32 = 4
 INT64 = 8
 ROUTER_DTYPE_BYTES = {"fp32": 4, "fp64": 8}
 
@@ -64,19 +76,56 @@ def router_bytes(spec: TrainingSpec, element: int) -> int:
     return ROUTER_DTYPE_BYTES[dtype] if dtype else element
 
 
+def imbalance_bound(spec: TrainingSpec) -> float:
+    """The largest possible ``moe_token_imbalance`` under dropless routing: every token of the
+    ``ep`` ranks that exchange tokens (token_dispatcher.py's alltoall over the EP group, or the
+    allgather over it) sends its top-k rows to the experts of one rank, at most
+    ``min(k, E_l)`` rows each (top-k picks distinct experts). Balanced is ``k`` rows per token,
+    so the bound is ``ep * min(k, E_l) / k``."""
+    m, p = spec.model, spec.parallel
+    assert m.num_experts is not None
+    k = m.moe_router_topk
+    return p.ep * min(k, m.num_experts // p.ep) / k
+
+
+def imbalance_range(
+    spec: TrainingSpec, peak: Callable[[TrainingSpec], int]
+) -> dict[str, float] | None:
+    """The assumed ``moe_token_imbalance``, its bound and ``peak`` (a rank's peak bytes of a
+    spec) at balanced routing and at the bound; None without experts or with capacity."""
+    m = spec.model
+    factor = m.moe_expert_capacity_factor
+    if m.num_experts is None or (factor is not None and factor >= 0):
+        return None
+    bound = imbalance_bound(spec)
+
+    def at(value: float) -> int:
+        return peak(
+            dataclasses.replace(spec, model=dataclasses.replace(m, moe_token_imbalance=value))
+        )
+
+    return {
+        "assumed": m.moe_token_imbalance,
+        "bound": bound,
+        "peak_bytes_balanced": at(1.0),
+        "peak_bytes_at_bound": at(bound),
+    }
+
+
 def routed_rows(spec: TrainingSpec, tokens: int) -> int:
-    """Rows reaching one rank's local experts per microbatch (balanced routing)."""
+    """Rows reaching one rank's local experts per microbatch: balanced routing times the
+    assumed ``moe_token_imbalance`` of the busiest rank (dropless), capped by the capacity."""
     m, p = spec.model, spec.parallel
     assert m.num_experts is not None
     etp, k, experts = p.expert_tp, m.moe_router_topk, m.num_experts
-    balanced = tokens * k * etp
+    busiest = math.ceil(tokens * k * etp * m.moe_token_imbalance)
     factor = m.moe_expert_capacity_factor
     if factor is None or factor < 0:  # dropless (a negative factor turns capacity off)
-        return balanced
+        return busiest
     capacity = math.ceil(tokens * k / experts * factor)
     if m.moe_pad_expert_input_to_capacity:
         return capacity * experts * etp
-    return min(balanced, capacity * experts * etp)
+    return min(busiest, capacity * experts * etp)
 
 
 def _expert_rows(spec: TrainingSpec) -> tuple[bool, int]:
@@ -107,17 +156,27 @@ def moe_layer_saved(
         router += FP32 * tokens * experts
     if m.moe_aux_loss:
         router += FP32 * tokens * experts + INT64 * experts + FP32
+    if m.moe_z_loss:  # logsumexp keeps the [T, E] logits and its [T] result; the scaler the loss
+        router += r * tokens * experts + r * tokens + r
 
     padded = m.moe_pad_expert_input_to_capacity and m.moe_expert_capacity_factor is not None
-    if m.moe_token_dispatcher == "allgather":
+    counts = INT64 * experts * etp if local > 1 else 0  # per-expert token counts (alltoall)
+    if m.moe_permute_fusion and m.transformer_impl == "transformer_engine":
+        # Transformer Engine's fused permute (moe_utils.permute -> TE moe_permute_with_probs,
+        # permutation.py _moe_permute_mask_map) saves only its int32 [experts, tokens]
+        # row_id_map; the fused unpermute of the combine keeps the same map. The dispatcher
+        # still holds probs and routing_map (alltoall) or the local map (allgather).
+        if m.moe_token_dispatcher == "allgather":
+            dispatcher = INT32 * local * gathered + gathered * local
+        else:
+            dispatcher = INT32 * experts * tokens + (r + 1) * tokens * experts + counts
+    elif m.moe_token_dispatcher == "allgather":
         dispatcher = INT64 * n + (r + 1) * gathered * local + gathered * local
     elif padded:
         capacity = math.ceil(tokens * k / experts * (m.moe_expert_capacity_factor or 1.0))
-        dispatcher = 2 * INT64 * capacity * experts + (r + 1) * tokens * experts
-        dispatcher += INT64 * experts * etp if local > 1 else 0
+        dispatcher = 2 * INT64 * capacity * experts + (r + 1) * tokens * experts + counts
     else:  # alltoall (and flex, estimated alike)
-        dispatcher = INT64 * tokens * k + 2 * (r + 1) * tokens * experts
-        dispatcher += INT64 * experts * etp if local > 1 else 0
+        dispatcher = INT64 * tokens * k + 2 * (r + 1) * tokens * experts + counts
 
     legacy_grouped, per_row = _expert_rows(spec)
     experts_bytes = n * h * e + r * n + per_row * n * (m.moe_ffn // etp) * e
@@ -128,6 +187,11 @@ def moe_layer_saved(
     if shared:
         dense = 2 if not m.gated_linear_unit else (3 if m.bias_activation_fusion else 5)
         out["moe_shared_experts"] = dense * s * b * (shared // p.tp) * e
+        if m.moe_shared_expert_overlap and sp > 1:
+            # shared_experts.py pre_forward_comm: the input is all-gathered outside fc1 (whose
+            # parallel_mode is cleared), so fc1 keeps the whole-sequence [s, b, h] input
+            # instead of the [s/sp, b, h] norm output the layer keeps anyway
+            out["moe_shared_experts"] += (s - s // sp) * b * h * e
     return out
 
 

@@ -18,8 +18,15 @@ from memscope._version import __version__
 from memscope.analysis.static.activations import dims
 from memscope.analysis.static.allowance import allowance
 from memscope.analysis.static.config import TrainingSpec
-from memscope.analysis.static.estimator import SOURCE, RankEstimate, ranks_by_position
+from memscope.analysis.static.estimator import (
+    SOURCE,
+    RankEstimate,
+    estimate_rank,
+    ranks_by_position,
+)
+from memscope.analysis.static.moe import imbalance_range
 from memscope.events.schema import SCHEMA_VERSION
+from memscope.units import format_bytes
 
 REPORT_TYPE_STATIC = "static"
 APPROXIMATE = (
@@ -284,6 +291,21 @@ def build_static_report(
             "approximations": APPROXIMATE,
         },
     }
+    imbalance = imbalance_range(
+        spec, lambda s: estimate_rank(s, selected.position).peak_memory_bytes
+    )
+    if imbalance is not None:
+        report["summary"]["moe_token_imbalance"] = imbalance
     if coverage is not None:
         report["coverage"] = coverage
+        if imbalance is not None:  # the MoE assumption's range, beside the assumption itself
+            low, high = imbalance["peak_bytes_balanced"], imbalance["peak_bytes_at_bound"]
+            report["coverage"] = {
+                **coverage,
+                "approximated": [
+                    *coverage.get("approximated", []),
+                    f"this rank's peak ranges from {format_bytes(low)} (balanced routing) to "
+                    f"{format_bytes(high)} (imbalance bound {imbalance['bound']:g})",
+                ],
+            }
     return report

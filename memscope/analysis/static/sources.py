@@ -252,8 +252,12 @@ def _expert_fields(args: Any, num_layers: int) -> dict[str, Any]:
             args, "moe_router_score_function", "softmax", ("softmax", "sigmoid")
         ),
         moe_aux_loss=_aux_loss_enabled(args),
+        moe_z_loss=_get(args, "moe_z_loss_coeff") is not None,
         moe_expert_capacity_factor=_capacity_factor(args),
         moe_pad_expert_input_to_capacity=_flag(args, "moe_pad_expert_input_to_capacity"),
+        moe_permute_fusion=_flag(args, "moe_permute_fusion"),
+        moe_shared_expert_overlap=_flag(args, "moe_shared_expert_overlap"),
+        moe_token_imbalance=_float(args, "moe_token_imbalance", 1.0, 1.0),
         multi_latent_attention=_flag(args, "multi_latent_attention"),
         q_lora_rank=_int(args, "q_lora_rank"),
         kv_lora_rank=_int(args, "kv_lora_rank", 32),
