@@ -37,7 +37,7 @@ from memscope.analysis.static.params import RankPosition
 from memscope.analysis.static.sources import spec_from_megatron_args
 from memscope.demo.launcher import free_port, spawn
 from memscope.demo.tiny_gpt import TinyGPTConfig
-from memscope.demo.traced_training import megatron_like_args
+from memscope.demo.traced_training import MINIMAL_ARGS_DROP, megatron_like_args
 
 BASE: dict[str, Any] = dict(
     num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=128, micro_batch_size=2,
@@ -63,8 +63,18 @@ MATRIX: list[tuple[str, int, dict[str, Any]]] = [
     ("pp2-selective-gqa", 2, dict(pp=2, num_layers=4, num_microbatches=4, recompute="selective",
                                   num_query_groups=2)),
     ("pp2-vpp2-m4", 2, dict(pp=2, vpp=2, num_layers=4, num_microbatches=4)),
+    # args lacking Megatron's fusion and transformer_impl keys (traced_training's
+    # MINIMAL_ARGS_DROP), and no Megatron args at all (MemScopeTorchRuntime, batch sizes
+    # passed as training=): the spec comes from the model
+    ("minimal-args", 1, dict(num_query_groups=2, swiglu=True)),
+    ("minimal-args-tp2+sp", 2, dict(tp=2, sequence_parallel=True)),
+    ("no-args", 1, dict(num_query_groups=2, swiglu=True)),
+    ("no-args-pp2-m4", 2, dict(pp=2, num_layers=4, num_microbatches=4)),
 ]  # fmt: skip
-QUICK = ("base", "gqa+swiglu", "full-recompute", "tp2+sp", "pp2-m4")
+# how each configuration's runtime gets its Megatron args (traced_training.ARGS_MODES)
+ARGS_MODE = {"minimal-args": "minimal", "minimal-args-tp2+sp": "minimal", "no-args": "none",
+             "no-args-pp2-m4": "none"}  # fmt: skip
+QUICK = ("base", "gqa+swiglu", "full-recompute", "tp2+sp", "pp2-m4", "minimal-args", "no-args")
 MIB = 1024 * 1024
 
 
@@ -73,7 +83,11 @@ def measure(name: str, world: int, overrides: dict[str, Any], steps: int = 3) ->
     cfg = TinyGPTConfig(**{**BASE, **overrides})
     outdir = tempfile.mkdtemp(prefix=f"memscope-acc-{name}-")
     argv = ["--memscope", "--memscope-backend", "storage", "--memscope-outdir", outdir]
-    results = spawn(world, instrumented_worker, free_port(), cfg, steps, argv)
+    mode = ARGS_MODE.get(name, "full")
+    results = spawn(
+        world, instrumented_worker, free_port(), cfg, steps, argv, None, None, False, None,
+        None, mode,
+    )  # fmt: skip
     rows = []
     for res in results:
         assert res.report_path is not None
@@ -93,20 +107,39 @@ def measure(name: str, world: int, overrides: dict[str, Any], steps: int = 3) ->
                 "param_bytes": res.param_bytes,
                 "optimizer_state_bytes": res.optimizer_state_bytes,
                 "in_report": report["comparisons"].get("static_peak_memory_bytes"),
+                "args_mode": mode,
+                "spec_inputs": report["comparisons"].get("spec_inputs"),
+                "disagreements": report["comparisons"].get("spec_disagreements"),
             }
         )
     return rows
 
 
+def _estimate(source: Any, row: dict) -> Any:
+    spec = dataclasses.replace(spec_from_megatron_args(source), device="cpu")
+    return estimate_rank(spec, RankPosition(row["tp_rank"], row["pp_rank"]))
+
+
 def estimate(rows: list[dict]) -> None:
-    """Add our per-rank estimate (and its error) to measured rows."""
+    """Add our per-rank estimate (and its error) to measured rows: from the full Megatron
+    args, or, for a run given minimal or no args, from the inputs its report says the in-run
+    spec was built from (the model's settings first); ``args_only`` is what those minimal
+    args alone would give."""
     overrides = {name: o for name, _, o in MATRIX}
     for row in rows:
         cfg = TinyGPTConfig(**{**BASE, **overrides[row["config"]]})
         args = megatron_like_args(cfg, [])
         args.world_size = row["world"]
-        spec = dataclasses.replace(spec_from_megatron_args(args), device="cpu")
-        est = estimate_rank(spec, RankPosition(row["tp_rank"], row["pp_rank"]))
+        mode = row.get("args_mode", "full")
+        if mode == "full":
+            est = _estimate(args, row)
+        else:
+            est = _estimate({**row["spec_inputs"], "world_size": row["world"]}, row)
+        if mode == "minimal":
+            for name in MINIMAL_ARGS_DROP:
+                delattr(args, name)
+            alone = _estimate(args, row).peak_memory_bytes
+            row["args_only_error"] = (alone - row["measured"]) / row["measured"]
         row.update(
             ours=est.peak_memory_bytes,
             error=(est.peak_memory_bytes - row["measured"]) / row["measured"],
@@ -204,6 +237,14 @@ def print_table(rows: list[dict]) -> None:
         )
     worst = max(rows, key=lambda r: abs(r["error"]))
     print("(MiB; act% = activations' share of the measured peak; megatron/flagscale: worst rank)")
+    for r in rows:
+        if "args_only_error" in r:
+            print(
+                f"{r['config']} rank {r['rank']}: from its minimal args alone (no model) the "
+                f"estimate would be {r['args_only_error'] * 100:+.2f}% off"
+            )
+        for d in r.get("disagreements") or []:
+            print(f"{r['config']} rank {r['rank']}: model and args disagree on {d}")
     print(
         f"worst error: {worst['error'] * 100:+.2f}% ({worst['config']}, rank {worst['rank']}) "
         f"over {len(rows)} ranks in {len({r['config'] for r in rows})} configurations"

@@ -54,6 +54,10 @@ def measured_in_flight(composition: Mapping[str, Any] | None) -> dict[str, Any] 
     return {"microbatches": len(per), "bytes_by_microbatch": dict(sorted(per.items()))}
 
 
+# What the in-run estimate says about its own inputs (analysis/static/inrun.py): passed on.
+SPEC_KEYS = ("spec_inputs", "spec_sources", "spec_disagreements", "spec_notes")
+
+
 def compare_with_static(
     runtime_peak_bytes: int,
     runtime_categories: Mapping[str, int] | None,
@@ -108,6 +112,7 @@ def compare_with_static(
         "peak_diff_ratio": ratio,
         "components": components,
         "static_source": estimate.get("source"),
+        **{k: estimate[k] for k in SPEC_KEYS if k in estimate},
     }
 
 

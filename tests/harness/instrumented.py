@@ -233,6 +233,7 @@ def instrumented_worker(
     late_free: bool = False,
     kill_rank_at_step: tuple[int, int] | None = None,
     tensorboard_dir: str | None = None,
+    megatron_args: str = "full",
 ) -> InstrumentedResult:
     """``traced_worker`` with :class:`Instrumentation`; same arguments plus what to plant.
 
@@ -240,12 +241,15 @@ def instrumented_worker(
     unaffected; ``leak_from_step`` and ``late_free`` plant memory bugs in the model (see
     :meth:`Instrumentation._plant_leak`, :meth:`Instrumentation._plant_late_free`);
     ``kill_rank_at_step=(rank, step)`` kills that rank at that step's first forward;
-    ``tensorboard_dir`` gives the last rank a TensorBoard writer, as Megatron's has.
+    ``tensorboard_dir`` gives the last rank a TensorBoard writer, as Megatron's has;
+    ``megatron_args`` is ``traced_worker``'s (full, minimal or no Megatron args).
     Picklable by reference, so it runs under ``spawn``.
     """
     die = kill_rank_at_step[1] if kill_rank_at_step and kill_rank_at_step[0] == rank else None
     board = tensorboard_dir if rank == world_size - 1 else None
     observer = Instrumentation(fault, leak_from_step, cfg.num_microbatches, late_free, die, board)
-    result = traced_worker(rank, world_size, port, cfg, steps, memscope_argv, observer)
+    result = traced_worker(
+        rank, world_size, port, cfg, steps, memscope_argv, observer, megatron_args
+    )
     plain = {f.name: getattr(result, f.name) for f in fields(WorkerResult)}
     return InstrumentedResult(**plain, **observer.measured)
