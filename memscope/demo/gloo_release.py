@@ -43,20 +43,25 @@ def _tensors(values: Iterable[Any]) -> list[torch.Tensor]:
 
 
 class _Held:
-    """The storages a collective was given and their use counts before it."""
+    """The tensors a collective was given, their storages, and the use counts of both
+    before it (the work holds the tensors themselves, and views of them it makes)."""
 
     def __init__(self, tensors: list[torch.Tensor]) -> None:
+        self.tensors = tensors
         self.storages = [t.untyped_storage() for t in tensors]
-        self.counts = [torch._C._storage_Use_Count(s._cdata) for s in self.storages]
+        self.counts = self._counts()
+
+    def _counts(self) -> list[int]:
+        own = [t._use_count() for t in self.tensors]  # type: ignore[attr-defined]
+        return own + [torch._C._storage_Use_Count(s._cdata) for s in self.storages]
 
     def await_release(self) -> None:
         deadline = time.monotonic() + RELEASE_TIMEOUT_S
         while time.monotonic() < deadline and any(
-            torch._C._storage_Use_Count(s._cdata) > n
-            for s, n in zip(self.storages, self.counts, strict=True)
+            now > before for now, before in zip(self._counts(), self.counts, strict=True)
         ):
             time.sleep(1e-5)  # lets gloo's worker thread finish with the work
-        self.storages = []
+        self.tensors, self.storages = [], []
 
 
 class _ReleasingWork:
