@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -29,6 +30,7 @@ sys.path.insert(
     0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
 )
 
+import torch
 from flagscale_wheel import flagscale_tree
 from harness import instrumented_worker
 
@@ -235,7 +237,6 @@ def print_table(rows: list[dict]) -> None:
             f"{_mib(r['measured'])} {_mib(r['ours'])} {r['error'] * 100:+6.2f}% {share:4.0f}% "
             f"{_mib(r.get('megatron'))} {_mib(r.get('flagscale'))}  {exact}"
         )
-    worst = max(rows, key=lambda r: abs(r["error"]))
     print("(MiB; act% = activations' share of the measured peak; megatron/flagscale: worst rank)")
     for r in rows:
         if "args_only_error" in r:
@@ -245,7 +246,13 @@ def print_table(rows: list[dict]) -> None:
             )
         for d in r.get("disagreements") or []:
             print(f"{r['config']} rank {r['rank']}: model and args disagree on {d}")
-    print(
+    print(worst_line(rows))
+
+
+def worst_line(rows: list[dict]) -> str:
+    """The table's last line: our worst error over the rows."""
+    worst = max(rows, key=lambda r: abs(r["error"]))
+    return (
         f"worst error: {worst['error'] * 100:+.2f}% ({worst['config']}, rank {worst['rank']}) "
         f"over {len(rows)} ranks in {len({r['config'] for r in rows})} configurations"
     )
@@ -278,6 +285,11 @@ def main(argv: list[str] | None = None) -> int:
         except RuntimeError as exc:
             print(f"formulas skipped: {exc}", file=sys.stderr)
     formulas(rows, tree)
+    mcore = importlib.metadata.version("megatron-core")
+    print(f"# python tools/bench_static_accuracy.py  (torch {torch.__version__}, megatron-core "
+          f"{mcore}, {os.cpu_count()} CPU cores)")  # fmt: skip
+    print("# measured: exact storage backend, true per-rank peak over 3 steps; ours: memscope "
+          "static estimator for that rank (in-run inputs for minimal-/no-args rows)")  # fmt: skip
     print_table(rows)
     if ns.verbose:
         for r in rows:
