@@ -278,3 +278,44 @@ def test_a_torch_runtime_without_batch_sizes_says_which_are_missing(tiny_model, 
         comp = json.load(f)["comparisons"]
     assert comp["status"] == "missing"
     assert "seq_length and micro_batch_size" in comp["reason"] and "training=" in comp["reason"]
+
+
+class _BrokenConfig:
+    """A config whose reading fails half-way (as a model with a foreign config might)."""
+
+    num_layers, hidden_size, num_attention_heads = 2, 64, 4
+
+    @property
+    def tensor_model_parallel_size(self) -> int:
+        raise RuntimeError("config exploded")
+
+
+class _BrokenModel(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = _BrokenConfig()
+        self.decoder = torch.nn.Linear(2, 2)
+
+
+def test_a_model_that_cannot_be_read_leaves_the_torch_runtime_tracing(tmp_path):
+    from memscope.integrations.torch.runtime import MemScopeTorchRuntime
+
+    model = _BrokenModel()
+    ms = MemScopeTorchRuntime(model, outdir=str(tmp_path), backend="storage")
+    with ms, ms.step(0):
+        model.decoder(torch.ones(1, 2)).sum().backward()
+    assert ms.report_path is not None
+    with open(ms.report_path, encoding="utf-8") as f:
+        comp = json.load(f)["comparisons"]
+    assert comp["status"] == "missing" and "config exploded" in comp["reason"]
+
+
+def test_a_model_that_cannot_be_read_leaves_the_megatron_estimate_to_the_args(tmp_path):
+    from memscope.integrations.megatron.runtime import MemScopeMegatronRuntime
+
+    args = megatron_like_args(CFG, ["--memscope", "--memscope-outdir", str(tmp_path)])
+    runtime = MemScopeMegatronRuntime.from_megatron_args(args)
+    runtime.attach_model(_BrokenModel())
+    assert runtime.model_facts is None
+    assert runtime._training_settings()["static_spec"] == "this run's Megatron args"
+    assert any("config exploded" in str(f) for f in runtime.session.failures.to_list())

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from memscope.analysis.static.inrun import ModelFacts
 from memscope.capture.parallel import ParallelInfo
 from memscope.config import RuntimeConfig
 from memscope.integrations.megatron.model_spec import read_model_facts
@@ -92,14 +93,20 @@ class MemScopeTorchRuntime:
         if optimizer is not None:
             opts = [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else list(optimizer)
         self.parallel: ParallelInfo = megatron_parallel_info(None)  # parallel_state if set up
-        self.model_facts = read_model_facts(chunks)
-        self.training = {**optimizer_settings(opts), **(training or {})}
+        self.model_facts: ModelFacts | None = None
+        reason = NO_STATIC_ESTIMATE
+        try:  # reading the model never stops training: the comparison says why it is missing
+            self.model_facts = read_model_facts(chunks)
+            self.training = {**optimizer_settings(opts), **(training or {})}
+        except Exception as exc:
+            self.model_facts, self.training = None, dict(training or {})
+            reason = f"no static estimate: reading the model failed ({type(exc).__name__}: {exc})"
         estimate = self._static_estimate if self.model_facts is not None else None
         self.session = TracingSession(
             cfg,
             self.parallel,
             static_estimate=estimate,
-            no_estimate_reason=NO_STATIC_ESTIMATE,
+            no_estimate_reason=reason,
             framework_metadata=self._framework_metadata,
             training_settings=self._training_settings if estimate is not None else None,
         )
