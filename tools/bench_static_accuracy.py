@@ -296,7 +296,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['config']:20s} r{r['rank']} measured at {r['measured_where']}; "
                   f"ours at {r['ours_where']}")  # fmt: skip
     if ns.json:
-        clean = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
+        # a full-args row is re-estimated from its args; the others from their in-run inputs
+        drop = {"spec_inputs"}
+        clean = [
+            {k: v for k, v in r.items() if not k.startswith("_")
+             and (k not in drop or r.get("args_mode", "full") != "full")}
+            for r in rows
+        ]  # fmt: skip
         with open(ns.json, "w", encoding="utf-8") as f:
             json.dump({"rows": clean, "matrix": [dataclasses.asdict(TinyGPTConfig(**{**BASE, **o}))
                                                  for _, _, o in MATRIX]}, f, indent=1)  # fmt: skip
