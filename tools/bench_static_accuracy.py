@@ -290,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{mcore}, {os.cpu_count()} CPU cores)")  # fmt: skip
     print("# measured: exact storage backend, true per-rank peak over 3 steps; ours: memscope "
           "static estimator for that rank (in-run inputs for minimal-/no-args rows)")  # fmt: skip
+    if ns.measured:
+        print(f"# re-estimated from the measurements in {os.path.basename(ns.measured)}")
     print_table(rows)
     if ns.verbose:
         for r in rows:

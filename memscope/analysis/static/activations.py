@@ -701,10 +701,14 @@ def activation_estimate(
     extra_work = 0
     if p.vpp is not None:
         extra_work += x.hidden  # the interleaved schedule holds one more p2p receive buffer
-    if pp_rank > 0 and spec.num_microbatches > 1:
+    if spec.num_microbatches > 1:
         # the schedule still holds the previous microbatch's input gradient (just sent
-        # upstream) while the next backward runs
-        extra_work += x.hidden
+        # upstream) while the next backward runs: one per chunk of this stage that has an
+        # input gradient, i.e. all but the model's first chunk (it starts at the embedding).
+        # Interleaved (schedules.py forward_backward_pipelining_with_interleaving): the peak
+        # composition of the CPU matrix's pp2-vpp2-m4 run shows one per such chunk alive (one
+        # on stage 0, two on stage 1)
+        extra_work += x.hidden * (len(layer_counts) - (1 if pp_rank == 0 else 0))
     saved_each = tuple(r[0] for r in chunks)
     # the highest moment over the schedule: every in-flight chunk-microbatch's saved tensors
     # (the last chunk's logits/loss only for its own microbatches) plus the working set of
