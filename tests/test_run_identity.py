@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
+from memscope.integrations.megatron.training_settings import SPEC_FROM_MODEL
 from memscope.session import run_identity as ri
 
 
@@ -63,7 +64,7 @@ def test_the_report_records_run_host_world_size_and_training_settings(traced_run
     assert training["micro_batch_size"] == small_cfg.micro_batch_size
     assert training["num_microbatches"] == small_cfg.num_microbatches
     assert training["recompute_granularity"] is None
-    assert training["static_spec"] == "this run's Megatron args"
+    assert training["static_spec"] == SPEC_FROM_MODEL  # the tiny GPT is a megatron-core model
     from memscope.reporters.markdown import render_runtime_markdown
 
     text = render_runtime_markdown(report)

@@ -1,34 +1,82 @@
-"""The CPU accuracy matrix's quick subset: our per-rank static peak against the measured one.
+"""The committed CPU accuracy matrix (benchmarks/static_accuracy_cpu.*) is what the code gives.
 
-Real megatron-core runs (1-2 gloo processes) measured with the exact storage backend; the
-full matrix and the Megatron/FlagScale formula columns are ``tools/bench_static_accuracy.py``.
+``tools/bench_static_accuracy.py`` trains the tiny real megatron-core GPT (1-2 gloo processes)
+in every configuration, measures each rank's true peak with the exact storage backend and
+estimates it. Here: every committed row re-estimated from its committed measurement gives the
+committed estimate (the estimator has not moved since the benchmark was written), the summary
+line and the docs quote the rows, and a representative subset is re-measured and must agree
+with the committed rows -- runs with full, minimal and no Megatron args among them.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "tools"))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
 
-from bench_static_accuracy import MATRIX, QUICK, estimate, measure
+from bench_static_accuracy import MATRIX, QUICK, estimate, measure, worst_line  # noqa: E402
 
-pytestmark = pytest.mark.integration
+COMMITTED_JSON = os.path.join(ROOT, "benchmarks", "static_accuracy_cpu.json")
+COMMITTED_TXT = os.path.join(ROOT, "benchmarks", "static_accuracy_cpu.txt")
+TOLERANCE = 0.01  # the issue's bound on |static - measured| / measured, per rank
+# Rows still beyond it (issue 24 item 2, open), each one [s, b, h] activation off where the
+# peak falls inside a recomputed layer of a pipeline stage: pp2-full stage 0 over (the
+# recomputed group's extra [s, b, h] is not alive there), pp2-selective-gqa stage 1 under
+# (the measured composition holds the received output gradient and two context gradients).
+# Within OPEN_TOLERANCE; a row leaving or joining this list fails the test.
+OPEN = {("pp2-full", 0), ("pp2-selective-gqa", 1)}
+OPEN_TOLERANCE = 0.02
 
-TOLERANCE = 0.03  # the issue's bound on |static - measured| / measured, per rank
+
+def _committed() -> list[dict]:
+    with open(COMMITTED_JSON, encoding="utf-8") as f:
+        return json.load(f)["rows"]
 
 
+def test_every_committed_row_re_estimates_to_its_committed_figure_within_1_percent():
+    committed = _committed()
+    rows = [dict(r) for r in committed]
+    estimate(rows)
+    assert {r["config"] for r in rows} == {name for name, _, _ in MATRIX}
+    for row, old in zip(rows, committed, strict=True):
+        where = (row["config"], row["rank"])
+        assert row["ours"] == old["ours"], where
+        assert abs(row["error"]) <= OPEN_TOLERANCE, (where, row["error"])
+        assert row["exact_params"] and row["exact_optimizer"], where
+    beyond = {(r["config"], r["rank"]) for r in rows if abs(r["error"]) > TOLERANCE}
+    assert beyond == OPEN
+
+
+def test_the_committed_summary_and_the_docs_quote_the_committed_rows():
+    line = worst_line(_committed())
+    with open(COMMITTED_TXT, encoding="utf-8") as f:
+        assert f.read().rstrip().splitlines()[-1] == line
+    with open(os.path.join(ROOT, "docs", "static-estimator.md"), encoding="utf-8") as f:
+        docs = f.read()
+    quoted = re.search(r"Worst error\s+of the last run: (.+?configurations)", docs, re.S)
+    assert quoted is not None
+    assert " ".join(quoted.group(1).split()) in line
+
+
+@pytest.mark.integration
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("name", QUICK)
-def test_static_peak_within_3_percent_and_persistent_terms_exact(name):
+def test_a_re_measured_row_agrees_with_the_committed_one(name):
     world, overrides = next((w, o) for n, w, o in MATRIX if n == name)
     rows = measure(name, world, overrides)
     estimate(rows)
+    committed = {(r["config"], r["rank"]): r for r in _committed()}
     assert len(rows) == world
     for row in rows:
+        old = committed[(name, row["rank"])]
+        assert row["ours"] == old["ours"] and row["in_report"] == row["ours"], row
+        assert abs(row["measured"] - old["measured"]) <= TOLERANCE * old["measured"], row
+        bound = OPEN_TOLERANCE if (name, row["rank"]) in OPEN else TOLERANCE
+        assert abs(row["error"]) <= bound, (name, row["rank"], row["error"])
         assert row["exact_params"] and row["exact_optimizer"], row
-        assert abs(row["error"]) <= TOLERANCE, (name, row["rank"], row["error"])
-        # the runtime report carried the same estimate in its comparisons
-        assert row["in_report"] == row["ours"], row

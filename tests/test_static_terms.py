@@ -149,6 +149,13 @@ def test_schedule_and_sequence_parallel_backward_terms_by_hand():
     assert four.backward_working_bytes - one.backward_working_bytes == x.hidden
     first = activation_estimate(tiny(**pp2, num_microbatches=4), 0, [1])
     assert first.in_flight == 2 and first.peak_moment.startswith("layer 0")
+    # interleaved: one held input gradient per chunk that has one (all but the model's first)
+    vpp = dict(num_layers=4, pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2)
+    for stage, held in ((0, 1), (1, 2)):
+        single = activation_estimate(tiny(**vpp, num_microbatches=1), stage, [1, 1])
+        several = activation_estimate(tiny(**vpp, num_microbatches=2), stage, [1, 1])
+        extra = several.backward_working_bytes - single.backward_working_bytes
+        assert extra == held * x.hidden, stage
     # sequence parallel: fc2's output gradient is gathered to the full sequence
     sp = tiny(swiglu=True, tensor_model_parallel_size=2, sequence_parallel=True)
     no_sp = tiny(swiglu=True, tensor_model_parallel_size=2)

@@ -65,7 +65,7 @@ def test_plain_torch_loop_gets_a_report_with_exact_model_and_optimizer_bytes(tmp
     modules = {row["module"] for row in report["module_summary"]}
     assert {"0", "1", "2", "model"} <= modules  # every module of the Sequential has events
     assert report["comparisons"]["status"] == "missing"
-    assert "Megatron config" in report["comparisons"]["reason"]
+    assert "not a megatron-core model" in report["comparisons"]["reason"]
     assert report["metadata"]["dtype"] == "float32"
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -29,6 +30,7 @@ sys.path.insert(
     0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
 )
 
+import torch
 from flagscale_wheel import flagscale_tree
 from harness import instrumented_worker
 
@@ -37,7 +39,7 @@ from memscope.analysis.static.params import RankPosition
 from memscope.analysis.static.sources import spec_from_megatron_args
 from memscope.demo.launcher import free_port, spawn
 from memscope.demo.tiny_gpt import TinyGPTConfig
-from memscope.demo.traced_training import megatron_like_args
+from memscope.demo.traced_training import MINIMAL_ARGS_DROP, megatron_like_args
 
 BASE: dict[str, Any] = dict(
     num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=128, micro_batch_size=2,
@@ -63,8 +65,18 @@ MATRIX: list[tuple[str, int, dict[str, Any]]] = [
     ("pp2-selective-gqa", 2, dict(pp=2, num_layers=4, num_microbatches=4, recompute="selective",
                                   num_query_groups=2)),
     ("pp2-vpp2-m4", 2, dict(pp=2, vpp=2, num_layers=4, num_microbatches=4)),
+    # args lacking Megatron's fusion and transformer_impl keys (traced_training's
+    # MINIMAL_ARGS_DROP), and no Megatron args at all (MemScopeTorchRuntime, batch sizes
+    # passed as training=): the spec comes from the model
+    ("minimal-args", 1, dict(num_query_groups=2, swiglu=True)),
+    ("minimal-args-tp2+sp", 2, dict(tp=2, sequence_parallel=True)),
+    ("no-args", 1, dict(num_query_groups=2, swiglu=True)),
+    ("no-args-pp2-m4", 2, dict(pp=2, num_layers=4, num_microbatches=4)),
 ]  # fmt: skip
-QUICK = ("base", "gqa+swiglu", "full-recompute", "tp2+sp", "pp2-m4")
+# how each configuration's runtime gets its Megatron args (traced_training.ARGS_MODES)
+ARGS_MODE = {"minimal-args": "minimal", "minimal-args-tp2+sp": "minimal", "no-args": "none",
+             "no-args-pp2-m4": "none"}  # fmt: skip
+QUICK = ("base", "gqa+swiglu", "full-recompute", "tp2+sp", "pp2-m4", "minimal-args", "no-args")
 MIB = 1024 * 1024
 
 
@@ -73,7 +85,11 @@ def measure(name: str, world: int, overrides: dict[str, Any], steps: int = 3) ->
     cfg = TinyGPTConfig(**{**BASE, **overrides})
     outdir = tempfile.mkdtemp(prefix=f"memscope-acc-{name}-")
     argv = ["--memscope", "--memscope-backend", "storage", "--memscope-outdir", outdir]
-    results = spawn(world, instrumented_worker, free_port(), cfg, steps, argv)
+    mode = ARGS_MODE.get(name, "full")
+    results = spawn(
+        world, instrumented_worker, free_port(), cfg, steps, argv, None, None, False, None,
+        None, mode,
+    )  # fmt: skip
     rows = []
     for res in results:
         assert res.report_path is not None
@@ -93,20 +109,39 @@ def measure(name: str, world: int, overrides: dict[str, Any], steps: int = 3) ->
                 "param_bytes": res.param_bytes,
                 "optimizer_state_bytes": res.optimizer_state_bytes,
                 "in_report": report["comparisons"].get("static_peak_memory_bytes"),
+                "args_mode": mode,
+                "spec_inputs": report["comparisons"].get("spec_inputs"),
+                "disagreements": report["comparisons"].get("spec_disagreements"),
             }
         )
     return rows
 
 
+def _estimate(source: Any, row: dict) -> Any:
+    spec = dataclasses.replace(spec_from_megatron_args(source), device="cpu")
+    return estimate_rank(spec, RankPosition(row["tp_rank"], row["pp_rank"]))
+
+
 def estimate(rows: list[dict]) -> None:
-    """Add our per-rank estimate (and its error) to measured rows."""
+    """Add our per-rank estimate (and its error) to measured rows: from the full Megatron
+    args, or, for a run given minimal or no args, from the inputs its report says the in-run
+    spec was built from (the model's settings first); ``args_only`` is what those minimal
+    args alone would give."""
     overrides = {name: o for name, _, o in MATRIX}
     for row in rows:
         cfg = TinyGPTConfig(**{**BASE, **overrides[row["config"]]})
         args = megatron_like_args(cfg, [])
         args.world_size = row["world"]
-        spec = dataclasses.replace(spec_from_megatron_args(args), device="cpu")
-        est = estimate_rank(spec, RankPosition(row["tp_rank"], row["pp_rank"]))
+        mode = row.get("args_mode", "full")
+        if mode == "full":
+            est = _estimate(args, row)
+        else:
+            est = _estimate({**row["spec_inputs"], "world_size": row["world"]}, row)
+        if mode == "minimal":
+            for name in MINIMAL_ARGS_DROP:
+                delattr(args, name)
+            alone = _estimate(args, row).peak_memory_bytes
+            row["args_only_error"] = (alone - row["measured"]) / row["measured"]
         row.update(
             ours=est.peak_memory_bytes,
             error=(est.peak_memory_bytes - row["measured"]) / row["measured"],
@@ -202,9 +237,22 @@ def print_table(rows: list[dict]) -> None:
             f"{_mib(r['measured'])} {_mib(r['ours'])} {r['error'] * 100:+6.2f}% {share:4.0f}% "
             f"{_mib(r.get('megatron'))} {_mib(r.get('flagscale'))}  {exact}"
         )
-    worst = max(rows, key=lambda r: abs(r["error"]))
     print("(MiB; act% = activations' share of the measured peak; megatron/flagscale: worst rank)")
-    print(
+    for r in rows:
+        if "args_only_error" in r:
+            print(
+                f"{r['config']} rank {r['rank']}: from its minimal args alone (no model) the "
+                f"estimate would be {r['args_only_error'] * 100:+.2f}% off"
+            )
+        for d in r.get("disagreements") or []:
+            print(f"{r['config']} rank {r['rank']}: model and args disagree on {d}")
+    print(worst_line(rows))
+
+
+def worst_line(rows: list[dict]) -> str:
+    """The table's last line: our worst error over the rows."""
+    worst = max(rows, key=lambda r: abs(r["error"]))
+    return (
         f"worst error: {worst['error'] * 100:+.2f}% ({worst['config']}, rank {worst['rank']}) "
         f"over {len(rows)} ranks in {len({r['config'] for r in rows})} configurations"
     )
@@ -237,13 +285,26 @@ def main(argv: list[str] | None = None) -> int:
         except RuntimeError as exc:
             print(f"formulas skipped: {exc}", file=sys.stderr)
     formulas(rows, tree)
+    mcore = importlib.metadata.version("megatron-core")
+    print(f"# python tools/bench_static_accuracy.py  (torch {torch.__version__}, megatron-core "
+          f"{mcore}, {os.cpu_count()} CPU cores)")  # fmt: skip
+    print("# measured: exact storage backend, true per-rank peak over 3 steps; ours: memscope "
+          "static estimator for that rank (in-run inputs for minimal-/no-args rows)")  # fmt: skip
+    if ns.measured:
+        print(f"# re-estimated from the measurements in {os.path.basename(ns.measured)}")
     print_table(rows)
     if ns.verbose:
         for r in rows:
             print(f"{r['config']:20s} r{r['rank']} measured at {r['measured_where']}; "
                   f"ours at {r['ours_where']}")  # fmt: skip
     if ns.json:
-        clean = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
+        # a full-args row is re-estimated from its args; the others from their in-run inputs
+        drop = {"spec_inputs"}
+        clean = [
+            {k: v for k, v in r.items() if not k.startswith("_")
+             and (k not in drop or r.get("args_mode", "full") != "full")}
+            for r in rows
+        ]  # fmt: skip
         with open(ns.json, "w", encoding="utf-8") as f:
             json.dump({"rows": clean, "matrix": [dataclasses.asdict(TinyGPTConfig(**{**BASE, **o}))
                                                  for _, _, o in MATRIX]}, f, indent=1)  # fmt: skip

@@ -67,6 +67,10 @@ def _static_parts(estimate: Mapping[str, Any]) -> dict[str, int]:
     return parts
 
 
+# What the in-run estimate says about its own inputs (analysis/static/inrun.py): passed on.
+SPEC_KEYS = ("spec_inputs", "spec_sources", "spec_disagreements", "spec_notes")
+
+
 def compare_with_static(
     runtime_peak_bytes: int,
     runtime_categories: Mapping[str, int] | None,
@@ -121,6 +125,7 @@ def compare_with_static(
         "peak_diff_ratio": ratio,
         "components": components,
         "static_source": estimate.get("source"),
+        **{k: estimate[k] for k in SPEC_KEYS if k in estimate},
     }
 
 

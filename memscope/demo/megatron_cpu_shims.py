@@ -23,6 +23,11 @@ What is patched (module attributes / small wrapper functions only; no file is ed
   still saved and restored by megatron itself, which is all a CPU run uses.
 * ``fusions.fused_softmax.get_default_causal_mask`` builds the causal mask on the CPU (only hit
   when ``attention_mask=None`` is passed; the tiny GPT harness always passes a mask).
+* The same proxy's ``torch.distributed``, and the module-level ``dist_all_gather_func`` /
+  ``dist_reduce_scatter_func`` of ``tensor_parallel.mappings`` / ``layers``, return only once
+  gloo's worker thread has let go of the collective's tensors (:mod:`.gloo_release`): not a
+  CUDA redirect, but what makes a memory measurement of the run repeatable (without it a
+  tensor whose last reference the work holds is freed at a moment that varies by run).
 * The tensor-parallel RNG tracker is initialised as megatron's *inference* tracker
   (``initialize_rng_tracker(inference_rng_tracker=True)``), whose ``add`` / ``set_states`` are
   no-ops and whose ``fork()`` is a null context (the CUDA tracker snapshots CUDA generators).
@@ -42,6 +47,8 @@ from typing import Any
 
 import torch
 
+from memscope.demo.gloo_release import ReleasingDistributed, releasing
+
 __all__ = ["apply_cpu_shims", "shims_applied"]
 
 _APPLIED: list[str] = []
@@ -53,6 +60,12 @@ _PROXIED_MODULES: tuple[str, ...] = (
     "megatron.core.tensor_parallel.mappings",
     "megatron.core.tensor_parallel.layers",
     "megatron.core.tensor_parallel.utils",
+)
+
+# Modules whose module-level gather / reduce-scatter functions wait for gloo's release.
+_GATHER_SCATTER_MODULES: tuple[str, ...] = (
+    "megatron.core.tensor_parallel.mappings",
+    "megatron.core.tensor_parallel.layers",
 )
 
 _CPU = torch.device("cpu")
@@ -106,6 +119,7 @@ class _CpuTorchProxy(types.ModuleType):
     def __init__(self) -> None:
         super().__init__("torch", "memscope CPU shim proxy for torch")
         self.cuda = _CpuCudaNamespace()
+        self.distributed = ReleasingDistributed()
         for name in ("zeros", "empty", "ones", "full", "tensor"):
             setattr(self, name, _cpu_factory(getattr(torch, name)))
 
@@ -174,6 +188,12 @@ def apply_cpu_shims() -> list[str]:
         if not isinstance(getattr(mod, "torch", None), _CpuTorchProxy):
             setattr(mod, "torch", proxy)  # noqa: B010
         _APPLIED.append(f"{mod_name}.torch -> cpu proxy")
+
+    for mod_name in _GATHER_SCATTER_MODULES:
+        mod = importlib.import_module(mod_name)
+        for name in ("dist_all_gather_func", "dist_reduce_scatter_func"):
+            setattr(mod, name, releasing(getattr(mod, name)))
+        _APPLIED.append(f"{mod_name} collectives -> release their tensors before returning")
 
     setattr(mcore_utils.GlobalMemoryBuffer, "get_tensor", _cpu_get_tensor)  # noqa: B010
     _APPLIED.append("megatron.core.utils.GlobalMemoryBuffer.get_tensor -> cpu")

@@ -13,12 +13,14 @@ faults) lives in the repository's ``tests/harness/``, not in this package.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
+from memscope.config import RuntimeConfig
 from memscope.demo.tiny_gpt import (
     FUSIONS_OFF,
     TinyGPTConfig,
@@ -30,6 +32,7 @@ from memscope.demo.tiny_gpt import (
 from memscope.demo.tiny_gpt_training import make_data_iterators, train_step
 from memscope.integrations.megatron.args import add_memscope_args
 from memscope.integrations.megatron.runtime import MemScopeMegatronRuntime
+from memscope.integrations.torch.runtime import MemScopeTorchRuntime
 
 
 @dataclass
@@ -129,6 +132,80 @@ def megatron_like_args(cfg: TinyGPTConfig, memscope_argv: list[str]) -> argparse
     return args
 
 
+#: The Megatron-LM arguments a minimal args namespace lacks (``megatron_args="minimal"``):
+#: the fusions and ``transformer_impl``, whose command-line defaults (on, Transformer Engine)
+#: are the opposite of megatron-core's TransformerConfig defaults and of this model.
+MINIMAL_ARGS_DROP = (
+    "bias_swiglu_fusion", "bias_gelu_fusion", "masked_softmax_fusion",
+    "gradient_accumulation_fusion", "apply_rope_fusion", "transformer_impl",
+)  # fmt: skip
+ARGS_MODES = ("full", "minimal", "none")
+
+
+class TorchRuntimeCallbacks:
+    """The training step's Megatron-style callbacks onto :class:`MemScopeTorchRuntime`'s
+    ``step`` / ``optimizer_step`` blocks: a megatron-core model driven by a plain loop."""
+
+    def __init__(self, runtime: MemScopeTorchRuntime) -> None:
+        self.runtime = runtime
+        self._step = contextlib.ExitStack()
+        self._optimizer = contextlib.ExitStack()
+
+    def start(self) -> None:
+        self.runtime.start()
+
+    def on_train_step_start(self, step: int, **_: Any) -> None:
+        self._step.enter_context(self.runtime.step(step))
+
+    def on_optimizer_step_start(self) -> None:
+        self._optimizer.enter_context(self.runtime.optimizer_step())
+
+    def on_optimizer_step_end(self) -> None:
+        self._optimizer.close()
+
+    def on_train_step_end(self, **_: Any) -> None:
+        self._step.close()
+
+    def on_exception(self, exc: BaseException) -> None:
+        self.runtime.session.record_exception(exc)
+
+    def finalize(self) -> None:
+        self.runtime.finalize()
+
+    @property
+    def report_path(self) -> str | None:
+        return self.runtime.report_path
+
+
+def _runtime(
+    cfg: TinyGPTConfig,
+    memscope_argv: list[str],
+    chunks: list[torch.nn.Module],
+    optimizer: torch.optim.Optimizer,
+    megatron_args: str,
+) -> Any:
+    """The traced run's runtime: Megatron's with full or minimal args, or (``none``) the
+    plain-PyTorch adapter told the batch sizes as another trainer would."""
+    args = megatron_like_args(cfg, memscope_argv)
+    if megatron_args == "none":
+        training = dict(
+            seq_length=cfg.seq_length,
+            micro_batch_size=cfg.micro_batch_size,
+            num_microbatches=cfg.num_microbatches,
+        )
+        config = RuntimeConfig.from_megatron_args(args)
+        return TorchRuntimeCallbacks(
+            MemScopeTorchRuntime(chunks, optimizer, config=config, training=training)
+        )
+    if megatron_args == "minimal":
+        for name in MINIMAL_ARGS_DROP:
+            delattr(args, name)
+    runtime = MemScopeMegatronRuntime.from_megatron_args(args)
+    runtime.attach_model(chunks)
+    runtime.attach_optimizer(optimizer)
+    return runtime
+
+
 def traced_worker(
     rank: int,
     world_size: int,
@@ -137,26 +214,28 @@ def traced_worker(
     steps: int,
     memscope_argv: list[str] | None,
     observer: TrainingObserver | None = None,
+    megatron_args: str = "full",
 ) -> WorkerResult:
     """Train ``steps`` steps; with ``memscope_argv`` (e.g. ``["--memscope", ...]``) traced.
 
-    ``observer`` (see :class:`TrainingObserver`) is told about the run at fixed points.
+    ``observer`` (see :class:`TrainingObserver`) is told about the run at fixed points
+    (``attached`` only with Megatron's runtime). ``megatron_args`` (one of
+    :data:`ARGS_MODES`): the runtime gets full Megatron args, args lacking
+    :data:`MINIMAL_ARGS_DROP`, or none (the plain-PyTorch adapter).
     """
+    if megatron_args not in ARGS_MODES:
+        raise ValueError(f"megatron_args must be one of {ARGS_MODES}, got {megatron_args!r}")
     torch.set_num_threads(1)
     init_process(rank, world_size, port, cfg)
-    runtime: MemScopeMegatronRuntime | None = None
+    runtime: Any = None
     try:
         chunks = build_model(cfg)
         optimizer = build_optimizer(chunks, cfg)
         if observer is not None:
             observer.model_built(chunks, optimizer)
         if memscope_argv is not None:
-            runtime = MemScopeMegatronRuntime.from_megatron_args(
-                megatron_like_args(cfg, memscope_argv)
-            )
-            runtime.attach_model(chunks)
-            runtime.attach_optimizer(optimizer)
-            if observer is not None:
+            runtime = _runtime(cfg, memscope_argv, chunks, optimizer, megatron_args)
+            if observer is not None and megatron_args != "none":
                 observer.attached(runtime, chunks, optimizer)
             runtime.start()
         if observer is not None:

@@ -325,6 +325,22 @@ def _run_lines(meta: dict[str, Any], training: Any) -> list[str]:
     return lines
 
 
+def _disagreement_lines(comp: dict[str, Any]) -> list[str]:
+    """Where the run's args and its model disagree (the static spec used the model's
+    value), and what reading the model could not settle."""
+    rows = comp.get("spec_disagreements") or []
+    lines: list[str] = []
+    if rows:
+        lines += ["", "Static spec: the model and the args disagree (the model's value is used):"]
+        table = [
+            [md_code(d.get("key")), md_text(d.get("model")), md_text(d.get("args"))] for d in rows
+        ]
+        lines += ["", *md_table(["setting", "model", "args"], table)]
+    notes = comp.get("spec_notes") or []
+    lines += ([""] if notes else []) + [f"- static spec: {md_text(n)}" for n in notes]
+    return lines
+
+
 def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
     """Peak and where, comparisons, per-phase maxima, top events, modules, steps (each table at
     most ``max_rows`` rows)."""
@@ -391,6 +407,7 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
                 for c in comp.get("components", [])[:max_rows]
             ],
         )
+        lines += _disagreement_lines(comp)
 
     lines += ["## Per-phase maxima", ""]
     lines += md_table(

@@ -254,6 +254,7 @@ def instrumented_worker(
     kill_rank_at_step: tuple[int, int] | None = None,
     tensorboard_dir: str | None = None,
     wandb_dir: str | None = None,
+    megatron_args: str = "full",
 ) -> InstrumentedResult:
     """``traced_worker`` with :class:`Instrumentation`; same arguments plus what to plant.
 
@@ -262,7 +263,8 @@ def instrumented_worker(
     :meth:`Instrumentation._plant_leak`, :meth:`Instrumentation._plant_late_free`);
     ``kill_rank_at_step=(rank, step)`` kills that rank at that step's first forward;
     ``tensorboard_dir`` / ``wandb_dir`` give the last rank a TensorBoard writer / an offline
-    W&B run, as Megatron's has.
+    W&B run, as Megatron's has; ``megatron_args`` is ``traced_worker``'s (full, minimal or no
+    Megatron args).
     Picklable by reference, so it runs under ``spawn``.
     """
     die = kill_rank_at_step[1] if kill_rank_at_step and kill_rank_at_step[0] == rank else None
@@ -271,6 +273,8 @@ def instrumented_worker(
     observer = Instrumentation(
         fault, leak_from_step, cfg.num_microbatches, late_free, die, board, run
     )
-    result = traced_worker(rank, world_size, port, cfg, steps, memscope_argv, observer)
+    result = traced_worker(
+        rank, world_size, port, cfg, steps, memscope_argv, observer, megatron_args
+    )
     plain = {f.name: getattr(result, f.name) for f in fields(WorkerResult)}
     return InstrumentedResult(**plain, **observer.measured)

@@ -400,13 +400,16 @@ def mlp_backward_work(
 
     Two moments compete: fc2's weight gradient (next to the incoming gradient and fc2's input
     gradient) and the activation backward (its one or two gradients, fc2's input released).
-    Under sequence parallelism the incoming gradient is also all-gathered for fc2.
+    Under sequence parallelism the incoming gradient is also all-gathered for fc2
+    (mappings.py ``_ReduceScatterToSequenceParallelRegion.backward``): fc2's grad_output
+    only, which autograd frees once fc2's backward (layers.py
+    ``LinearWithGradAccumulationAndAsyncCommunication.backward``) returns, before the
+    activation's backward.
     """
     released = saved.get("residual_dropout_masks", 0) // 2
     released += saved["layer_output"] if output_stored else 0
     incoming = x.hidden * (2 if "residual_dropout_masks" in saved else 1)  # (+ masked copy)
-    if x.sp > 1:  # sequence parallel: fc2's output gradient all-gathered to the full sequence
-        incoming += x.s * x.b * x.h * x.e
+    gathered = x.s * x.b * x.h * x.e if x.sp > 1 else 0  # sequence parallel, full sequence
     m = spec.model
     if m.num_experts is not None:
         # the gradient of the permuted tokens and the expert activation's gradient(s) over
@@ -414,11 +417,12 @@ def mlp_backward_work(
         rows = routed_rows(spec, x.s // x.sp * x.b)
         width = m.moe_ffn // spec.parallel.expert_tp
         grads = 2 if m.gated_linear_unit else 1
-        return incoming + rows * x.h * x.e + grads * rows * width * x.e - released
+        return incoming + gathered + rows * x.h * x.e + grads * rows * width * x.e - released
     # with gradient_accumulation_fusion the weight gradient accumulates into main_grad
     fc2_weight_grad = 0 if spec.gradient_accumulation_fusion else x.h * x.f * x.e
     activation_grads = 2 if spec.model.gated_linear_unit else 1
-    return incoming + x.ffn + max(fc2_weight_grad, (activation_grads - 1) * x.ffn) - released
+    weight_moment = gathered + fc2_weight_grad  # the gathered gradient is alive only here
+    return incoming + x.ffn + max(weight_moment, (activation_grads - 1) * x.ffn) - released
 
 
 @dataclass(frozen=True)
@@ -802,10 +806,14 @@ def activation_estimate(
     extra_work = 0
     if p.vpp is not None:
         extra_work += x.hidden  # the interleaved schedule holds one more p2p receive buffer
-    if pp_rank > 0 and spec.num_microbatches > 1:
+    if spec.num_microbatches > 1:
         # the schedule still holds the previous microbatch's input gradient (just sent
-        # upstream) while the next backward runs
-        extra_work += x.hidden
+        # upstream) while the next backward runs: one per chunk of this stage that has an
+        # input gradient, i.e. all but the model's first chunk (it starts at the embedding).
+        # Interleaved (schedules.py forward_backward_pipelining_with_interleaving): the peak
+        # composition of the CPU matrix's pp2-vpp2-m4 run shows one per such chunk alive (one
+        # on stage 0, two on stage 1)
+        extra_work += x.hidden * (len(layer_counts) - (1 if pp_rank == 0 else 0))
     saved_each = tuple(r[0] for r in chunks)
     # the highest moment over the schedule: every in-flight chunk-microbatch's saved tensors
     # (the last chunk's logits/loss only for its own microbatches) plus the working set of

@@ -17,7 +17,8 @@ Lifecycle (the order FlagScale's and Megatron-LM's patched ``train()`` use)::
 What is Megatron-specific lives here and only here: Megatron args -> settings, unwrapping
 DDP / Float16Module chunks, the parallel grid from ``parallel_state``, the torch optimizers
 inside Megatron's optimizer wrappers, ``.main_grad`` as a gradient, the schedule's own
-allocations as named regions, and the static estimate from Megatron args. Everything else
+allocations as named regions, and the static estimate from the attached model's own
+settings (:mod:`.model_spec`), the Megatron args for what it does not carry. Everything else
 (lifecycle, hooks, analyzers, reports, crash handling) is the session's.
 """
 
@@ -28,14 +29,20 @@ from typing import Any
 
 import torch
 
+from memscope.analysis.static.inrun import ModelFacts
 from memscope.capture.hooks import unwrap_module
 from memscope.capture.parallel import ParallelInfo, package_version
 from memscope.capture.tracer import MemoryTracer
 from memscope.config import RuntimeConfig
 from memscope.integrations.megatron.layer_numbers import global_layer_numbers
+from memscope.integrations.megatron.model_spec import read_model_facts
 from memscope.integrations.megatron.parallel import megatron_parallel_info
 from memscope.integrations.megatron.schedule_regions import ScheduleRegions
-from memscope.integrations.megatron.training_settings import SPEC_FROM_ARGS, training_settings
+from memscope.integrations.megatron.training_settings import (
+    SPEC_FROM_ARGS,
+    SPEC_FROM_MODEL,
+    training_settings,
+)
 from memscope.session import TracingSession
 from memscope.session.step_peaks import DashboardSink, Sink
 
@@ -49,14 +56,20 @@ MEGATRON_GRAD_ATTRIBUTES = ("grad", "main_grad")
 MEGATRON_ITERATION_OFFSET = 1
 
 
-def default_static_estimate(args: Any, parallel: ParallelInfo) -> dict[str, Any]:
-    """MemScope's own per-rank estimate for this run's Megatron args."""
+def default_static_estimate(
+    args: Any, parallel: ParallelInfo, model: ModelFacts | None = None
+) -> dict[str, Any]:
+    """MemScope's own per-rank estimate: the attached model's own settings
+    (:func:`.model_spec.read_model_facts`), this run's Megatron args for the rest."""
     from memscope.analysis.static.estimator import estimate_for_runtime
 
-    if args is None:
-        raise ValueError("no Megatron args were given to the runtime (from_megatron_args)")
+    if args is None and model is None:
+        raise ValueError(
+            "no Megatron args were given to the runtime (from_megatron_args) and no "
+            "megatron-core model is attached"
+        )
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    return estimate_for_runtime(args, parallel, device=device)
+    return estimate_for_runtime(args, parallel, device=device, model=model)
 
 
 def megatron_writers() -> tuple[Any, Any]:
@@ -122,6 +135,7 @@ class MemScopeMegatronRuntime:
         self.optimizer: Any = None
         self._writers: tuple[Any, Any] | None = None
         self._layer_numbers: dict[str, int] = {}
+        self.model_facts: ModelFacts | None = None
 
     @classmethod
     def from_megatron_args(cls, args: Any, **kwargs: Any) -> MemScopeMegatronRuntime:
@@ -130,8 +144,11 @@ class MemScopeMegatronRuntime:
 
     # -- Megatron specifics ----------------------------------------------------------------
     def _static_estimate(self) -> dict[str, Any] | None:
-        assert self.static_estimate_provider is not None
-        return self.static_estimate_provider(self.args, self.parallel)
+        provider = self.static_estimate_provider
+        assert provider is not None
+        if provider is default_static_estimate:
+            return default_static_estimate(self.args, self.parallel, self.model_facts)
+        return provider(self.args, self.parallel)
 
     def _framework_metadata(self) -> dict[str, Any]:
         return {
@@ -144,7 +161,7 @@ class MemScopeMegatronRuntime:
         provider = self.static_estimate_provider
         spec = None
         if provider is default_static_estimate:
-            spec = SPEC_FROM_ARGS
+            spec = SPEC_FROM_MODEL if self.model_facts is not None else SPEC_FROM_ARGS
         elif provider is not None:
             spec = f"{getattr(provider, '__qualname__', type(provider).__name__)} (custom provider)"
         return training_settings(self.args, self.parallel, spec)
@@ -169,6 +186,10 @@ class MemScopeMegatronRuntime:
             self.session.abandon("attach_model", exc)
             return
         self.session.attach_model(unwrapped)
+        try:
+            self.model_facts = read_model_facts(unwrapped)
+        except Exception as exc:  # the estimate falls back to the args alone
+            self.session.failures.record("model_spec", exc, disable=False)
         if self.parallel.pp_size > 1 or len(unwrapped) > 1:  # else local = global numbering
             try:
                 self._layer_numbers = global_layer_numbers(unwrapped)

@@ -9,6 +9,8 @@ from memscope.capture.parallel import ParallelInfo
 
 #: ``training.static_spec`` when the static comparison's spec is built from the run's args.
 SPEC_FROM_ARGS = "this run's Megatron args"
+#: ... when the attached megatron-core model gives its own settings and the args the rest.
+SPEC_FROM_MODEL = "the attached model (TransformerConfig, module classes), then this run's args"
 
 
 def _int(args: Any, name: str) -> int | None:
