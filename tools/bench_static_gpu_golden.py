@@ -407,10 +407,12 @@ def estimate_case(
 
     The estimate is for the GPU the golden file names and the ``CUBLAS_WORKSPACE_CONFIG``
     the case's ``ENV_VARS`` export (both size the fixed workspaces)."""
+    from memscope.analysis.static.coverage import not_modelled
     from memscope.analysis.static.estimator import estimate_rank, position_of_rank
     from memscope.analysis.static.sources import spec_from_megatron_args
 
     env = case.get("env") or {}
+    given = {a[2:].replace("-", "_") for a in case.get("argv") or [] if a.startswith("--")}
     case = {k: v for k, v in case.items() if k not in ("argv", "env")}
     if "error" in parsed:
         return {**case, "reason": f"Megatron's argument code refused it: {parsed['error']}"}
@@ -468,6 +470,14 @@ def estimate_case(
         "steady_diff_bytes": d_persistent,
         "transient_diff_bytes": d_transient,
         "most_differing_term": term,
+        # what the estimator itself warns it does not model for these flags (the coverage
+        # footer of its report): such a case is measured but outside the band
+        "warned": sorted(
+            {
+                item.key
+                for item in not_modelled({k: getattr(ns, k) for k in given if hasattr(ns, k)}, spec)
+            }
+        ),
         "notes": unmentioned_features(ns),
     }
 
@@ -476,6 +486,9 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if not rows:
         return {"cases": 0}
     worst = max(rows, key=lambda r: abs(r["error"]))
+    # the band: cases whose flags the estimator claims to model whole (it warns of nothing)
+    claimed = [r for r in rows if not r.get("warned")]
+    band = max(claimed, key=lambda r: abs(r["error"])) if claimed else worst
     return {
         "cases": len(rows),
         "worst_error": worst["error"],
@@ -483,6 +496,9 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "median_abs_error": statistics.median(abs(r["error"]) for r in rows),
         "over_5_percent": sum(abs(r["error"]) > 0.05 for r in rows),
         "over_10_percent": [r["name"] for r in rows if abs(r["error"]) > 0.10],
+        "band_cases": len(claimed),
+        "band_worst_error": band["error"],
+        "band_worst_case": band["name"],
     }
 
 
@@ -497,6 +513,9 @@ def summary_file(s: dict[str, Any]) -> dict[str, Any]:
         "median_abs_error": s["median_abs_error"],
         "over_5_percent": s["over_5_percent"],
         "over_10_percent": len(s["over_10_percent"]),
+        "band_cases": s["band_cases"],
+        "band_worst_error": s["band_worst_error"],
+        "band_worst_case": s["band_worst_case"],
     }
 
 
@@ -583,6 +602,13 @@ def render(result: dict[str, Any]) -> str:
             "median is of |estimate - measured| / measured peak; "
             f"{s['over_5_percent']} cases beyond 5%, {len(s['over_10_percent'])} beyond 10%"
             + (f" ({', '.join(s['over_10_percent'])})" if s["over_10_percent"] else "")
+        )
+        warned = [r for r in rows if r.get("warned")]
+        lines.append(
+            f"band (the {s['band_cases']} cases setting nothing the estimator warns it does not "
+            f"model): worst {100 * s['band_worst_error']:+.1f}% ({s['band_worst_case']}); "
+            f"{len(warned)} cases set such a feature: "
+            + (", ".join(f"{r['name']} ({', '.join(r['warned'])})" for r in warned) or "none")
         )
         lines.append(
             f"worst: {100 * s['worst_error']:+.1f}%  median: {100 * s['median_abs_error']:.1f}%"

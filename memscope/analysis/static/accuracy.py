@@ -27,10 +27,20 @@ class BenchmarkSummary:
     median_abs_error: float
     over_5_percent: int
     over_10_percent: int
+    # the band: the cases whose flags the estimator claims to model whole (it warns of no
+    # feature it does not model); the planner's and the OOM remedies' margin
+    band_cases: int
+    band_worst_error: float
+    band_worst_case: str
 
     @property
     def worst_abs_error(self) -> float:
         return abs(self.worst_error)
+
+    @property
+    def band(self) -> float:
+        """The estimator's uncertainty where it claims to model everything the flags set."""
+        return abs(self.band_worst_error)
 
 
 @lru_cache(maxsize=1)
@@ -45,4 +55,7 @@ def gpu_benchmark_summary() -> BenchmarkSummary:
         median_abs_error=float(data["median_abs_error"]),
         over_5_percent=int(data["over_5_percent"]),
         over_10_percent=int(data["over_10_percent"]),
+        band_cases=int(data["band_cases"]),
+        band_worst_error=float(data["band_worst_error"]),
+        band_worst_case=str(data["band_worst_case"]),
     )
