@@ -250,3 +250,34 @@ def test_a_rank_a_job_summary_names_as_missing_is_never_a_stray():
     summary = summarize_job(entries)
     assert (summary["world_size"], summary["strays"]) == (3, [])
     assert [row["rank"] for row in summary["ranks"]] == [0, 1, 2]
+
+
+def test_plan_calibrate_refuses_a_folder_that_mixes_runs(tmp_path, capsys):
+    """The job view's check applies to --calibrate: rank folders of two runs are refused in
+    one line (exit 2), one run's folder calibrates."""
+    config = str(Path(__file__).resolve().parent.parent / "configs/static/tiny_gpt.json")
+    mixed = tmp_path / "mixed"
+    _write(mixed, 0, _report(0, "run-a"))
+    _write(mixed, 1, _report(1, "run-b"))
+    argv = ["plan", "--config", config, "--gpu-memory", "8GiB", "--world-size", "2",
+            "--outdir", str(tmp_path / "out")]  # fmt: skip
+    assert main([*argv, "--calibrate", str(mixed)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "rank reports of 2 runs" in err
+    one = tmp_path / "one"
+    _write(one, 0, _report(0, "run-a"))
+    _write(one, 1, _report(1, "run-a"))
+    assert main([*argv, "--calibrate", str(one)]) == 0
+    capsys.readouterr()
+
+
+def test_the_flagscale_trial_reader_gives_no_number_for_a_folder_that_mixes_runs(tmp_path):
+    from memscope.integrations.flagscale.autotuner import MIB, trial_max_memory
+
+    reports = {0: _report(0, "run-a"), 1: _report(1, "run-a")}
+    for rank, report in reports.items():
+        _write(tmp_path / "one", rank, report)
+    expected = max(r["peak"]["reserved_bytes"] for r in reports.values()) / MIB
+    assert trial_max_memory(str(tmp_path / "one")) == expected
+    _write(tmp_path / "one", 1, _report(1, "run-b"))
+    assert trial_max_memory(str(tmp_path / "one")) is None

@@ -158,3 +158,28 @@ def test_a_bad_job_summary_is_one_line_and_exit_code_2(tmp_path, capsys, content
     assert main(["visualize-runtime", "--report", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err and not (tmp_path / "job_report.html").exists()
+
+
+def test_two_runs_into_one_outdir_keep_one_job_summary_each(tmp_path):
+    """A second run (another run id) writing into the same output folder keeps the first
+    run's job_summary.json beside its own, renamed with its run id; the same run again
+    replaces its own."""
+    report = _real_reports()[0]
+
+    def write(run_id: str) -> str:
+        return share_job_summary(
+            rank_summary(report), rank=0, world_size=1, expected=[0], outdir=str(tmp_path),
+            run_id=run_id, timeout_s=5.0,
+        )  # fmt: skip
+
+    path = write("run-a")
+    write("run-b")
+    assert load_json(path)["run_id"] == "run-b"
+    kept = tmp_path / "job_summary.prev-run-a.json"
+    assert load_json(str(kept))["run_id"] == "run-a"
+    write("run-b")  # the same run writing again replaces its own
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "job_summary.json", "job_summary.prev-run-a.json"]  # fmt: skip
+    (tmp_path / "job_summary.json").write_text("{trunc")
+    write("run-c")  # an unreadable one is kept too, never silently replaced
+    assert (tmp_path / "job_summary.prev-unreadable.json").read_text() == "{trunc"

@@ -394,3 +394,32 @@ def test_a_hook_family_that_turned_itself_off_makes_the_report_incomplete(tmp_pa
     report = _report(ms.report_path)
     assert report["status"] == "incomplete"
     assert "module_hooks (ValueError: bad module" in report["status_reason"]
+
+
+def test_a_start_failure_leaves_a_note_the_job_view_reads(tmp_path, monkeypatch, capsys):
+    """Tracing fails to start on rank 0 (here: agreeing the run id); training goes on
+    untraced, and the rank folder holds start_failure.json saying why, which the job view
+    shows instead of a bare "no report"."""
+    import shutil
+    from pathlib import Path
+
+    from memscope.cli import main
+    from memscope.session import session as session_mod
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("store unreachable")
+
+    monkeypatch.setattr(session_mod, "agreed_run_identity", broken)
+    model, opt = _build()
+    ms = MemScopeTorchRuntime(model, opt, outdir=str(tmp_path / "job"), backend="storage")
+    ms.start()
+    assert _train(ms, model, opt, 2) == _untraced_losses(2)
+    ms.finalize()
+    note = _report(tmp_path / "job" / "rank00000" / "start_failure.json")
+    assert note["report_type"] == "start_failure" and "store unreachable" in note["reason"]
+    assert not (tmp_path / "job" / "rank00000" / "runtime_report.json").exists()
+    example = Path(__file__).parent.parent / "examples" / "cpu_pp2_demo" / "rank00001"
+    shutil.copytree(example, tmp_path / "job" / "rank00001")
+    assert main(["summarize", "--report", str(tmp_path / "job")]) == 0
+    out = capsys.readouterr().out
+    assert "tracing did not start: start: RuntimeError: store unreachable" in out

@@ -7,6 +7,7 @@ Imports jinja2 and the reporters, so command modules import this inside their ``
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -21,7 +22,13 @@ from memscope.analysis.job import (
     summarize_job,
 )
 from memscope.cli.common import MALFORMED, CliError, check_output, progress, write_output
-from memscope.io.rank_folders import ALL_RANK_PAGES_UP_TO, MAX_JOB_RANKS, REPORT_NAME
+from memscope.events.bounded_input import InputRefused, read_regular
+from memscope.io.rank_folders import (
+    ALL_RANK_PAGES_UP_TO,
+    MAX_JOB_RANKS,
+    REPORT_NAME,
+    START_FAILURE_NAME,
+)
 from memscope.io.rank_folders import rank_folders as io_rank_folders
 from memscope.io.report_reader import ReportError, load_report
 from memscope.reporters.html import render_job_html, render_runtime_html
@@ -114,6 +121,17 @@ def rank_folders(directory: str) -> list[tuple[int, str]]:
         raise CliError(str(exc)) from None
 
 
+def start_failure(folder: str) -> str | None:
+    """Why tracing never started on the rank of ``folder`` (its ``start_failure.json``), if
+    it left that note."""
+    try:
+        raw = read_regular(os.path.join(folder, START_FAILURE_NAME), 1 << 20)
+        reason = json.loads(raw).get("reason")
+    except (InputRefused, ValueError, AttributeError):
+        return None
+    return str(reason)[:300] if reason else None
+
+
 def job_entries(directory: str) -> list[RankEntry]:
     """One entry per ``rankNNNNN/`` folder of a job directory, in rank order. A rank whose
     report can't be read or used is an entry with the reason, so one bad rank never takes the
@@ -125,9 +143,13 @@ def job_entries(directory: str) -> list[RankEntry]:
             report = load_report(os.path.join(folder, REPORT_NAME), REPORT_TYPE_RUNTIME)
         except ReportError as exc:
             # a folder with no report at all may be a stray beside the job; one whose report
-            # is unreadable is a rank that failed to write it
+            # is unreadable is a rank that failed to write it; one with a start note is a
+            # rank whose tracing never started, and says why
             absent = not os.path.lexists(os.path.join(folder, REPORT_NAME))
-            entries.append(RankEntry(rank, None, str(exc), where=name if absent else ""))
+            note = start_failure(folder) if absent else None
+            problem = f"tracing did not start: {note}" if note else str(exc)
+            where = name if absent and not note else ""
+            entries.append(RankEntry(rank, None, problem, where=where))
             continue
         summary = rank_summary(report, max_steps=MAX_POINTS)  # no more than a page plots
         entry = _checked_entry(rank, summary, f"{name}/{REPORT_NAME}")

@@ -202,7 +202,9 @@ def _cost_model(args: argparse.Namespace) -> Any:
 def _calibration(path: str, vocab_size: int | None = None) -> dict[str, Any]:
     """Per-term factors from the static comparisons of a rank report, a job summary or every
     rank report of a job directory; a path with none is a :class:`CliError`."""
+    from memscope.analysis.job import RankEntry, job_mixups
     from memscope.analysis.static.planner import calibration
+    from memscope.cli.pages import job_summary_entries
     from memscope.io.rank_folders import REPORT_NAME, folder_file, rank_folders
     from memscope.io.report_reader import ReportError, load_report
 
@@ -215,15 +217,26 @@ def _calibration(path: str, vocab_size: int | None = None) -> dict[str, Any]:
     try:
         if comparisons:
             return calibration(comparisons)
+        entries: list[RankEntry] = []
         if os.path.isdir(path):
-            for _, folder in rank_folders(path):
-                report = os.path.join(folder, REPORT_NAME)
-                if os.path.isfile(report):
-                    comparisons.append(load_report(report, "runtime").get("comparisons") or {})
+            for rank, folder in rank_folders(path):
+                report_path = os.path.join(folder, REPORT_NAME)
+                if os.path.isfile(report_path):
+                    report = load_report(report_path, "runtime")
+                    entries.append(RankEntry(rank, report, where=os.path.basename(folder)))
+                    comparisons.append(report.get("comparisons") or {})
         else:
             doc = load_report(path)
             ranks = doc.get("ranks") if doc.get("report_type") == "job_summary" else [doc]
             comparisons = [r.get("comparisons") or {} for r in ranks or [] if isinstance(r, dict)]
+            if doc.get("report_type") == "job_summary":
+                entries = [e for e in job_summary_entries(doc, path) if e.report is not None]
+        mixed = job_mixups(entries)  # the job view's check: one launch's ranks only
+        if mixed:
+            raise CliError(
+                f"--calibrate {path}: {'; '.join(mixed.values())}; calibrate from one run's "
+                "folder (memscope summarize shows which ranks belong to which run)"
+            )
         return calibration(comparisons)
     except (ReportError, ValueError) as exc:
         raise CliError(f"--calibrate {naming(path, exc)}") from None

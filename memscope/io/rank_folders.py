@@ -17,6 +17,8 @@ from memscope.io.report_reader import ReportError
 RANK_DIR = re.compile(r"^rank(\d{1,15})$")
 #: The runtime report inside a rank folder.
 REPORT_NAME = "runtime_report.json"
+#: The note a rank whose tracing never started leaves in its folder (written by the session).
+START_FAILURE_NAME = "start_failure.json"
 #: A rank's event trace inside its folder.
 TRACE_NAME = "trace.jsonl"
 #: Most rank folders a job directory may hold (more is refused: one line, exit code 2).

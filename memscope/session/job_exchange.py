@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -28,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from memscope.events.bounded_input import strict_json_loads
+from memscope.events.bounded_input import InputRefused, open_regular, strict_json_loads
 from memscope.io.atomic import atomic_write_json
 from memscope.reporters.job_summary_json import JOB_SUMMARY_JSON, job_summary_document
 
@@ -216,5 +217,35 @@ def share_job_summary(
         },
     )
     path = os.path.join(outdir, JOB_SUMMARY_JSON)
+    keep_other_runs_summary(path, run_id)
     atomic_write_json(path, doc)
     return path
+
+
+#: A job summary larger than this is not read to learn its run id (it is kept either way).
+_MAX_SUMMARY_PEEK = 256 << 20
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def keep_other_runs_summary(path: str, run_id: str) -> str | None:
+    """One ``job_summary.json`` per run id: another run's (or an unreadable) summary at
+    ``path`` is renamed to ``job_summary.prev-<its run id>.json`` (a free name) before this
+    run writes its own, so two runs into one output folder never overwrite each other's.
+    Returns where it was kept, or ``None`` when there was none or it was this run's."""
+    if not os.path.lexists(path):
+        return None
+    try:
+        with open_regular(path, _MAX_SUMMARY_PEEK) as f:
+            previous = json.loads(f.read()).get("run_id")
+    except (InputRefused, OSError, ValueError, AttributeError):
+        previous = "unreadable"
+    if previous == run_id:
+        return None
+    stem, ext = os.path.splitext(path)
+    kept = f"{stem}.prev-{_UNSAFE.sub('_', str(previous))[:80]}{ext}"
+    n = 1
+    while os.path.lexists(kept):
+        n += 1
+        kept = f"{stem}.prev-{_UNSAFE.sub('_', str(previous))[:80]}.{n}{ext}"
+    os.rename(path, kept)
+    return kept

@@ -36,6 +36,7 @@ import json
 import logging
 import os
 import socket
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -68,7 +69,7 @@ from memscope.events.schema import ContextMarker, EventConsumer
 from memscope.events.trace_sink import BufferedTraceWriter, JsonlTraceSink
 from memscope.events.trace_store import BoundedTraceStore
 from memscope.io.atomic import atomic_write_json, atomic_write_text
-from memscope.io.rank_folders import TRACE_NAME
+from memscope.io.rank_folders import START_FAILURE_NAME, TRACE_NAME
 from memscope.reporters.markdown import render_runtime_markdown
 from memscope.reporters.runtime_json import RuntimeReportInputs, build_runtime_report
 from memscope.session.crash_guard import CrashGuard
@@ -269,6 +270,7 @@ class TracingSession:
             self._start()
         except Exception as exc:
             self.abandon("start", exc)
+            self._leave_start_note()
             return
         self.state = SessionState.TRACING
         self.write_report()
@@ -294,6 +296,27 @@ class TracingSession:
             pass
         finally:
             self.state = SessionState.FINALIZED
+
+    def _leave_start_note(self) -> None:
+        """A rank that never started tracing leaves a small note saying why in its folder
+        (``start_failure.json``), so the job view can tell it from one that never ran;
+        where the folder itself can't be written the logged line is all there is."""
+        try:
+            atomic_write_json(
+                os.path.join(self.report_dir, START_FAILURE_NAME),
+                {
+                    "schema_version": s.SCHEMA_VERSION,
+                    "report_type": "start_failure",
+                    "tool": {"name": "memscope", "version": __version__},
+                    "rank": self.rank,
+                    "world_size": self.parallel.world_size,
+                    "run_id": self.run.run_id,
+                    "reason": self.start_error,
+                    "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                },
+            )
+        except Exception as exc:  # e.g. the output folder is not writable: logged once already
+            logger.debug("memscope: no start note: %s", exc)
 
     def _start(self) -> None:
         cfg = self.config

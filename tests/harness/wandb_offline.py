@@ -14,6 +14,7 @@ import glob
 import json
 import os
 import struct
+import time
 from typing import Any
 
 _BLOCK = 32 * 1024
@@ -48,23 +49,40 @@ def _records(data: bytes) -> list[bytes]:
     return out
 
 
-def offline_history(wandb_dir: str) -> list[dict[str, Any]]:
+def offline_history(
+    wandb_dir: str, expect_exit: bool = True, wait_s: float = 30.0
+) -> list[dict[str, Any]]:
     """Every history row the offline run under ``wandb_dir`` (its ``dir=``) committed, in
-    order, as {key: value} (the row's ``_step`` included)."""
+    order, as {key: value} (the row's ``_step`` included).
+
+    wandb's core writes the file from its own process: on a busy machine the records can
+    reach the disk after ``run.finish()`` returned. With ``expect_exit`` the file is read
+    again (for at most ``wait_s``) until the run's exit record is in it."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        rows, exited = _read_history(wandb_dir)
+        if exited or not expect_exit or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.2)
+
+
+def _read_history(wandb_dir: str) -> tuple[list[dict[str, Any]], bool]:
     from wandb.proto import wandb_internal_pb2 as pb
 
     (path,) = glob.glob(os.path.join(wandb_dir, "wandb", "offline-run-*", "run-*.wandb"))
     with open(path, "rb") as f:
         data = f.read()
-    rows = []
+    rows, exited = [], False
     for raw in _records(data):
         record = pb.Record()
         record.ParseFromString(raw)
-        if record.WhichOneof("record_type") == "history":
+        kind = record.WhichOneof("record_type")
+        exited = exited or kind == "exit"
+        if kind == "history":
             rows.append(
                 {
                     item.key or "/".join(item.nested_key): json.loads(item.value_json)
                     for item in record.history.item
                 }
             )
-    return rows
+    return rows, exited

@@ -24,6 +24,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from memscope.analysis.job import RankEntry, job_mixups
 from memscope.analysis.static.config import TrainingSpec
 from memscope.analysis.static.planner import stage_peaks
 from memscope.analysis.static.sources import spec_from_flagscale_yaml
@@ -126,15 +127,19 @@ def trial_max_memory(path: str) -> float | None:
     """The highest reserved peak over a trial's ranks, in MiB, from its MemScope output."""
     summary = os.path.join(path, "job_summary.json")
     reports: list[dict[str, Any]] = []
+    entries: list[RankEntry] = []
     try:
         if os.path.isfile(summary):
             reports = list(load_report(summary, "job_summary").get("ranks") or [])
         elif os.path.isdir(path):
-            for _, folder in rank_folders(path):
+            for rank, folder in rank_folders(path):
                 report = os.path.join(folder, REPORT_NAME)
                 if os.path.isfile(report):
                     reports.append(load_report(report, "runtime"))
+                    entries.append(RankEntry(rank, reports[-1], where=os.path.basename(folder)))
     except ReportError:
+        return None
+    if job_mixups(entries):  # another run's ranks in the folder: no number is better than theirs
         return None
     peaks = [
         int((r.get("peak") or {}).get("reserved_bytes") or 0)
