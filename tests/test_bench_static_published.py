@@ -94,6 +94,11 @@ def test_newer_flags_are_set_as_megatron_main_sets_them(result):
     assert offload["offload_modules"] == ["core_attn", "moe_act"]
     assert offload["min_offloaded_tensor_size"] == 1024 * 1024
     assert bench.with_newer_flags(["--bf16"], {"optimizer": "adam"})["optimizer"] == "adam"
+    graphs = bench.with_newer_flags(["--cuda-graph-impl", "transformer_engine"], {})
+    assert graphs["cuda_graph_impl"] == "transformer_engine"  # warned of, not dropped
+    rows = {r["name"]: r for r in result["rows"]}
+    graphed = rows["gpt3_moe_mcore_te_tp4_ep2_etp2_pp2_scoped_cudagraph"]
+    assert "cuda_graph_impl" in graphed["warned"]
     # in the benchmark: the Muon and offloading cases are estimated, nothing awaits a feature
     names = {r["name"] for r in result["rows"]}
     assert {

@@ -36,6 +36,8 @@ the parsed arguments afterwards as Megatron-LM at ``SOURCE_COMMIT`` sets them
   estimator models) is listed with that reason.
 - Fine-grained activation offloading: ``--fine-grained-activation-offloading``,
   ``--offload-modules``, ``--min-offloaded-tensor-size`` (``TransformerConfig`` fields).
+- A newer flag the estimator warns it does not model (``coverage.NOT_MODELLED``, e.g.
+  ``--cuda-graph-impl``) is set from its words, so the case's ``warned`` list names it.
 
 A case the estimator refuses is listed with its reason: none is dropped. Nothing is tuned to
 these numbers.
@@ -243,6 +245,12 @@ def with_newer_flags(argv: list[str], parsed: dict[str, Any]) -> dict[str, Any]:
             out[name] = words  # nargs='+'
         else:
             out[name] = type(default)(words[0])
+    from memscope.analysis.static.coverage import NOT_MODELLED
+
+    for name in NOT_MODELLED:  # newer flags the estimator warns of: named in ``warned``
+        words = _flag_values(argv, "--" + name.replace("_", "-"))
+        if name not in out and words is not None:
+            out[name] = words[0] if len(words) == 1 else (words or True)
     optimizer = (_flag_values(argv, "--optimizer") or [""])[0]
     if optimizer in MUON:
         # arguments.py validate_args ("emerging optimizer check") at SOURCE_COMMIT
@@ -378,7 +386,7 @@ def render(result: dict[str, Any]) -> str:
         "(moe_token_imbalance 1), @bound = ours at the imbalance bound of a dropless MoE case "
         "(the report's range); term = where ours differs most (steady: est steady - steady; "
         "transient: (est peak - est steady) - (peak - steady)), diff its GiB; moment = where "
-        "our peak falls",
+        "our peak falls; warned = what the estimator warns it does not model",
         f"{'case':<80} {'world':>5} {'tp,pp':>5} {'steady':>7} {'peak':>7} {'est.stdy':>8} "
         f"{'est.peak':>8} {'error':>7} {'@bound':>7} {'term':<9} {'diff':>6}  moment",
     ]
@@ -393,6 +401,7 @@ def render(result: dict[str, Any]) -> str:
             f"{_gib(m['peak_bytes'])} {_gib(e['steady_bytes']):>8} {_gib(e['peak_bytes']):>8} "
             f"{r['error'] * 100:+6.1f}% {at_bound} {term:<9} "
             f"{r[term + '_diff_bytes'] / GIB:+6.2f}  {e['peak_moment']}"
+            + (f"; warned: {', '.join(r['warned'])}" if r["warned"] else "")
         )
     lines.append("")
     lines.append(f"listed separately: {len(result['separate'])} cases")
