@@ -149,3 +149,24 @@ def test_report_footer_lists_offloading_as_modelled_and_moe_modules_as_counted_o
     assert any("fine-grained activation offloading (core_attn, expert_fc1" in m
                for m in result.modelled)  # fmt: skip
     assert any("expert_fc1 stay counted on the GPU" in a for a in result.approximated)
+
+
+def test_a_chunk_waiting_for_its_backward_has_every_layer_on_the_host():
+    # megatron-core 0.16.1 fine_grained_activation_offload.py: should_bulk_offload keeps the
+    # last layer's groups only of the chunk whose backward is next (post_warmup_callback's one
+    # group per module name is in the first chunk to run backward): a microbatch waiting in the
+    # 1F1B schedule has its last layer on the host too
+    kw = dict(num_layers=8, pipeline_model_parallel_size=2, num_microbatches=4, world_size=2)
+    plain = _estimate(**kw)
+    off = _estimate(fine_grained_activation_offloading=True, offload_modules="core_attn,attn_proj",
+                    **kw)  # fmt: skip
+    per_layer = 4 * 2048 * 1024 * 2  # q, k, v and linear_proj's input, [s, b, h] bf16 each
+    act = off.activations
+    assert act.in_flight == 2  # the first of two stages, 1F1B
+    assert act.detail["offloaded_to_host"] == 3 * per_layer  # at its backward: last layer kept
+    assert act.saved_per_chunk == (act.chunk_saved_bytes - per_layer,)  # waiting: all 4 moved
+    assert plain.activations.saved_per_chunk[0] - act.saved_per_chunk[0] == 4 * per_layer
+    # the peak (the last layer's backward): the waiting microbatch's 4 layers and the running
+    # one's first 3 are on the host
+    assert off.activations.peak_moment == plain.activations.peak_moment == "layer 3 mlp_backward"
+    assert plain.peak_memory_bytes - off.peak_memory_bytes == 7 * per_layer

@@ -20,11 +20,27 @@ docstring for what they are).
 ``--extract`` reads the cases of ``CASES`` at ``SOURCE_COMMIT`` from a Megatron-LM git
 directory (the ``fetch`` of github:NVIDIA/Megatron-LM) and rewrites the data file.
 
-Each case is parsed by Megatron-LM's own argument code (FlagScale 0.8.0's tree, as the first
-benchmark does; flags newer than that code are ignored by its parser) and estimated for the
-last rank. A case that needs a feature another part of the estimator is still adding is
-listed as ``awaiting <feature>``, one the estimator refuses with its reason: none is dropped.
-Nothing is tuned to these numbers.
+Each case is parsed by Megatron-LM's own argument code (FlagScale 0.8.0's tree, Megatron-LM
+0.15, as the first benchmark does) and estimated for the last rank. Flags newer than that code
+are ignored by its parser, except those the estimator reads (``NEWER_FLAGS``), which are set on
+the parsed arguments afterwards as Megatron-LM at ``SOURCE_COMMIT`` sets them
+(``megatron/training/arguments.py``, the ``TransformerConfig`` fields it exposes):
+
+- Muon: the 0.15 parser refuses ``--optimizer muon``, so the case is parsed with ``adam`` and
+  the optimizer set afterwards as ``validate_args`` at that commit does: ``muon`` with
+  ``--use-distributed-optimizer`` (or the deprecated ``dist_muon``) is the layer-wise
+  distributed optimizer (``use_layer_wise_distributed_optimizer``, the distributed optimizer
+  switched off), our ``dist_muon``; without it plain Muon. ``--muon-tp-mode`` defaults to
+  ``duplicated`` there. A layer-wise case that keeps that commit's precomputed param layout
+  (``use_layer_wise_param_layout``, newer than megatron-core 0.16.1's ping-pong buffer the
+  estimator models) is listed with that reason.
+- Fine-grained activation offloading: ``--fine-grained-activation-offloading``,
+  ``--offload-modules``, ``--min-offloaded-tensor-size`` (``TransformerConfig`` fields).
+- A newer flag the estimator warns it does not model (``coverage.NOT_MODELLED``, e.g.
+  ``--cuda-graph-impl``) is set from its words, so the case's ``warned`` list names it.
+
+A case the estimator refuses is listed with its reason: none is dropped. Nothing is tuned to
+these numbers.
 """
 
 from __future__ import annotations
@@ -72,16 +88,15 @@ CASES = (
     ("moe", "gpt3_mcore_te_tp2_pp1_te_a2a_ovlp_8experts_etp1_ep4"),
     ("gpt", "gpt3_mcore_te_tp2_pp2_mla"),
 )
-# Features other parts of the estimator are adding this cycle (issue 24 item 4): a case that
-# uses one is listed as awaiting it, not estimated with a term nobody has derived yet.
-AWAITING = (
-    ("fp8", "FP8 training"),
-    ("fp4", "FP4 training"),
-    ("pipeline_model_parallel_layout", "pipeline_model_parallel_layout"),
-    ("use_torch_fsdp2", "torch FSDP2"),
-    ("use_megatron_fsdp", "Megatron-FSDP"),
-    ("fine_grained_activation_offloading", "fine-grained activation offloading"),
+# Flags of Megatron-LM at SOURCE_COMMIT that the 0.15 parser does not know and the estimator
+# reads: (flag, parsed name, default there). See the module docstring.
+NEWER_FLAGS = (
+    ("--muon-tp-mode", "muon_tp_mode", "duplicated"),
+    ("--fine-grained-activation-offloading", "fine_grained_activation_offloading", False),
+    ("--offload-modules", "offload_modules", []),
+    ("--min-offloaded-tensor-size", "min_offloaded_tensor_size", 1024 * 1024),
 )
+MUON = ("muon", "dist_muon")
 GIB = 1024**3
 
 
@@ -197,17 +212,57 @@ def load_cases(path: str = DATA) -> list[dict[str, Any]]:
     return cases
 
 
-def awaiting(parsed: dict[str, Any]) -> str | None:
-    """The first feature of the run that the estimator is still adding, else None (Muon is
-    read from the flags: the parsing Megatron-LM 0.15 refuses ``--optimizer muon``)."""
-    if str(parsed.get("optimizer")) in ("muon", "dist_muon"):
-        return f"awaiting Muon (--optimizer {parsed['optimizer']})"
-    if parsed.get("cpu_offloading") or parsed.get("optimizer_cpu_offload"):
-        return "awaiting CPU offloading"
-    for key, feature in AWAITING:
-        if parsed.get(key):
-            return f"awaiting {feature} (--{key.replace('_', '-')} {parsed[key]})"
-    return None
+def _flag_values(argv: list[str], flag: str) -> list[str] | None:
+    """The words after ``flag`` on the command line up to the next flag; None if absent."""
+    if flag not in argv:
+        return None
+    rest = argv[argv.index(flag) + 1 :]
+    end = next((i for i, a in enumerate(rest) if a.startswith("--")), len(rest))
+    return rest[:end]
+
+
+def parser_argv(argv: list[str]) -> list[str]:
+    """The command line given to the 0.15 parser: ``--optimizer muon``/``dist_muon`` read as
+    ``adam`` (that parser refuses both; :func:`with_newer_flags` sets the optimizer)."""
+    out = list(argv)
+    if (_flag_values(argv, "--optimizer") or [""])[0] in MUON:
+        out[argv.index("--optimizer") + 1] = "adam"
+    return out
+
+
+def with_newer_flags(argv: list[str], parsed: dict[str, Any]) -> dict[str, Any]:
+    """The parsed arguments with what Megatron-LM at ``SOURCE_COMMIT`` sets from the flags
+    the 0.15 parser does not know (``NEWER_FLAGS``, the Muon optimizer); or only a ``reason``
+    saying why the estimator cannot take the case."""
+    out = dict(parsed)
+    for flag, name, default in NEWER_FLAGS:
+        words = _flag_values(argv, flag)
+        if words is None:
+            out.setdefault(name, default)
+        elif isinstance(default, bool):
+            out[name] = True  # a store_true switch
+        elif isinstance(default, list):
+            out[name] = words  # nargs='+'
+        else:
+            out[name] = type(default)(words[0])
+    from memscope.analysis.static.coverage import NOT_MODELLED
+
+    for name in NOT_MODELLED:  # newer flags the estimator warns of: named in ``warned``
+        words = _flag_values(argv, "--" + name.replace("_", "-"))
+        if name not in out and words is not None:
+            out[name] = words[0] if len(words) == 1 else (words or True)
+    optimizer = (_flag_values(argv, "--optimizer") or [""])[0]
+    if optimizer in MUON:
+        # arguments.py validate_args ("emerging optimizer check") at SOURCE_COMMIT
+        layer_wise = optimizer == "dist_muon" or bool(parsed.get("use_distributed_optimizer"))
+        if layer_wise and _flag_values(argv, "--no-use-layer-wise-param-layout") is None:
+            return {
+                "reason": "layer-wise distributed Muon with Megatron-LM main's precomputed "
+                "param layout (use_layer_wise_param_layout), newer than the megatron-core "
+                "0.16.1 ping-pong buffer the estimator models"
+            }
+        out.update(optimizer="dist_muon" if layer_wise else "muon", use_distributed_optimizer=False)
+    return out
 
 
 def imbalance_range(case: dict[str, Any], parsed: dict[str, Any]) -> dict[str, Any] | None:
@@ -252,18 +307,21 @@ def run(tree: str, cases: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         base.update(world_size=c["world_size"], world_size_source=c["world_size_source"])
         argv = golden.argv_from_model_args(c["model_args"])
         jobs.append(
-            {"name": c["name"], "argv": argv, "env": c["env_vars"], "world_size": c["world_size"]}
+            {
+                "name": c["name"],
+                "argv": parser_argv(argv),
+                "env": c["env_vars"],
+                "world_size": c["world_size"],
+            }
         )
-        prepared.append((c, {**base, "argv": argv, "env": c["env_vars"]}))
+        prepared.append({**base, "argv": argv, "env": c["env_vars"]})
     parsed = golden.parse_with_megatron(tree, jobs, "h100") if jobs else {}
-    for c, case in prepared:
+    for case in prepared:
         ns = parsed[case["name"]]
-        flags = {str(k).lstrip("-").replace("-", "_"): v for k, v in c["model_args"].items()}
-        wait = awaiting(flags) or (None if "error" in ns else awaiting(ns))
-        if wait:
-            separate.append(
-                {k: v for k, v in case.items() if k not in ("argv", "env")} | {"reason": wait}
-            )
+        ns = ns if "error" in ns else with_newer_flags(case["argv"], ns)
+        if "reason" in ns:
+            kept = {k: v for k, v in case.items() if k not in ("argv", "env")}
+            separate.append(kept | {"reason": ns["reason"]})
             continue
         result = golden.estimate_case(case, ns)
         if "reason" in result:
@@ -326,19 +384,24 @@ def render(result: dict[str, Any]) -> str:
         f"{parser['flagscale']}); GiB; steady = mem-allocated-bytes at the last logged "
         "iteration, peak = max mem-max-allocated-bytes; est = ours under balanced routing "
         "(moe_token_imbalance 1), @bound = ours at the imbalance bound of a dropless MoE case "
-        "(the report's range); moment = where our peak falls",
-        f"{'case':<72} {'world':>5} {'tp,pp':>5} {'steady':>7} {'peak':>7} {'est.stdy':>8} "
-        f"{'est.peak':>8} {'error':>7} {'@bound':>7}  moment",
+        "(the report's range); term = where ours differs most (steady: est steady - steady; "
+        "transient: (est peak - est steady) - (peak - steady)), diff its GiB; moment = where "
+        "our peak falls; warned = what the estimator warns it does not model",
+        f"{'case':<80} {'world':>5} {'tp,pp':>5} {'steady':>7} {'peak':>7} {'est.stdy':>8} "
+        f"{'est.peak':>8} {'error':>7} {'@bound':>7} {'term':<9} {'diff':>6}  moment",
     ]
     for r in result["rows"]:
         m, e = r["measured"], r["estimate"]
         bound = r["imbalance_bound"]
         at_bound = _gib(bound["peak_bytes"]) if bound else f"{'-':>7}"
+        term = r["most_differing_term"]
         lines.append(
-            f"{r['family'] + '/' + r['name']:<72} {r['world_size']:>5} "
+            f"{r['family'] + '/' + r['name']:<80} {r['world_size']:>5} "
             f"{r['tp_rank']:>2},{r['pp_rank']:<2} {_gib(m['steady_bytes'])} "
             f"{_gib(m['peak_bytes'])} {_gib(e['steady_bytes']):>8} {_gib(e['peak_bytes']):>8} "
-            f"{r['error'] * 100:+6.1f}% {at_bound}  {e['peak_moment']}"
+            f"{r['error'] * 100:+6.1f}% {at_bound} {term:<9} "
+            f"{r[term + '_diff_bytes'] / GIB:+6.2f}  {e['peak_moment']}"
+            + (f"; warned: {', '.join(r['warned'])}" if r["warned"] else "")
         )
     lines.append("")
     lines.append(f"listed separately: {len(result['separate'])} cases")

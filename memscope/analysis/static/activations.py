@@ -725,6 +725,10 @@ def chunk_activations(
         detail["recompute_discarded_per_layer"] = discarded
     if offloaded:
         detail["offloaded_to_host"] = offloaded * moved
+    if spec.fine_grained_offloading and n_layers and groups[-1] is None:
+        # the last layer's groups stay on the GPU only for the chunk whose backward comes
+        # next; a chunk-microbatch that waits has them on the host too (offload.py)
+        detail["fine_grained_last_layer"] = moved
     return saved, best, moment, detail
 
 
@@ -814,7 +818,10 @@ def activation_estimate(
         # composition of the CPU matrix's pp2-vpp2-m4 run shows one per such chunk alive (one
         # on stage 0, two on stage 1)
         extra_work += x.hidden * (len(layer_counts) - (1 if pp_rank == 0 else 0))
-    saved_each = tuple(r[0] for r in chunks)
+    # one microbatch's saved bytes per chunk while it waits for its backward: under
+    # fine-grained offloading every layer is on the host then (offload.py); the chunk whose
+    # backward runs keeps its last layer (priced in the working bytes below)
+    saved_each = tuple(r[0] - r[3].get("fine_grained_last_layer", 0) for r in chunks)
     # the highest moment over the schedule: every in-flight chunk-microbatch's saved tensors
     # (the last chunk's logits/loss only for its own microbatches) plus the working set of
     # the chunk whose backward runs
@@ -832,7 +839,7 @@ def activation_estimate(
                 spec, layer_counts[chunk], roles.first, roles.loss, partner, roles
             )
             total -= saved_each[paired]
-        total += result[1]
+        total += result[1] + result[0] - saved_each[chunk]
         if best is None or total > best[0]:
             held = list(alive)
             if paired is not None:  # priced in the working bytes, not as saved
@@ -847,7 +854,7 @@ def activation_estimate(
         per_layer=layer_saved(spec, x),
         chunk_saved_bytes=saved,
         in_flight=sum(alive),
-        backward_working_bytes=work + extra_work,
+        backward_working_bytes=work + extra_work + saved - saved_each[peak_chunk],
         peak_moment=moment,
         buffer_bytes=buffer_bytes(spec, last=pp_rank == p.pp - 1),
         logits_bytes=logits,

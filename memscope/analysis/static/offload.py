@@ -7,9 +7,14 @@ Each selected module runs inside ``FineGrainedActivationOffloadingInterface``
 saves during that module's forward (``on_save_for_backward``) joins the module's group, and
 at the group's commit (``bulk_offload_group``) those of at least ``min_offloaded_tensor_size``
 elements (``tensor_need_offloading_checker``) are copied to pinned host memory and released;
-in the backward the next group is reloaded one ahead (``bulk_reload``). The last group of
-each module name before its backward is not offloaded (``post_warmup_callback``'s margin and
-``should_bulk_offload``): modelled as each chunk's last layer keeping its tensors. Where the
+in the backward the next group is reloaded one ahead (``bulk_reload``). Which groups stay on
+the GPU: ``should_bulk_offload`` keeps the last group of each module name of a chunk whose
+backward is the next one (``front_backward_chunk``: on the last stage, the chunk whose forward
+its backward follows), and ``post_warmup_callback`` marks one group per module name (the last
+of the first chunk to run backward) never offloaded. Either way, only the chunk whose backward
+runs next holds its last layer's groups; every other in-flight chunk-microbatch has all its
+layers on the host (``activations.activation_estimate``), and a chunk at its backward has its
+last layer back on the GPU (kept, or reloaded before its first backward layer). Where the
 modules sit: ``attn_norm`` / ``mlp_norm`` (transformer_layer.py: the norms' inputs),
 ``qkv_linear`` / ``core_attn`` / ``attn_proj`` (attention.py), ``expert_fc1`` / ``moe_act``
 (moe/experts.py).
