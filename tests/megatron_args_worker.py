@@ -32,6 +32,7 @@ def main() -> None:
     # validate_args requires with tensor or context parallelism).
     os.environ.update(WORLD_SIZE=WORLD_SIZE, RANK="0", LOCAL_RANK="0")
     os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    os.environ["NO_VCS_VERSION"] = "1"  # package_info would append the cwd's git commit
     with contextlib.redirect_stdout(io.StringIO()):
         import torch
         from megatron.core import package_info

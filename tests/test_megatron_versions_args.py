@@ -36,7 +36,8 @@ MODEL = (
     "--global-batch-size 64 --transformer-impl local"
 )
 # name -> (world size, flags beyond MODEL): dense with TP/PP/SP and the distributed optimizer,
-# interleaved PP with full recompute in fp16, and MoE with expert parallelism.
+# interleaved PP with full recompute in fp16, CP with an uneven PP split, MLA and MTP, and MoE
+# with expert parallelism.
 COMMAND_LINES: dict[str, tuple[int, list[str]]] = {
     "tp2_pp2_bf16_gqa": (8, ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size",
                              "2", "--bf16", "--use-distributed-optimizer", "--swiglu",
@@ -47,6 +48,15 @@ COMMAND_LINES: dict[str, tuple[int, list[str]]] = {
                                          "--num-layers-per-virtual-pipeline-stage", "2", "--fp16",
                                          "--recompute-granularity", "full", "--recompute-method",
                                          "uniform", "--recompute-num-layers", "1"]),
+    "cp2_pp2_uneven_mla_mtp": (8, ["--bf16", "--context-parallel-size", "2",
+                                   "--pipeline-model-parallel-size", "2",
+                                   "--decoder-first-pipeline-num-layers", "3",
+                                   "--multi-latent-attention", "--q-lora-rank", "256",
+                                   "--kv-lora-rank", "128", "--qk-head-dim", "64",
+                                   "--qk-pos-emb-head-dim", "32", "--v-head-dim", "64",
+                                   "--position-embedding-type", "rope", "--mtp-num-layers", "1",
+                                   "--untie-embeddings-and-output-weights",
+                                   "--use-distributed-optimizer", "--overlap-grad-reduce"]),
     "moe_ep4_top2": (8, ["--bf16", "--num-experts", "8", "--moe-router-topk", "2",
                          "--expert-model-parallel-size", "4", "--moe-ffn-hidden-size", "512",
                          "--moe-token-dispatcher-type", "alltoall", "--swiglu",
