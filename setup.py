@@ -26,6 +26,9 @@ setup(
     install_requires=["torch>=2.7.1", "pyyaml", "jinja2", "plotly"],  # 2.7.1: FlagScale 0.8.0
     extras_require={
         "megatron": ["megatron-core==0.16.1"],
+        # The newest release, which CI runs the tests marked megatron_versions on (.ci/run);
+        # its wheels are for CPython 3.12 only and ship megatron/training (the args parser).
+        "megatron-newest": ["megatron-core==0.19.2"],
         # What the tests need beyond the package: FlagScale's bundled Megatron-LM (the patch
         # and train_step tests run it) imports six and regex; hypothesis for property tests.
         "dev": [

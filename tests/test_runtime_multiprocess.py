@@ -12,7 +12,7 @@ from memscope.demo.launcher import free_port, spawn
 from memscope.demo.tiny_gpt import TinyGPTConfig
 from memscope.reporters.markdown import render_runtime_markdown
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.integration]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.integration, pytest.mark.megatron_versions]
 
 BASE = TinyGPTConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_microbatches=4)
 STEPS = 3

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import os
 
 import pytest
@@ -10,7 +11,7 @@ from conftest import load_json, read_jsonl, run_in_process
 
 from memscope.events.schema import PHASE_ORDER, SCHEMA_VERSION
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.megatron_versions]
 
 
 def test_report_has_the_original_keys_and_typed_metadata(traced_run):
@@ -25,7 +26,7 @@ def test_report_has_the_original_keys_and_typed_metadata(traced_run):
     assert meta["rank"] == 0 and meta["world_size"] == 1
     assert isinstance(meta["tp_size"], int) and meta["tp_size"] == 1
     assert meta["backend"] == "storage" and meta["dtype"] == "float32"
-    assert meta["megatron_core_version"] == "0.16.1"
+    assert meta["megatron_core_version"] == importlib.metadata.version("megatron-core")
     assert meta["steps_completed"] == 4
     assert os.path.exists(os.path.join(outdir, "rank00000", "runtime_report.md"))
     event = report["runtime_trace"][0]

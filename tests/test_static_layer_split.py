@@ -14,6 +14,8 @@ from memscope.analysis.static.params import RankPosition, rank_params
 from memscope.analysis.static.sources import spec_from_megatron_args
 from memscope.cli import main
 
+pytestmark = pytest.mark.megatron_versions
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(REPO, "configs", "static", "llama3_8b_tp4_pp2.json")
 

@@ -23,6 +23,8 @@ from memscope.analysis.static.sources import spec_from_megatron_args
 from memscope.demo.tiny_gpt import TinyGPTConfig
 from memscope.demo.traced_training import megatron_like_args
 
+pytestmark = pytest.mark.megatron_versions
+
 
 def _communicator(pp: int, rank: int, vpp: int | None) -> SimpleNamespace:
     """The three values get_pp_rank_microbatches reads from its communicator (no process

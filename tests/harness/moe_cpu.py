@@ -18,6 +18,7 @@ activation:
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any
 
 
@@ -107,6 +108,10 @@ def build_moe_layer(cfg: dict[str, Any]) -> Any:
     if cfg.get("gated", True):
         kwargs.update(gated_linear_unit=True, activation_func=F.silu)
     spec = get_gpt_layer_local_spec(num_experts=cfg["E"])
-    layer = build_module(spec.submodules.mlp, config=TransformerConfig(**kwargs))
+    mlp = spec.submodules.mlp
+    if isinstance(mlp, functools.partial):  # megatron-core 0.19 specs: a partial of MoELayer
+        layer = mlp(config=TransformerConfig(**kwargs))
+    else:  # 0.16: a ModuleSpec
+        layer = build_module(mlp, config=TransformerConfig(**kwargs))
     layer.train()
     return layer

@@ -405,6 +405,11 @@ def spec_from_megatron_args(
     etp = _int(args, "expert_tensor_parallel_size", None, label("expert_tensor_parallel_size"))
     if etp is not None and etp < 1:
         raise ValueError(f"parallel.etp (expert_tensor_parallel_size) must be >= 1, got {etp}")
+    if etp == tp:
+        # None is "tp" (ParallelSpec.expert_tp); Megatron-LM 0.19's validate_args fills the
+        # default in for every model, 0.15.0rc5's leaves it None (both: megatron/training/
+        # arguments.py, validate_args), so one command line reads the same from either.
+        etp = None
     dp = _data_parallel(args, tp, pp, cp, ep, etp or tp)
     dp_assumed = (
         _get(args, "data_parallel_size") is None
