@@ -486,8 +486,8 @@ def test_a_config_with_a_pipeline_layout_is_the_baseline_estimated_and_costed_wi
     assert stage_transformer_layers(spec) == [3, 5]
     result = plan(spec, 8, int(80 * 2**30 * 0.9), top=3)  # the command's 10% headroom
     cur = result["current"]
-    assert cur["layout"]["pipeline_layout"] == "Et|(tt|)*2t*3L" and cur["layout"]["vpp"] == 2
-    assert "--pipeline-model-parallel-layout Et|(tt|)*2t*3L" in cur["flags"]
+    assert cur["layout"]["pipeline_layout"] == "Et|tt|tt|tttL" and cur["layout"]["vpp"] == 2
+    assert "--pipeline-model-parallel-layout Et|tt|tt|tttL" in cur["flags"]
     assert "virtual-pipeline" not in cur["flags"]  # the layout sets the virtual stages
     assert [s["peak_bytes"] for s in cur["stages"]] == stage_peaks(spec)  # with the layout
     assert cur["cost"] == CostModel().breakdown(spec)
@@ -506,7 +506,7 @@ def test_a_config_with_a_pipeline_layout_is_the_baseline_estimated_and_costed_wi
     rc = main(["plan", "--config", str(config), "--gpu-memory", "80GiB",
                "--outdir", str(tmp_path / "out"), "--top", "1"])  # fmt: skip
     out = capsys.readouterr().out
-    assert rc == 0 and "pipeline layout Et|(tt|)*2t*3L" in out, out
+    assert rc == 0 and "pipeline layout Et|tt|tt|tttL" in out, out
     assert f"ranks #{cur['rank']} of {result['fitting']} by step time" in out, out
 
 

@@ -102,7 +102,8 @@ def validate_layout(
 
 def format_layout(stages: tuple[str, ...]) -> str:
     """``stages`` as a layout string megatron-core parses back to them: ``x*n`` for a run of
-    one layer character, ``(...|)*n`` for a run of equal stages (:func:`parse_layout`)."""
+    one layer character, ``(...|)*n`` for a run of equal stages, where shorter
+    (:func:`parse_layout`)."""
 
     def stage(text: str) -> str:
         runs: list[str] = []
@@ -111,7 +112,8 @@ def format_layout(stages: tuple[str, ...]) -> str:
             j = i
             while j < len(text) and text[j] == text[i]:
                 j += 1
-            runs.append(text[i] * (j - i) if j - i < 3 else f"{text[i]}*{j - i}")
+            short = f"{text[i]}*{j - i}"
+            runs.append(short if len(short) < j - i else text[i] * (j - i))
             i = j
         return "".join(runs)
 
@@ -121,8 +123,9 @@ def format_layout(stages: tuple[str, ...]) -> str:
         j = i
         while j < len(stages) - 1 and stages[j] == stages[i]:
             j += 1  # the last stage is never in a repeat: a repeat ends with '|'
-        if j - i > 1:
-            parts.append(f"({stage(stages[i])}|)*{j - i}")
+        repeat = f"({stage(stages[i])}|)*{j - i}"
+        if j - i > 1 and len(repeat) < (j - i) * (len(stage(stages[i])) + 1):
+            parts.append(repeat)
             i = j
         else:
             parts.append(stage(stages[i]) + ("|" if i < len(stages) - 1 else ""))
