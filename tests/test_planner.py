@@ -494,6 +494,11 @@ def test_a_config_with_a_pipeline_layout_is_the_baseline_estimated_and_costed_wi
     # TP 1: no per-layer term; rank 1 paces the pipeline, rank 0 fills and drains
     bubble = (n * (5 * layer + logits) + 3 * layer / 2) / (n * (8 * layer + logits) / 2) - 1
     assert cur["cost"]["bubble"] == pytest.approx(bubble)
+    # block recompute of 2 layers per chunk: rank 1 re-runs 2 of "tt" and 2 of "tttL"
+    block = dataclasses.replace(spec, recompute="full", recompute_method="block",
+                                recompute_num_layers=2).validate()  # fmt: skip
+    recompute = 4 / 3 * layer / ((8 * layer + logits) / 2)
+    assert CostModel().breakdown(block)["recompute"] == pytest.approx(recompute)
     # the searched even split of the same sizes idles less, so it ranks above the layout
     even = apply(spec, dataclasses.replace(current_layout(spec), pipeline_layout=None,
                                            layers_per_virtual_stage=2))  # fmt: skip

@@ -128,7 +128,8 @@ class CostModel:
       ``(p - 1) / (v m)`` for alike stages).
     * **recompute** (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
       Transformer Models", section 5): full recompute runs every layer's forward again, 1/3
-      of forward + backward; selective recompute re-runs its modules (:func:`module_flops`).
+      of forward + backward (block: the first ``recompute_num_layers`` of each chunk);
+      selective recompute re-runs its modules (:func:`module_flops`).
     * **tp_comm** (Narayanan et al. 2021, section 3.2): four all-reduces (or reduce-scatter +
       all-gather pairs with sequence parallelism) of ``b s h`` elements per layer and
       microbatch, each moving ``2 (t - 1) / t`` of it per GPU, not overlapped.
@@ -193,10 +194,8 @@ class CostModel:
         forward = layer_flops(spec)  # one layer, one microbatch
         gpus = p.tp * p.cp
         compute_s = 3 * forward / gpus / self.gpu_flops_per_s  # forward + backward, a layer
-        if spec.recompute == "full" and spec.recompute_method == "block":
-            per_chunk = max(1, max(chunk_layer_counts(m, p, 0)))
-            recompute = min(1.0, spec.recompute_num_layers / per_chunk) / 3
-        elif spec.recompute == "full":
+        block = spec.recompute == "full" and spec.recompute_method == "block"
+        if spec.recompute == "full":
             recompute = 1 / 3
         elif spec.recompute == "selective":
             recompute = sum(module_flops(spec).values()) / (3 * forward)
@@ -212,11 +211,16 @@ class CostModel:
             "ep_comm": ep_comm,
         }
         # each stage's time per microbatch in layer-compute units: its work, and what each
-        # of its transformer layers (MTP layers among them) pays beyond it
+        # of its transformer layers (MTP layers among them) pays beyond it; block recompute
+        # re-runs the first recompute_num_layers of each of its chunks
         work = [w / forward for w in stage_flops(spec)]
         layers = stage_transformer_layers(spec)
-        extra = sum(per_layer.values())
-        times = [w + n_layers * extra for w, n_layers in zip(work, layers, strict=True)]
+        paid = {k: [n_layers * x for n_layers in layers] for k, x in per_layer.items()}
+        if block:
+            k = spec.recompute_num_layers
+            paid["recompute"] = [sum(min(k, c) for c in chunk_layer_counts(m, p, i)) / 3
+                                 for i in range(p.pp)]  # fmt: skip
+        times = [w + sum(x[i] for x in paid.values()) for i, w in enumerate(work)]
         pace = max(range(p.pp), key=lambda i: times[i])
         n, v = spec.num_microbatches, len(chunk_layer_counts(m, p, pace))
         ideal = n * sum(work) / p.pp  # the same work balanced over the stages, no bubble
@@ -225,7 +229,7 @@ class CostModel:
         step_s = ideal * compute_s
         terms = {
             "bubble": bubble,
-            **{k: n * layers[pace] * x / ideal for k, x in per_layer.items()},
+            **{k: n * x[pace] / ideal for k, x in paid.items()},
             "dp_comm": self._dp_exposed_s(spec, times[pace] * compute_s) / step_s,
             "offload": self._activation_offload_s(spec) / step_s,
             "cpu_adam": self._cpu_adam_s(spec) / step_s,
