@@ -21,13 +21,18 @@ from memscope.analysis.static.planner import (
     CostModel,
     apply,
     current_layout,
+    layer_flops,
     layouts,
     plan,
+    stage_flops,
+    stage_peaks,
+    stage_transformer_layers,
 )
 from memscope.analysis.static.sources import load_config, spec_from_megatron_args
 from memscope.cli import main
 from memscope.demo.tiny_gpt import TinyGPTConfig
 from memscope.demo.traced_training import megatron_like_args
+from memscope.reporters.plan_report import TERM_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
@@ -124,11 +129,20 @@ def test_plans_are_ranked_by_the_stated_cost_model_and_fit():
         lo, hi = p["peak_range_bytes"]
         assert lo < p["peak_bytes"] < hi
         assert p["cost"]["total"] == pytest.approx(1 + sum(p["cost"][k] for k in COST_TERMS))
-    # the bubble term is Megatron's (p - 1) / (v m)
+    # the bubble: the last stage's output layer sets the pace (TP 1, no recompute: nothing
+    # per layer beyond compute); the others' fill and drain over the 2 virtual stages
     model = CostModel()
-    s = apply(spec, dataclasses.replace(current_layout(spec), pp=2, vpp=2,
+    s = apply(spec, dataclasses.replace(current_layout(spec), tp=1, dp=32, pp=2, vpp=2,
+                                        sequence_parallel=False, recompute=None,
                                         layers_per_virtual_stage=8))  # fmt: skip
-    assert model.breakdown(s)["bubble"] == pytest.approx(1 / (2 * s.num_microbatches))
+    m, n = s.model, s.num_microbatches
+    layer, logits = layer_flops(s), 2 * 1 * m.seq_length * m.hidden_size * m.vocab_size
+    assert stage_flops(s) == pytest.approx([16 * layer, 16 * layer + logits])
+    balanced = n * (32 * layer + logits) / 2
+    bubble = (n * (16 * layer + logits) + 16 * layer / 2) / balanced - 1
+    assert model.breakdown(s)["bubble"] == pytest.approx(bubble)
+    # alike stages give Megatron's (p - 1) / (v m): the same without the output layer
+    assert (n * 16 * layer + 16 * layer / 2) / (n * 16 * layer) - 1 == pytest.approx(1 / (2 * n))
 
 
 def test_the_uncertainty_band_is_the_gpu_benchmarks_worst_error_where_nothing_is_warned():
@@ -427,7 +441,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import bench_plan_recipes as recipes  # noqa: E402
 
 #: Recipes whose search takes over ~10 s on a loaded 2-core machine (MoE: EP x ETP choices).
-_SLOW = {"Mixtral 8x7B", "Qwen3-30B-A3B"}
+_SLOW = {"Mixtral 8x7B", "Qwen3-30B-A3B", "DeepSeek-V3"}
 
 
 @pytest.mark.parametrize(
@@ -450,26 +464,84 @@ def test_a_published_recipe_ranks_in_the_top_3_or_the_term_that_beats_it_is_name
         assert best["term"] in COST_TERMS and best["change"] < 0 and best["total"] < 0
 
 
-def test_a_recipe_the_planner_cannot_express_says_why():
-    from memscope.analysis.static.planner import _stage_splits
+_LAYOUT_ARGS = {"num_layers": 8, "hidden_size": 512, "ffn_hidden_size": 1408,
+                "num_attention_heads": 8, "seq_length": 1024, "vocab_size": 32000,
+                "bf16": True, "swiglu": True, "normalization": "RMSNorm",
+                "untie_embeddings_and_output_weights": True, "disable_bias_linear": True,
+                "position_embedding_type": "rope", "micro_batch_size": 1,
+                "global_batch_size": 64, "tensor_model_parallel_size": 1,
+                "pipeline_model_parallel_size": 2,
+                "pipeline_model_parallel_layout": "Et|tt|tt|tttL",
+                "use_distributed_optimizer": True, "world_size": 8}  # fmt: skip
 
-    (deepseek,) = [r for r in recipes.RECIPES if r.not_searched]
-    assert "pipeline_model_parallel_layout" in deepseek.not_searched
-    assert _stage_splits(61, 16) == []  # DeepSeek-V3's 61 layers over PP 16: no split searched
+
+def test_a_config_with_a_pipeline_layout_is_the_baseline_estimated_and_costed_with_it(
+    tmp_path, capsys
+):
+    spec = spec_from_megatron_args(_LAYOUT_ARGS).validate()
+    # rank 0 builds chunks "Et" and "tt" (3 layers), rank 1 "tt" and "tttL" (5 and the loss)
+    m, n = spec.model, spec.num_microbatches
+    layer, logits = layer_flops(spec), 2 * 1 * 1024 * 512 * m.vocab_size
+    assert stage_flops(spec) == pytest.approx([3 * layer, 5 * layer + logits])
+    assert stage_transformer_layers(spec) == [3, 5]
+    result = plan(spec, 8, int(80 * 2**30 * 0.9), top=3)  # the command's 10% headroom
+    cur = result["current"]
+    assert cur["layout"]["pipeline_layout"] == "Et|tt|tt|tttL" and cur["layout"]["vpp"] == 2
+    assert "--pipeline-model-parallel-layout Et|tt|tt|tttL" in cur["flags"]
+    assert "virtual-pipeline" not in cur["flags"]  # the layout sets the virtual stages
+    assert [s["peak_bytes"] for s in cur["stages"]] == stage_peaks(spec)  # with the layout
+    assert cur["cost"] == CostModel().breakdown(spec)
+    # TP 1: no per-layer term; rank 1 paces the pipeline, rank 0 fills and drains
+    bubble = (n * (5 * layer + logits) + 3 * layer / 2) / (n * (8 * layer + logits) / 2) - 1
+    assert cur["cost"]["bubble"] == pytest.approx(bubble)
+    # block recompute of 2 layers per chunk: rank 1 re-runs 2 of "tt" and 2 of "tttL"
+    block = dataclasses.replace(spec, recompute="full", recompute_method="block",
+                                recompute_num_layers=2).validate()  # fmt: skip
+    recompute = 4 / 3 * layer / ((8 * layer + logits) / 2)
+    assert CostModel().breakdown(block)["recompute"] == pytest.approx(recompute)
+    # the searched even split of the same sizes idles less, so it ranks above the layout
+    even = apply(spec, dataclasses.replace(current_layout(spec), pipeline_layout=None,
+                                           layers_per_virtual_stage=2))  # fmt: skip
+    assert even.parallel.layout is None and even.parallel.vpp == 2
+    assert CostModel().breakdown(even)["bubble"] < bubble - result["cost_resolution"]
+    assert cur["fits"] and cur["rank"] > 1
+    assert all(p["layout"]["pipeline_layout"] is None for p in result["plans"])
+    config = tmp_path / "layout.json"
+    config.write_text(json.dumps(_LAYOUT_ARGS))
+    rc = main(["plan", "--config", str(config), "--gpu-memory", "80GiB",
+               "--outdir", str(tmp_path / "out"), "--top", "1"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0 and "pipeline layout Et|tt|tt|tttL" in out, out
+    assert f"ranks #{cur['rank']} of {result['fitting']} by step time" in out, out
+
+
+def test_deepseek_v3s_recipe_is_costed_with_its_own_pipeline_layout():
+    (recipe,) = [r for r in recipes.RECIPES if r.name == "DeepSeek-V3"]
+    assert not recipe.not_searched
+    spec = recipes.recipe_spec(recipe)
+    assert spec.parallel.layout == ("Etttt",) + ("tttt",) * 14 + ("tmL",)
+    # 4 decoder layers per rank; the last builds one, the MTP layer and the loss
+    assert stage_transformer_layers(spec) == [4] * 15 + [2]
+    layer, flops = layer_flops(spec), stage_flops(spec)
+    assert flops[:15] == pytest.approx([4 * layer] * 15)
+    assert flops[15] > 2 * layer  # the MTP layer's own logits and the loss's
+    cost = CostModel().breakdown(spec)
+    assert cost["bubble"] > (16 - 1) / spec.num_microbatches  # uneven stages idle more
+    assert current_layout(spec).flags().count("--pipeline-model-parallel-layout Et*4|(t*4|)*14tmL")
 
 
 def test_the_planner_docs_figures_are_the_benchmarks_output():
     docs = (ROOT / "docs" / "planner.md").read_text()
     text = (ROOT / "benchmarks" / "plan_recipes.txt").read_text()
     for recipe in recipes.RECIPES:
-        block = text.split(f"{recipe.name} on {recipe.gpus} GPUs", 1)[1].split("\n")[1]
+        block = text.split(f"{recipe.name} on {recipe.gpus} GPUs", 1)[1].split("\n")[2]
         row = next(line for line in docs.splitlines() if line.startswith(f"| {recipe.name} ("))
         found = re.search(r"rank (\d+ of \d+)", block)
-        if found:
-            assert f"| {found.group(1)} |" in row, recipe.name
+        assert found, recipe.name  # every recipe is ranked
+        assert f"| {found.group(1)} |" in row, recipe.name
         beaten = re.search(r"most by (\w+) ([-+][0-9.]+%)", block)
         if beaten:
-            name = {"tp_comm": "TP comm", "ep_comm": "EP comm"}[beaten.group(1)]
+            name = TERM_NAMES[beaten.group(1)]
             assert f"{name} {beaten.group(2).replace('-', '−')}" in row, recipe.name
     bench = (ROOT / "benchmarks" / "plan_70b_1024.txt").read_text()
     layouts, wall, cpu = re.search(

@@ -14,7 +14,7 @@ from memscope.analysis.static.config import chunk_layer_counts, chunk_layer_offs
 from memscope.analysis.static.estimator import estimate_rank
 from memscope.analysis.static.muon import muon_managed
 from memscope.analysis.static.params import RankPosition, rank_params
-from memscope.analysis.static.pipeline_layout import parse_layout
+from memscope.analysis.static.pipeline_layout import format_layout, parse_layout
 from memscope.analysis.static.sources import spec_from_megatron_args
 
 BASE = dict(hidden_size=64, num_attention_heads=4, padded_vocab_size=128, seq_length=32,
@@ -51,6 +51,19 @@ def test_layout_strings_parse_like_megatron_core(text):
         return
     theirs = PipelineParallelLayerLayout.parse_str_to_list(text)
     assert parse_layout(text) == tuple("".join(CHAR[x.name] for x in row) for row in theirs)
+
+
+@pytest.mark.parametrize("text", [t for t, *_ in LAYOUTS] + ["Etttt|(tttt|)*14tmL", "E|L"])
+def test_a_written_layout_reads_back_the_same_in_megatron_core(text):
+    from megatron.core.transformer.pipeline_parallel_layer_layout import (
+        PipelineParallelLayerLayout,
+    )
+
+    stages = parse_layout(text)
+    written = format_layout(stages)  # what the planner prints as --pipeline-model-parallel-layout
+    theirs = PipelineParallelLayerLayout.parse_str_to_list(written)
+    assert tuple("".join(CHAR[x.name] for x in row) for row in theirs) == stages
+    assert len(written) <= len(text.replace(",", ""))  # repeats are written as repeats
 
 
 @pytest.fixture

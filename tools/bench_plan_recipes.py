@@ -5,8 +5,9 @@ recipe: NVIDIA-NeMo/Megatron-Bridge ``src/megatron/bridge/recipes/`` and NVIDIA/
 ``nemo/collections/llm/recipes/``). The recipe is given to the planner as the user's config,
 planned for its own GPU count on 80 GiB H100s with the default 10% headroom, and this prints
 the recipe's rank among the layouts that fit (by the cost model's step time), its cost terms,
-and when it is not in the top 3, by which term plan 1 beats it. A recipe the planner cannot
-express (a custom ``pipeline_model_parallel_layout``) is listed with the reason.
+and when it is not in the top 3, by which term plan 1 beats it. A recipe with a custom
+``pipeline_model_parallel_layout`` (DeepSeek-V3) is estimated and costed with it, and ranked
+against the splits the planner searches (it searches no custom layout itself).
 Last line: ``recipes: N of M in the top 3; K beaten with the term named; J not searched``.
 
 Usage::
@@ -23,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from memscope.analysis.static.config import TrainingSpec
 from memscope.analysis.static.planner import COST_TERMS, CostModel, plan
 from memscope.analysis.static.sources import spec_from_megatron_args
 from memscope.units import format_bytes
@@ -51,6 +53,7 @@ class Recipe:
     args: dict[str, Any] = field(default_factory=dict)
     not_searched: str = ""  # why the planner cannot express it, when it cannot
     tp_comm_overlap: bool = False  # the recipe's CommOverlapConfig(tp_comm_overlap=True)
+    bf16_state: bool = False  # the recipe keeps bf16 moments and main gradients: so may plans
 
 
 RECIPES = (
@@ -97,20 +100,50 @@ RECIPES = (
             "pipeline_model_parallel_size": 1, "expert_model_parallel_size": 16,
             "expert_tensor_parallel_size": 1, "use_distributed_optimizer": True}),
     Recipe("DeepSeek-V3", BRIDGE + "deepseek/h100/deepseek_v3.py "
-           "deepseek_v3_pretrain_1024gpu_h100_bf16_config", 1024, {},
-           not_searched="its pipeline_model_parallel_layout (61 layers + MTP over PP 16, set "
-           "by set_deepseek_v3_pipeline_model_parallel_layout) is not a split the planner "
-           "searches (even, or first/last stages one or two layers lighter)"),
+           "deepseek_v3_pretrain_1024gpu_h100_bf16_config (model: models/deepseek/"
+           "deepseek_v3_bridge.py and deepseek-ai/DeepSeek-V3's config.json; layout from "
+           "set_deepseek_v3_pipeline_model_parallel_layout for PP 16; the all-to-all "
+           "dispatcher, HybridEP not priced)", 1024,
+           {**_LLAMA3, "num_layers": 61, "hidden_size": 7168, "ffn_hidden_size": 18432,
+            "num_attention_heads": 128, "group_query_attention": False,
+            "num_query_groups": None, "vocab_size": 129280,
+            "make_vocab_size_divisible_by": 1280, "seq_length": 4096,
+            "global_batch_size": 4096, "multi_latent_attention": True, "q_lora_rank": 1536,
+            "kv_lora_rank": 512, "qk_head_dim": 128, "qk_pos_emb_head_dim": 64,
+            "v_head_dim": 128, "qk_layernorm": True, "num_experts": 256,
+            "moe_router_topk": 8, "moe_ffn_hidden_size": 2048,
+            "moe_shared_expert_intermediate_size": 2048,
+            "moe_layer_freq": [0] * 3 + [1] * 58, "moe_grouped_gemm": True,
+            "moe_token_dispatcher_type": "alltoall", "moe_router_score_function": "sigmoid",
+            "moe_router_enable_expert_bias": True, "moe_router_dtype": "fp32",
+            "moe_permute_fusion": True, "moe_shared_expert_overlap": True,
+            "moe_router_load_balancing_type": "seq_aux_loss", "moe_aux_loss_coeff": 1e-4,
+            "mtp_num_layers": 1, "tensor_model_parallel_size": 2,
+            "pipeline_model_parallel_size": 16,
+            "pipeline_model_parallel_layout": [["embedding"] + ["decoder"] * 4]
+            + [["decoder"] * 4] * 14 + [["decoder", "mtp", "loss"]],
+            "expert_model_parallel_size": 64, "expert_tensor_parallel_size": 1,
+            "sequence_parallel": True, "use_distributed_optimizer": True,
+            "use_precision_aware_optimizer": True, "main_grads_dtype": "bf16",
+            "exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16",
+            "accumulate_allreduce_grads_in_fp32": False}, bf16_state=True),
 )  # fmt: skip
+
+
+def recipe_spec(recipe: Recipe) -> TrainingSpec:
+    """The recipe as the estimator's spec, on H100s at its own GPU count."""
+    return dataclasses.replace(
+        spec_from_megatron_args({**recipe.args, "world_size": recipe.gpus}), gpu="h100"
+    ).validate()
 
 
 def judge(recipe: Recipe) -> dict[str, Any]:
     """The planner's verdict on ``recipe``: rank, cost, and plan 1's winning term."""
-    spec = dataclasses.replace(
-        spec_from_megatron_args({**recipe.args, "world_size": recipe.gpus}), gpu="h100"
-    ).validate()
+    spec = recipe_spec(recipe)
     model = CostModel(tp_comm_overlap=recipe.tp_comm_overlap)
-    result = plan(spec, recipe.gpus, BUDGET, cost_model=model, top=TOP)
+    result = plan(
+        spec, recipe.gpus, BUDGET, cost_model=model, top=TOP, bf16_state=recipe.bf16_state
+    )
     cur = result["current"]
     out: dict[str, Any] = {"rank": cur["rank"], "fits": cur["fits"], "cost": cur["cost"],
                            "peak_bytes": cur["peak_bytes"], "fitting": result["fitting"],

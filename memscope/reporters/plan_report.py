@@ -45,6 +45,8 @@ def _layout(layout: Mapping[str, Any]) -> str:
     parts = [f"TP {layout['tp']}", f"PP {layout['pp']}"]
     if layout.get("vpp"):
         parts.append(f"VPP {layout['vpp']}")
+    if layout.get("pipeline_layout"):  # the user's own split: shown as Megatron reads it
+        parts.append(f"pipeline layout {layout['pipeline_layout']}")
     if layout.get("first_stage_layers"):
         parts.append(f"first stage {layout['first_stage_layers']} layers")
     if layout.get("last_stage_layers"):
@@ -64,21 +66,21 @@ def _range(plan: Mapping[str, Any]) -> str:
 
 
 #: How each cost term is printed.
-_TERM_NAMES = {"bubble": "bubble", "recompute": "recompute", "tp_comm": "TP comm",
+TERM_NAMES = {"bubble": "bubble", "recompute": "recompute", "tp_comm": "TP comm",
                "cp_comm": "CP comm", "ep_comm": "EP comm", "dp_comm": "DP comm",
                "offload": "activation offload", "cpu_adam": "CPU Adam"}  # fmt: skip
 
 
 def cost_text(cost: Mapping[str, float], terms: Sequence[str]) -> str:
     """``step time x1.190 (bubble 5.5%, ...)``: the factor and every term of the model."""
-    parts = ", ".join(f"{_TERM_NAMES.get(k, k)} {cost[k]:.1%}" for k in terms)
+    parts = ", ".join(f"{TERM_NAMES.get(k, k)} {cost[k]:.1%}" for k in terms)
     return f"step time x{cost['total']:.3f} ({parts})"
 
 
 def versus_text(changes: Mapping[str, float], terms: Sequence[str]) -> str:
     """By which terms a plan's step time differs from the baseline's, largest first."""
     moved = sorted((k for k in terms if abs(changes[k]) >= 5e-4), key=lambda k: -abs(changes[k]))
-    parts = ", ".join(f"{_TERM_NAMES.get(k, k)} {changes[k]:+.1%}" for k in moved)
+    parts = ", ".join(f"{TERM_NAMES.get(k, k)} {changes[k]:+.1%}" for k in moved)
     return f"step time {changes['total']:+.1%} vs your config" + (f" ({parts})" if parts else "")
 
 

@@ -100,6 +100,39 @@ def validate_layout(
             )
 
 
+def format_layout(stages: tuple[str, ...]) -> str:
+    """``stages`` as a layout string megatron-core parses back to them: ``x*n`` for a run of
+    one layer character, ``(...|)*n`` for a run of equal stages, where shorter
+    (:func:`parse_layout`)."""
+
+    def stage(text: str) -> str:
+        runs: list[str] = []
+        i = 0
+        while i < len(text):
+            j = i
+            while j < len(text) and text[j] == text[i]:
+                j += 1
+            short = f"{text[i]}*{j - i}"
+            runs.append(short if len(short) < j - i else text[i] * (j - i))
+            i = j
+        return "".join(runs)
+
+    parts: list[str] = []
+    i = 0
+    while i < len(stages):
+        j = i
+        while j < len(stages) - 1 and stages[j] == stages[i]:
+            j += 1  # the last stage is never in a repeat: a repeat ends with '|'
+        repeat = f"({stage(stages[i])}|)*{j - i}"
+        if j - i > 1 and len(repeat) < (j - i) * (len(stage(stages[i])) + 1):
+            parts.append(repeat)
+            i = j
+        else:
+            parts.append(stage(stages[i]) + ("|" if i < len(stages) - 1 else ""))
+            i += 1
+    return "".join(parts)
+
+
 def layout_vpp(stages: tuple[str, ...], pp: int) -> int | None:
     """The virtual pipeline size the layout implies (Megatron-LM arguments.py: ``None`` for
     one stage per rank)."""

@@ -25,7 +25,10 @@ Deterministic: the same inputs give the same plans in the same order.
 
 The user's own config is the baseline: costed by the same model and ranked among the
 layouts that fit (its data-parallel size rescaled to the planned world size where its other
-sizes allow; else it is said to need its own number of GPUs). Plans with offload state the
+sizes allow; else it is said to need its own number of GPUs). A config with a
+``pipeline_model_parallel_layout`` keeps it on the baseline: estimated and costed stage by
+stage with it (no custom layout is searched; the searched splits are ranked against it).
+Plans with offload state the
 host memory per node they need, and ``host_memory_bytes`` bounds it. The world size is
 factored (bounded by :data:`MAX_WORLD_SIZE`) and one search costs at most
 :data:`MAX_BASE_LAYOUTS` parallel layouts.
@@ -51,9 +54,10 @@ from memscope.analysis.static.activations import (
     offloadable_bytes,
     offloaded_layers,
 )
-from memscope.analysis.static.config import TrainingSpec
+from memscope.analysis.static.config import TrainingSpec, chunk_layer_counts, chunk_roles
 from memscope.analysis.static.estimator import RankEstimate, estimate_rank
 from memscope.analysis.static.params import RankPosition, rank_param_count
+from memscope.analysis.static.pipeline_layout import format_layout
 from memscope.analysis.static.terms import optimizer_shards
 
 #: The estimator's worst relative error against the GPU memory NVIDIA's Megatron-LM functional
@@ -115,10 +119,17 @@ class CostModel:
 
     * **bubble** (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on
       GPU Clusters Using Megatron-LM", section 2.2): idle time ``(p - 1) / (v m)`` of the
-      ideal time, for ``p`` stages, ``v`` virtual stages per rank, ``m`` microbatches.
+      ideal time, for ``p`` stages, ``v`` virtual stages per rank, ``m`` microbatches, when
+      the stages are alike. Stages differ (a lighter first or last stage, the output layer
+      and its loss on the last one, MTP layers, a ``pipeline_model_parallel_layout``), so
+      each rank's forward work per microbatch ``w_i`` is counted (:func:`stage_flops`): the
+      heaviest sets the pace, a step takes ``m w_max + (sum w - w_max) / v`` and the ideal
+      is the balanced ``m sum w / p``; the bubble is the difference (it reduces to
+      ``(p - 1) / (v m)`` for alike stages).
     * **recompute** (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
       Transformer Models", section 5): full recompute runs every layer's forward again, 1/3
-      of forward + backward; selective recompute re-runs its modules (:func:`module_flops`).
+      of forward + backward (block: the first ``recompute_num_layers`` of each chunk);
+      selective recompute re-runs its modules (:func:`module_flops`).
     * **tp_comm** (Narayanan et al. 2021, section 3.2): four all-reduces (or reduce-scatter +
       all-gather pairs with sequence parallelism) of ``b s h`` elements per layer and
       microbatch, each moving ``2 (t - 1) / t`` of it per GPU, not overlapped.
@@ -181,31 +192,45 @@ class CostModel:
         ``total`` (1 + the terms)."""
         m, p = spec.model, spec.parallel
         forward = layer_flops(spec)  # one layer, one microbatch
-        bubble = (p.pp - 1) / ((p.vpp or 1) * spec.num_microbatches)
-        if spec.recompute == "full" and spec.recompute_method == "block":
-            per_chunk = max(1, m.num_layers // (p.pp * (p.vpp or 1)))
-            recompute = min(1.0, spec.recompute_num_layers / per_chunk) / 3
-        elif spec.recompute == "full":
+        gpus = p.tp * p.cp
+        compute_s = 3 * forward / gpus / self.gpu_flops_per_s  # forward + backward, a layer
+        block = spec.recompute == "full" and spec.recompute_method == "block"
+        if spec.recompute == "full":
             recompute = 1 / 3
         elif spec.recompute == "selective":
             recompute = sum(module_flops(spec).values()) / (3 * forward)
         else:
             recompute = 0.0
-        gpus = p.tp * p.cp
-        compute_s = 3 * forward / gpus / self.gpu_flops_per_s  # forward + backward
-        stage_layers = -(-m.num_layers // p.pp)
-        step_s = compute_s * spec.num_microbatches * stage_layers
-        tp_comm = self._tp_exposed_s(spec) / compute_s
         ep_comm = 0.0
         if m.num_experts and p.ep > 1:
             ep_comm = _moe_share(spec) * self._a2a_s(spec) / compute_s
-        terms = {
-            "bubble": bubble,
+        per_layer = {  # shares of one layer's compute, paid by each transformer layer
             "recompute": recompute,
-            "tp_comm": tp_comm,
+            "tp_comm": self._tp_exposed_s(spec) / compute_s,
             "cp_comm": self._cp_exposed_s(spec) / compute_s,
             "ep_comm": ep_comm,
-            "dp_comm": self._dp_exposed_s(spec, compute_s * stage_layers) / step_s,
+        }
+        # each stage's time per microbatch in layer-compute units: its work, and what each
+        # of its transformer layers (MTP layers among them) pays beyond it; block recompute
+        # re-runs the first recompute_num_layers of each of its chunks
+        work = [w / forward for w in stage_flops(spec)]
+        layers = stage_transformer_layers(spec)
+        paid = {k: [n_layers * x for n_layers in layers] for k, x in per_layer.items()}
+        if block:
+            k = spec.recompute_num_layers
+            paid["recompute"] = [sum(min(k, c) for c in chunk_layer_counts(m, p, i)) / 3
+                                 for i in range(p.pp)]  # fmt: skip
+        times = [w + sum(x[i] for x in paid.values()) for i, w in enumerate(work)]
+        pace = max(range(p.pp), key=lambda i: times[i])
+        n, v = spec.num_microbatches, len(chunk_layer_counts(m, p, pace))
+        ideal = n * sum(work) / p.pp  # the same work balanced over the stages, no bubble
+        # the pacing stage's own work and the fill and drain of the others, beyond the ideal
+        bubble = (n * work[pace] + (sum(times) - times[pace]) / v) / ideal - 1
+        step_s = ideal * compute_s
+        terms = {
+            "bubble": bubble,
+            **{k: n * x[pace] / ideal for k, x in paid.items()},
+            "dp_comm": self._dp_exposed_s(spec, times[pace] * compute_s) / step_s,
             "offload": self._activation_offload_s(spec) / step_s,
             "cpu_adam": self._cpu_adam_s(spec) / step_s,
         }
@@ -343,6 +368,51 @@ def _first_stage_params(spec: TrainingSpec) -> int:
     return _PARAM_COUNTS[key]
 
 
+def stage_flops(spec: TrainingSpec) -> list[float]:
+    """Forward FLOPs per microbatch of each pipeline rank, all its virtual chunks: its
+    decoder layers (:func:`.chunk_layer_counts`, which follows a
+    ``pipeline_model_parallel_layout``) at :func:`layer_flops` each, and what
+    :func:`.chunk_roles` puts on its chunks: the output layer's logits ``2 b s h V`` where
+    the loss is, and where the MTP layers are, each MTP layer's transformer layer, its
+    ``eh_proj`` (``2 b s (2h) h``) and its own logits (megatron-core 0.16.1
+    ``transformer/multi_token_prediction.py`` ``MultiTokenPredictionLayer``; GPTModel
+    computes each MTP loss through the output layer). The embedding is a lookup: no GEMM."""
+    m = spec.model
+    layer = layer_flops(spec)
+    b, s, h = spec.micro_batch_size, m.seq_length, m.hidden_size
+    logits = 2.0 * b * s * h * m.vocab_size
+    mtp = layer + 2.0 * b * s * 2 * h * h + logits  # one MTP layer
+    return [n * layer + loss * logits + k * mtp for n, loss, k in _stage_parts(spec)]
+
+
+def stage_transformer_layers(spec: TrainingSpec) -> list[int]:
+    """Transformer layers of each pipeline rank: its decoder layers and the MTP layers
+    :func:`.chunk_roles` puts there (each pays the per-layer communication)."""
+    return [n + k for n, _, k in _stage_parts(spec)]
+
+
+_STAGE_PARTS: dict[tuple[Any, Any], list[tuple[int, int, int]]] = {}
+
+
+def _stage_parts(spec: TrainingSpec) -> list[tuple[int, int, int]]:
+    """Per pipeline rank: (decoder layers, output layers, MTP layers), from
+    :func:`.chunk_layer_counts` and :func:`.chunk_roles`; remembered per model and parallel
+    sizes (the planner costs many savers of one layout)."""
+    m, p = spec.model, spec.parallel
+    key = (m, p)
+    if key not in _STAGE_PARTS:
+        if len(_STAGE_PARTS) > 4096:
+            _STAGE_PARTS.clear()
+        parts = []
+        for rank in range(p.pp):
+            counts = chunk_layer_counts(m, p, rank)
+            roles = [chunk_roles(m, p, rank, c) for c in range(len(counts))]
+            parts.append((sum(counts), sum(r.loss for r in roles),
+                          (m.mtp_num_layers or 0) * sum(r.mtp for r in roles)))  # fmt: skip
+        _STAGE_PARTS[key] = parts
+    return _STAGE_PARTS[key]
+
+
 def _moe_share(spec: TrainingSpec) -> float:
     m = spec.model
     return sum(m.is_moe_layer(i) for i in range(m.num_layers)) / m.num_layers
@@ -455,6 +525,9 @@ class Layout:
     optimizer_offload_fraction: float | None = None  # optimizer CPU offload; None: off
     cpu_offloading_num_layers: int | None = None  # activation CPU offload; None: off
     tp_comm_overlap: bool = False  # --tp-comm-overlap (TE userbuffers), as the cost model priced
+    # the user's pipeline_model_parallel_layout (flat stages), kept only on the baseline: the
+    # planner does not search custom layouts, it costs the user's against its own splits
+    pipeline_layout: tuple[str, ...] | None = None
 
     def megatron_args(self) -> dict[str, Any]:
         """The settings as Megatron argument names (FlagScale's YAML keys)."""
@@ -471,7 +544,9 @@ class Layout:
             "use_distributed_optimizer": self.distributed_optimizer,
             "tp_comm_overlap": True if self.tp_comm_overlap and self.tp > 1 else None,
         }
-        if self.vpp:
+        if self.pipeline_layout is not None:  # it sets the virtual stages itself
+            out["pipeline_model_parallel_layout"] = format_layout(self.pipeline_layout)
+        elif self.vpp:
             out["num_layers_per_virtual_pipeline_stage"] = self.layers_per_virtual_stage
         if self.recompute == "selective":
             out["recompute_granularity"] = "selective"
@@ -520,8 +595,10 @@ class Plan:
     host_bytes_per_node: int = 0  # offload's host memory on one node (CostModel)
 
     def to_dict(self, budget_bytes: int) -> dict[str, Any]:
+        layout_text = self.layout.megatron_args().get("pipeline_model_parallel_layout")
         return {
-            "layout": dataclasses.asdict(self.layout),
+            # the pipeline layout as megatron-core's string (--pipeline-model-parallel-layout)
+            "layout": dataclasses.asdict(self.layout) | {"pipeline_layout": layout_text},
             "flags": self.layout.flags(),
             "flagscale_yaml": self.layout.megatron_args(),
             "peak_bytes": self.peak_bytes,
@@ -734,7 +811,8 @@ def apply(spec: TrainingSpec, layout: Layout) -> TrainingSpec:
                  cp=layout.cp, ep=layout.ep, etp=layout.etp,
                  last_stage_layers=layout.last_stage_layers,
                  first_stage_layers=layout.first_stage_layers,
-                 sequence_parallel=layout.sequence_parallel, dp_assumed=False)  # fmt: skip
+                 sequence_parallel=layout.sequence_parallel, dp_assumed=False,
+                 layout=layout.pipeline_layout)  # fmt: skip
     aware = PRECISION_AWARE.get(layout.precision_aware or "", {})
     bf16 = spec.precision.params_dtype in ("bfloat16", "bf16")
     grads_fp32 = (bf16 and aware.get("main_grads_dtype", "fp32") == "fp32") or (
@@ -851,7 +929,7 @@ def evaluate(
 def current_layout(spec: TrainingSpec) -> Layout:
     """The user's own settings as a :class:`Layout`."""
     p, prec = spec.parallel, spec.precision
-    per = spec.model.num_layers // (p.pp * p.vpp) if p.vpp else None
+    per = spec.model.num_layers // (p.pp * p.vpp) if p.vpp and p.layout is None else None
     return Layout(p.tp, p.pp, p.vpp, p.dp, p.sequence_parallel, spec.micro_batch_size,
                   spec.num_microbatches, spec.recompute,
                   spec.precision.distributed_optimizer, layers_per_virtual_stage=per,
@@ -864,7 +942,7 @@ def current_layout(spec: TrainingSpec) -> Layout:
                   optimizer_offload_fraction=prec.optimizer_offload_fraction
                   if prec.optimizer_cpu_offload else None,
                   cpu_offloading_num_layers=spec.cpu_offloading_num_layers
-                  if spec.cpu_offloading else None)  # fmt: skip
+                  if spec.cpu_offloading else None, pipeline_layout=p.layout)  # fmt: skip
 
 
 def _user_level(spec: TrainingSpec) -> str | None:
