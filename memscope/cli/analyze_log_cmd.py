@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 from memscope.cli.common import (
+    DEFAULT_OUTDIR,
     CliError,
     check_output,
     naming,
@@ -14,8 +15,6 @@ from memscope.cli.common import (
     write_output,
     wrote,
 )
-
-DEFAULT_OUTDIR = "outputs"
 
 
 def register(sub: Any) -> None:

@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from memscope.cli.common import (
+    DEFAULT_OUTDIR,
     CliError,
     check_output,
     naming,
@@ -19,8 +20,6 @@ from memscope.cli.common import (
     wrote,
 )
 from memscope.cli.world_size_args import add_world_size_args, world_size_from_args
-
-DEFAULT_OUTDIR = "outputs"
 
 
 def register(sub: Any) -> None:

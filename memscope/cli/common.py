@@ -11,6 +11,10 @@ import argparse
 import sys
 from collections.abc import Callable, Iterable
 
+#: Where the commands that derive files from a config or a log write them by default
+#: (``analyze-static``, ``plan``, ``analyze-log``; git-ignored).
+DEFAULT_OUTDIR = "outputs"
+
 #: What rendering a report that passed the reader's checks but has a malformed section raises
 #: (said as "malformed ... report", one line, exit code 2).
 MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError)

@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from memscope.cli.common import (
+    DEFAULT_OUTDIR,
     CliError,
     check_output,
     naming,
@@ -42,9 +43,6 @@ def parse_share(text: str) -> float:
     if not 0 <= value < 1:
         raise CliError(f"--headroom {text!r} must be at least 0% and below 100%")
     return value
-
-
-DEFAULT_OUTDIR = "outputs"
 
 
 def register(sub: Any) -> None:
