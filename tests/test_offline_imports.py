@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pkgutil
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -102,6 +103,8 @@ def _real_trace(outdir) -> str:
 
 def test_offline_modules_and_commands_run_without_torch(tmp_path):
     trace = _real_trace(tmp_path / "traced")
+    job = tmp_path / "job"  # a copy: the job page's command writes rank pages beside reports
+    shutil.copytree(EXAMPLE, job)
     calls = [
         ["--help"],
         *[
@@ -120,7 +123,7 @@ def test_offline_modules_and_commands_run_without_torch(tmp_path):
         ["demo", "--help"],
         ["summarize", "--report", EXAMPLE_REPORT],
         ["visualize-runtime", "--report", EXAMPLE_REPORT, "--out", str(tmp_path / "rank.html")],
-        ["visualize-runtime", "--report", EXAMPLE, "--out", str(tmp_path / "job.html")],
+        ["visualize-runtime", "--report", str(job), "--out", str(tmp_path / "job.html")],
         ["analyze-static", "--config", STATIC_CONFIG, "--outdir", str(tmp_path / "static")],
         ["analyze", "--trace", trace, "--out", str(tmp_path / "replayed.json")],
         ["diff", EXAMPLE, EXAMPLE, "--out", str(tmp_path / "diff")],
