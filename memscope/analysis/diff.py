@@ -77,11 +77,13 @@ def diff_compositions_over_microbatches(
     microbatches each side had (``microbatches_a`` / ``_b``); and how many (category, module)
     items only moved between microbatches (same bytes on both sides, so no row)."""
     sums: dict[tuple[str, str], list[int]] = {}
+    present: dict[tuple[str, str], list[bool]] = {}  # has the item on side A / B
     micro: dict[tuple[str, str], tuple[set[int], set[int]]] = {}
     for side, comp in enumerate((a, b)):
         for (category, module, microbatch), nbytes in comp.items():
             key = (category, module)
             sums.setdefault(key, [0, 0])[side] += nbytes
+            present.setdefault(key, [False, False])[side] = True
             seen = micro.setdefault(key, (set(), set()))
             if microbatch is not None:
                 seen[side].add(microbatch)
@@ -91,14 +93,11 @@ def diff_compositions_over_microbatches(
         if before == after:
             moved_only += in_a != in_b
             continue
-        row = _row(*key, before, after, _has(a, key), _has(b, key), None)
+        in_side_a, in_side_b = present[key]
+        row = _row(*key, before, after, in_side_a, in_side_b, None)
         row.update(microbatches_a=sorted(in_a), microbatches_b=sorted(in_b))
         rows.append(row)
     return _largest_first(rows)[:limit], moved_only
-
-
-def _has(comp: Mapping[CompositionKey, int], key: tuple[str, str]) -> bool:
-    return any(k[:2] == key for k in comp)
 
 
 def _row(

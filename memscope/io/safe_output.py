@@ -24,6 +24,7 @@ rename replaces a link planted after the check, never the file it points to.
 from __future__ import annotations
 
 import os
+import re
 import stat
 from collections.abc import Iterable
 
@@ -63,7 +64,8 @@ def foreign_link(path: str) -> str | None:
     in a directory others can write and is the final name (the file written, never followed
     there), or a directory on the way owned neither by us nor by that directory's owner
     (``fs.protected_symlinks``' rule); ``None`` if none."""
-    parts = os.path.abspath(path).split(os.sep)
+    target = os.path.abspath(path)
+    parts = target.split(os.sep)
     current = os.sep
     for part in parts[1:]:
         if not part:
@@ -79,8 +81,7 @@ def foreign_link(path: str) -> str | None:
             owner = os.stat(parent).st_uid
         except OSError:
             owner = -1
-        final = current == os.path.join(os.sep, *[p for p in parts if p])
-        if final or link.st_uid not in (os.geteuid(), owner):
+        if current == target or link.st_uid not in (os.geteuid(), owner):
             return current
     return None
 
@@ -119,3 +120,23 @@ def resolve_output(path: str, inputs: Iterable[str] = ()) -> str:
         if same:
             raise OutputRefused(f"{path}: is the input {source}; refusing to overwrite it")
     return real
+
+
+#: What may stand in a file name made from an id (a run id from a launcher or a file).
+_UNSAFE_IN_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def name_part(text: str, limit: int = 80) -> str:
+    """``text`` as a piece of a file name: anything but letters, digits, ``_ . -`` becomes
+    ``_``, at most ``limit`` characters."""
+    return _UNSAFE_IN_NAME.sub("_", text)[:limit]
+
+
+def free_name(stem: str, suffix: str = "") -> str:
+    """``stem + suffix``, or ``stem.N + suffix`` with the first ``N`` (from 2) that nothing
+    (not even a dangling link) holds yet."""
+    candidate, n = stem + suffix, 1
+    while os.path.lexists(candidate):
+        n += 1
+        candidate = f"{stem}.{n}{suffix}"
+    return candidate

@@ -20,7 +20,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import re
 import socket
 import threading
 import time
@@ -31,6 +30,7 @@ from typing import Any, Protocol, TypeVar
 
 from memscope.events.bounded_input import InputRefused, open_regular, strict_json_loads
 from memscope.io.atomic import atomic_write_json
+from memscope.io.safe_output import free_name, name_part
 from memscope.reporters.job_summary_json import JOB_SUMMARY_JSON, job_summary_document
 
 T = TypeVar("T")
@@ -224,7 +224,6 @@ def share_job_summary(
 
 #: A job summary larger than this is not read to learn its run id (it is kept either way).
 _MAX_SUMMARY_PEEK = 256 << 20
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
 def keep_other_runs_summary(path: str, run_id: str) -> str | None:
@@ -242,10 +241,6 @@ def keep_other_runs_summary(path: str, run_id: str) -> str | None:
     if previous == run_id:
         return None
     stem, ext = os.path.splitext(path)
-    kept = f"{stem}.prev-{_UNSAFE.sub('_', str(previous))[:80]}{ext}"
-    n = 1
-    while os.path.lexists(kept):
-        n += 1
-        kept = f"{stem}.prev-{_UNSAFE.sub('_', str(previous))[:80]}.{n}{ext}"
+    kept = free_name(f"{stem}.prev-{name_part(str(previous))}", ext)
     os.rename(path, kept)
     return kept

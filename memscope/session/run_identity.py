@@ -26,6 +26,7 @@ import socket
 import time
 from dataclasses import dataclass
 
+from memscope.io.safe_output import free_name
 from memscope.session.job_exchange import SummaryStore, bounded
 
 LOCK_NAME = ".memscope.lock"
@@ -154,19 +155,11 @@ def _write_lock(directory: str, run: RunIdentity) -> None:
         json.dump(body, f)
 
 
-def _free_name(base: str) -> str:
-    candidate, n = base, 1
-    while os.path.exists(candidate):
-        n += 1
-        candidate = f"{base}.{n}"
-    return candidate
-
-
 def claim_rank_dir(directory: str, run: RunIdentity) -> Claim:
     """Make ``directory`` this run's (or pick another one) and lock it."""
     owner = _lock_owner(directory)
     if owner is not None and owner.get("run_id") != run.run_id and _alive(owner, directory):
-        other = _free_name(f"{directory}.run-{run.run_id}")
+        other = free_name(f"{directory}.run-{run.run_id}")
         os.makedirs(other)
         _write_lock(other, run)
         return Claim(
@@ -178,7 +171,7 @@ def claim_rank_dir(directory: str, run: RunIdentity) -> Claim:
     note = ""
     previous = _report_run_id(directory)
     if previous is not None and previous != run.run_id:
-        kept = _free_name(f"{directory}.prev-{_SAFE.sub('_', previous)}")
+        kept = free_name(f"{directory}.prev-{_SAFE.sub('_', previous)}")
         os.rename(directory, kept)
         note = f"memscope: {directory} held the report of run {previous}; kept as {kept}"
     os.makedirs(directory, exist_ok=True)
