@@ -20,6 +20,7 @@ setup(
         "memscope": [
             "py.typed",
             "reporters/templates/*",
+            "reporters/templates/js/*.js",  # the pages' script, inlined by reporters/html.py
             "analysis/static/gpu_benchmark_summary.json",  # the planner's band
         ]
     },

@@ -12,13 +12,19 @@ Strings from the data reach the page in three ways, each with one rule:
 - Plotly (trace names, hover text, tick labels, annotations): every data string goes through
   the page's ``plotlyText()``, which escapes ``&``, ``<`` and ``>`` so Plotly's pseudo-HTML
   (``<a href>``, ``<span style>``, ``<br>``) shows as text.
+
+The pages' script lives in ``templates/js/`` (formatting, tables, charts, then one view and one
+wiring file per page); :func:`page_js` inlines the files a template names, in that order, into
+one ``<script>`` element, so a page stays one file. ``tests/js/`` unit-tests the files under node.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.resources
 import json
 import os
+import re
 from typing import Any
 
 import jinja2
@@ -50,6 +56,24 @@ def plotly_js() -> str:
         return f.read()
 
 
+#: What must never appear in an inlined script: it would end the script element early.
+_SCRIPT_BREAKERS = re.compile(r"</script|<!--", re.I)
+
+
+@functools.cache
+def _js_file(name: str) -> str:
+    text = (importlib.resources.files("memscope.reporters") / "templates" / "js" / name).read_text(
+        encoding="utf-8"
+    )
+    assert not _SCRIPT_BREAKERS.search(text), f"{name} would end its <script> element"
+    return text
+
+
+def page_js(*names: str) -> Markup:
+    """The page scripts ``names`` (files in ``templates/js/``), joined to be inlined as they are."""
+    return Markup("\n".join(_js_file(name) for name in names))
+
+
 def _finalize(value: Any) -> Any:
     """Every ``{{ }}`` value: data strings printable (the inlined JSON and plotly.js are
     :class:`Markup` made here and pass as they are)."""
@@ -60,12 +84,14 @@ def _finalize(value: Any) -> Any:
 
 @functools.lru_cache(maxsize=1)
 def _environment() -> jinja2.Environment:
-    return jinja2.Environment(
+    env = jinja2.Environment(
         loader=jinja2.PackageLoader("memscope", "reporters/templates"),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
         finalize=_finalize,
     )
+    env.globals["page_js"] = page_js
+    return env
 
 
 def _render(template: str, payload: dict[str, Any], title: str) -> str:
