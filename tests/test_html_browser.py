@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -18,15 +19,28 @@ pytestmark = pytest.mark.integration
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-def _dump_dom(tmp_path, page):
+def _run_chromium(tmp_path, page):
     assert CHROMIUM is not None
     return subprocess.run(
         [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
          "--disable-background-networking", "--disable-component-update", "--no-first-run",
+         "--enable-logging=stderr", "--v=0",
          f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000",
          "--dump-dom", page.as_uri()],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
+
+
+def _dump_dom(tmp_path, page):
+    """Chromium's DOM of ``page`` after its script ran; the page's script raised nothing
+    (Chromium logs the console to stderr, an uncaught error as ``Uncaught ...``)."""
+    res = _run_chromium(tmp_path, page)
+    assert _script_errors(res.stderr) == []
+    return res
+
+
+def _script_errors(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if ":CONSOLE" in line and "Uncaught" in line]
 
 
 def _page_dom(tmp_path, html: str) -> str:
@@ -183,3 +197,37 @@ def test_cuda_page_shows_the_gpu_signals_per_step(tmp_path):
     # the cuda backend's optimizer phase stayed below the step's mark: a marked lower bound
     assert "≥ 40.00 MiB" in dom
     assert '<span id="phase-bound-note">; ≥ marks a phase' in dom
+
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cpu_pp2_demo"
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None, reason="no chromium binary (.ci/run installs Debian chromium)"
+)
+def test_a_script_error_in_a_page_is_reported(tmp_path):
+    """The no-script-error check above can fail: a payload without the steps the rank page's
+    script reads makes it throw, and Chromium's log names the error."""
+    payload = {"rank": 0, "world_size": 1, "grid": "", "job_page": "", "status": "complete"}
+    page = tmp_path / "broken.html"
+    page.write_text(render_runtime_html(payload), encoding="utf-8")
+    res = _run_chromium(tmp_path, page)
+    assert res.returncode == 0, res.stderr[-2000:]
+    errors = _script_errors(res.stderr)
+    assert len(errors) == 1 and "TypeError" in errors[0], res.stderr[-2000:]
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None, reason="no chromium binary (.ci/run installs Debian chromium)"
+)
+def test_diff_page_of_the_example_ranks_renders(tmp_path):
+    from memscope.cli import main
+
+    out = tmp_path / "diff"
+    a, b = (str(EXAMPLE / f"rank{r:05d}") for r in (0, 1))
+    assert main(["diff", a, b, "--out", str(out)]) == 0
+    dom = _page_dom(tmp_path, (out / "diff.html").read_text(encoding="utf-8"))
+    assert 'class="main-svg"' in dom  # the per-category bars
+    assert dom.count('class="card"') == 3 and "Peak A" in dom and "Peak B" in dom
+    rows = dom.split('id="rows"')[1].split("</table>")[0]
+    assert rows.count("<tr>") > 2 and "<th>B − A</th>" in rows

@@ -11,6 +11,7 @@ from pathlib import Path
 from memscope.analysis.job import RankEntry, rank_steps, summarize_job
 from memscope.downsample import downsample_indices
 from memscope.reporters.html import (
+    page_js,
     plotly_js,
     render_job_html,
     render_runtime_html,
@@ -145,6 +146,23 @@ def test_pages_are_self_contained(traced_run):
     assert not re.search(r'(src|href)\s*=\s*["\']?(https?:)?//', own_markup)
     assert "<script src" not in own_markup and "<link" not in own_markup
     assert "Plotly.newPlot" in html and html.count('id="memscope-data"') == 1
+
+
+def test_each_page_inlines_its_script_files_once(traced_run):
+    """The script files are inlined (no <script src>), each once, after the data and plotly.js."""
+    _, report, _ = traced_run
+    pages = {
+        "runtime": render_runtime_html(runtime_payload(report)),
+        "job": render_job_html(_job_payload([RankEntry(0, report)])),
+    }
+    for name, html in pages.items():
+        assert html.count(plotly_js()) == 1 and html.count('id="memscope-data"') == 1
+        for js in ("format.js", "tables.js", "charts.js", f"{name}_view.js", f"{name}_page.js"):
+            code = str(page_js(js))
+            assert html.count(code) == 1, (name, js)
+            assert html.index(code) > html.index(plotly_js()) > html.index('id="memscope-data"')
+        other = "job" if name == "runtime" else "runtime"
+        assert str(page_js(f"{other}_page.js")) not in html
 
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cpu_pp2_demo"

@@ -1,12 +1,21 @@
 // Tables, cards and filters. A table is described by columns [key, header, kind, reference]:
 // kind "bytes", "delta" (signed bytes, red when alarming against row[reference]), "ratio",
-// "link" ({label, href}: relative links only) or none (the value as text). What a cell shows
-// is computed by cellSpec (pure); table() only puts the specs into the DOM.
+// "link" ({label, href}: relative links only, no scheme and no "//host") or none (the value as
+// text). What a cell shows is computed by cellSpec (pure); table() only puts it into the DOM.
 
 const URL_SCHEME = /^[a-z][a-z0-9+.-]*:/i;
+const NETWORK_PATH = /^[\\/]{2}/;
+
+// An href as a browser reads it (the URL standard): tabs and newlines dropped anywhere, controls
+// and spaces trimmed at both ends, so " java\tscript:" is read as "javascript:".
+function hrefAsRead(href) {
+  return href.replace(/[\t\n\r]/g, "").replace(/^[\u0000-\u0020]+|[\u0000-\u0020]+$/g, "");
+}
 
 function isRelativeLink(v) {
-  return Boolean(v && typeof v.href === "string" && v.href && !URL_SCHEME.test(v.href));
+  if (!v || typeof v.href !== "string") return false;
+  const href = hrefAsRead(v.href);
+  return href !== "" && !URL_SCHEME.test(href) && !NETWORK_PATH.test(href);
 }
 
 function plainText(v) {
