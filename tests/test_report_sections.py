@@ -191,3 +191,23 @@ def test_a_bad_index_is_one_line_exit_2(tmp_path, capsys):
     assert main(["visualize-runtime", "--report", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert "sections[0]" in err and len(err.splitlines()) == 1, err
+
+
+def test_a_hostile_section_index_stays_text_on_the_page_and_in_the_markdown():
+    from memscope.reporters.html import render_runtime_html
+    from memscope.reporters.html_payload import runtime_payload
+
+    with open(os.path.join(EXAMPLE, "rank00000", "runtime_report.json")) as f:
+        report = json.load(f)
+    evil = "<img src=x onerror=alert(1)>"
+    report["sections"] = [
+        {"name": "evil", "title": evil, "layout": "table",
+         "columns": [{"key": "m", "title": evil, "kind": "code"}]},
+    ]  # fmt: skip
+    report["evil"] = [{"m": evil}, {"m": "`x` | y"}]
+    page = render_runtime_html(runtime_payload(report))
+    assert evil not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
+    md = render_runtime_markdown(report)
+    assert "## \\<img src=x onerror=alert(1)\\>" in md  # title and header escaped
+    assert md.count(evil) == 1 and f"| `{evil}` |" in md  # only inside a code span
+    assert "| `` `x` \\| y `` |" in md  # a code span longer than its backticks; the pipe escaped
