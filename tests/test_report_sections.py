@@ -211,3 +211,25 @@ def test_a_hostile_section_index_stays_text_on_the_page_and_in_the_markdown():
     assert "## \\<img src=x onerror=alert(1)\\>" in md  # title and header escaped
     assert md.count(evil) == 1 and f"| `{evil}` |" in md  # only inside a code span
     assert "| `` `x` \\| y `` |" in md  # a code span longer than its backticks; the pipe escaped
+
+
+def test_a_replay_takes_the_settings_the_trace_names_and_runtime_configs_defaults_for_others():
+    from memscope.config import RuntimeConfig
+    from memscope.report.builder import ReportSettings
+
+    defaults = RuntimeConfig()
+    assert ReportSettings.from_header({}) == ReportSettings(
+        defaults.top_k, defaults.detail_steps, defaults.max_trace_events
+    )
+    assert ReportSettings.from_header({"top_k": 3}).top_k == 3
+    for bad in ({"top_k": 0}, {"detail_steps": True}, {"max_trace_events": 10**9}):
+        with pytest.raises(ValueError, match="must be an integer"):
+            ReportSettings.from_header(bad)
+
+
+def test_a_trace_header_with_a_setting_out_of_bounds_is_one_line_exit_2(tmp_path, capsys):
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"schema_version": "1.1", "header": {"config": {"top_k": -1}}}\n')
+    assert main(["analyze", "--trace", str(trace), "--out", str(tmp_path / "r.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "malformed trace header" in err and "config.top_k" in err and "\n" not in err

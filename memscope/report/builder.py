@@ -29,6 +29,10 @@ TRACE_POLICY = (
 )
 
 
+#: Bounds on the settings a trace header may carry (a replay holds what they allow).
+HEADER_BOUNDS = {"top_k": (1, 10**6), "detail_steps": (0, 10**6), "max_trace_events": (1, 10**8)}
+
+
 @dataclass(frozen=True)
 class ReportSettings:
     """The settings a report is built with (each defined once, on :class:`RuntimeConfig`)."""
@@ -56,10 +60,6 @@ class ReportSettings:
                 )
             values[f.name] = value
         return cls(**values)
-
-
-#: Bounds on the settings a trace header may carry (a replay holds what they allow).
-HEADER_BOUNDS = {"top_k": (1, 10**6), "detail_steps": (0, 10**6), "max_trace_events": (1, 10**8)}
 
 
 @dataclass
