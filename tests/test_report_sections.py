@@ -233,3 +233,23 @@ def test_a_trace_header_with_a_setting_out_of_bounds_is_one_line_exit_2(tmp_path
     assert main(["analyze", "--trace", str(trace), "--out", str(tmp_path / "r.json")]) == 2
     err = capsys.readouterr().err.strip()
     assert "malformed trace header" in err and "config.top_k" in err and "\n" not in err
+
+
+@pytest.mark.integration
+def test_a_generic_section_is_in_the_page_chromium_builds_and_the_charts_still_draw(tmp_path):
+    from test_html_browser import CHROMIUM, _page_dom
+
+    from memscope.reporters.html import render_runtime_html
+    from memscope.reporters.html_payload import runtime_payload
+
+    if CHROMIUM is None:
+        pytest.skip("no chromium binary (.ci/run installs Debian chromium)")
+    with open(os.path.join(EXAMPLE, "rank00000", "runtime_report.json")) as f:
+        report = json.load(f)
+    spec = EventTypeAnalyzer.section_specs[0]
+    report["sections"] = [s.to_dict() for s in PRE_INDEX_SECTIONS] + [spec.to_dict()]
+    report["event_types"] = [{"event_type": "module_forward", "count": 7, "highest_after": 3072}]
+    dom = _page_dom(tmp_path, render_runtime_html(runtime_payload(report)))
+    section = dom.split('id="section-event_types"')[1].split("</section>")[0]
+    assert "<h2>Events by type</h2>" in section and '<td class="n">3.00 KiB</td>' in section
+    assert "Peak allocated" in dom and dom.count('class="main-svg"') >= 2  # the script ran
