@@ -22,10 +22,11 @@ ALLOWED: dict[str, set[str]] = {
     "analysis": BASE | {"events", "config"},
     "reporters": BASE | {"events"},
     "inputs": BASE | {"events", "config", "analysis"},
-    "session": BASE | {"events", "config", "capture", "analysis", "reporters", "io"},
+    "report": BASE | {"events", "config", "analysis", "reporters"},
+    "session": BASE | {"events", "config", "capture", "analysis", "reporters", "report", "io"},
     "integrations": BASE | {"events", "config", "capture", "analysis", "session", "io"},
     "demo": BASE | {"events", "config", "capture", "integrations"},
-    "cli": BASE | {"events", "config", "analysis", "reporters", "io", "inputs", "demo"},
+    "cli": BASE | {"events", "config", "analysis", "reporters", "report", "io", "inputs", "demo"},
 }
 
 

@@ -38,6 +38,7 @@ OFFLINE_MODULES = [
     *_modules("events"),
     *_modules("io"),
     *_modules("reporters"),
+    *_modules("report"),
     "memscope.units",
     "memscope.analysis.job",
     *_modules("analysis"),

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memscope.events.schema import MODULE_FORWARD, READING_EVENTS, ROOT_MODULE, MemoryEvent
+from memscope.events.sections import SectionLayout, SectionSpec
 
 
 @dataclass(slots=True)
@@ -76,6 +77,12 @@ def _children_prefix(module: str) -> str:
 
 class HotSpotAnalyzer:
     """The ``top_k`` hot spots by the allocation level they reached."""
+
+    section_specs = (
+        SectionSpec(
+            "top_events", "Top events (deduplicated)", SectionLayout.TABLE, "top_events", order=60
+        ),
+    )
 
     def __init__(self, top_k: int = 20) -> None:
         self.top_k = top_k

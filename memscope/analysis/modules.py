@@ -6,10 +6,21 @@ from collections.abc import Mapping
 from typing import Any
 
 from memscope.events.schema import HOOK_EVENTS, MemoryEvent
+from memscope.events.sections import SectionLayout, SectionSpec
 
 
 class ModuleAnalyzer:
     """Per module (and parameter): events, highest level reached, delta range and total."""
+
+    section_specs = (
+        SectionSpec(
+            "module_summary",
+            "Modules by largest allocation increase",
+            SectionLayout.TABLE,
+            "module_summary",
+            order=70,
+        ),
+    )
 
     def __init__(self) -> None:
         self.modules: dict[str, dict[str, Any]] = {}

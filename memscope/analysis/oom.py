@@ -34,6 +34,7 @@ from memscope.analysis.static.remedies import fitting_remedies
 from memscope.analysis.static_comparison import StaticEstimate
 from memscope.analysis.step_transitions import EXPANDABLE_SEGMENTS
 from memscope.events.schema import OOM, CompositionItem, MemoryEvent
+from memscope.events.sections import SectionLayout, SectionSpec
 
 #: Steps whose peaks are shown before the failure.
 RECENT_STEPS = 10
@@ -64,6 +65,8 @@ def parse_oom_message(message: str) -> tuple[int | None, int | None, int | None]
 
 class OomAnalyzer:
     """Keeps the ``oom`` event and explains it with the sections built before it."""
+
+    section_specs = (SectionSpec("oom", "Out of memory", SectionLayout.CUSTOM, "oom", order=10),)
 
     def __init__(self, static: StaticEstimate) -> None:
         self.static = static

@@ -13,6 +13,7 @@ from memscope.events.schema import (
     MemoryEvent,
     PeakContext,
 )
+from memscope.events.sections import SectionLayout, SectionSpec
 
 #: The allocator history's peak stands for the run's when they differ by at most this share.
 TIMELINE_MATCH = 0.005
@@ -33,6 +34,8 @@ class PeakAnalyzer:
     but free bytes and the device memory outside PyTorch (NCCL, CUDA context), from the
     device reading that ended the phase holding the peak.
     """
+
+    section_specs = (SectionSpec("peak", "Peak", SectionLayout.CUSTOM, "peak", order=20),)
 
     def __init__(self) -> None:
         self.peak_event: MemoryEvent | None = None

@@ -15,7 +15,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from memscope.events.schema import PHASE_STEP, READING_EVENTS, STEP_PHASE, MemoryEvent
+from memscope.events.schema import (
+    PHASE_STEP,
+    READING_EVENTS,
+    STEP_PHASE,
+    MemoryEvent,
+    phase_rank,
+)
+from memscope.events.sections import SectionLayout, SectionSpec
 
 #: ``max_mem_allocated_source``: the phase set the step's high-water mark (the true maximum
 #: where the backend has a true peak), or the maximum is the highest allocation read in it.
@@ -58,6 +65,12 @@ class InPhaseMax:
 class PhaseAnalyzer:
     """Counts, in-phase maxima and delta range of the events of each phase."""
 
+    section_specs = (
+        SectionSpec(
+            "phase_summary", "Per-phase maxima", SectionLayout.TABLE, "phase_summary", order=50
+        ),
+    )
+
     def __init__(self) -> None:
         self.phases: dict[str, dict[str, Any]] = {}
         self._in_phase = InPhaseMax()
@@ -89,4 +102,6 @@ class PhaseAnalyzer:
         ph["min_delta_allocated"] = min(ph["min_delta_allocated"], delta)
 
     def sections(self, prior: Mapping[str, Any]) -> dict[str, Any]:
-        return {"phase_summary": {name: dict(values) for name, values in self.phases.items()}}
+        """One row per phase (``phase`` plus its maxima), in the order phases run."""
+        ordered = sorted(self.phases.items(), key=lambda kv: (phase_rank(kv[0]), kv[0]))
+        return {"phase_summary": [{"phase": name, **values} for name, values in ordered]}

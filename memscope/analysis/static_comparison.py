@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memscope.events.schema import CATEGORIES, MemoryEvent
+from memscope.events.sections import SectionLayout, SectionSpec
 
 NO_ESTIMATE_REASON = "no static estimate is available for this run"
 
@@ -131,6 +132,16 @@ def compare_with_static(
 
 class StaticComparisonAnalyzer:
     """Compares the ``peak`` section (built before it) with the run's static estimate."""
+
+    section_specs = (
+        SectionSpec(
+            "comparisons",
+            "Static estimate vs runtime",
+            SectionLayout.CUSTOM,
+            "comparisons",
+            order=40,
+        ),
+    )
 
     def __init__(self, static: StaticEstimate) -> None:
         self.static = static

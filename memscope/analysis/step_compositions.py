@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from memscope.events.schema import PHASE_STEP, STEP_PHASE, MemoryEvent
+from memscope.events.sections import SectionLayout, SectionSpec
 
 #: Steps whose composition the report keeps: the first ones (warm-up, the optimizer's first
 #: step) and the latest ones (the steady state a leak shows in).
@@ -22,6 +23,10 @@ LAST_KEPT = 16
 
 class StepCompositionAnalyzer:
     """Per step: its peak bytes, where that peak was set, and what was live there."""
+
+    section_specs = (
+        SectionSpec("step_compositions", "Live at each step's peak", SectionLayout.DATA, order=95),
+    )
 
     def __init__(self) -> None:
         self.first: dict[int, dict[str, Any]] = {}

@@ -54,6 +54,7 @@ from memscope.events.schema import (
     MemoryEvent,
     Survivor,
 )
+from memscope.events.sections import SectionLayout, SectionSpec
 
 #: Suspects listed per leak.
 MAX_SUSPECTS = 10
@@ -309,6 +310,12 @@ def leak_suspects(survivors: Sequence[Survivor], limit: int = MAX_SUSPECTS) -> l
 class StepTransitionAnalyzer:
     """Classifies the step-to-step transitions of the ``steps`` section built before it, and
     names the suspects of each leak from the long-lived allocations of its steps."""
+
+    section_specs = (
+        SectionSpec(
+            "step_transitions", "Step to step", SectionLayout.CUSTOM, "step_transitions", order=80
+        ),
+    )
 
     def __init__(self, leak_steps: int = LEAK_STEPS, tolerance: float = TOLERANCE) -> None:
         self.leak_steps, self.tolerance = leak_steps, tolerance

@@ -8,6 +8,7 @@ from typing import Any
 
 from memscope.analysis.phases import InPhaseMax
 from memscope.events.schema import CATEGORIES, STEP_PHASE, MemoryEvent, phase_rank
+from memscope.events.sections import SectionLayout, SectionSpec
 
 
 @dataclass(slots=True)
@@ -72,6 +73,8 @@ class StepSummary:
 class StepAnalyzer:
     """One summary per step; beyond ``max_step_summaries`` every other one is dropped
     (never the step holding the peak, never the newest), so memory stays bounded."""
+
+    section_specs = (SectionSpec("steps", "Steps", SectionLayout.TABLE, "steps", order=90),)
 
     def __init__(self, max_step_summaries: int = 5000) -> None:
         self.max_step_summaries = max_step_summaries

@@ -23,6 +23,7 @@ from memscope.events.schema import (
     MemoryEvent,
     TimelineSummary,
 )
+from memscope.events.sections import SectionLayout, SectionSpec
 
 #: A step's duration is kept for at most this many steps (the newest), to bound memory.
 MAX_STEP_DURATIONS = 4096
@@ -30,6 +31,16 @@ MAX_STEP_DURATIONS = 4096
 
 class AllocatorTimelineAnalyzer:
     """Keeps the highest-peak replay, all recorded steps' peaks and the steps' durations."""
+
+    section_specs = (
+        SectionSpec(
+            "allocator_timeline",
+            "Allocator history (replayed)",
+            SectionLayout.CUSTOM,
+            "allocator_timeline",
+            order=30,
+        ),
+    )
 
     def __init__(self) -> None:
         self.best: tuple[TimelineSummary, tuple[CompositionItem, ...]] | None = None

@@ -9,17 +9,6 @@ from typing import Any
 from memscope.cli.common import CliError, check_output, progress, write_json_output
 
 DEFAULT_NAME = "replayed_report.json"
-#: Bounds on the settings a trace header may carry (the replay's memory follows them).
-_HEADER_COUNTS = {"detail_steps": (0, 10**6), "max_trace_events": (1, 10**8), "top_k": (1, 10**6)}
-
-
-def _header_count(config: dict[str, Any], key: str, default: int) -> int:
-    """A count from the trace header's settings, within :data:`_HEADER_COUNTS`."""
-    value = config.get(key, default)
-    lo, hi = _HEADER_COUNTS[key]
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ValueError(f"config.{key} must be an integer in [{lo}, {hi}], not {value!r:.40}")
-    return value
 
 
 def register(sub: Any) -> None:
@@ -42,14 +31,10 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Replay the trace, write the rebuilt report, print where it went and its peak."""
-    from memscope.analysis.base import replay
-    from memscope.analysis.runtime_sections import runtime_analyzers
     from memscope.analysis.static_comparison import StaticEstimate
-    from memscope.analysis.steps import StepAnalyzer
     from memscope.events.trace_reader import TraceError, read_trace
-    from memscope.events.trace_store import BoundedTraceStore
     from memscope.io.rank_folders import TRACE_NAME
-    from memscope.reporters.runtime_json import RuntimeReportInputs, build_runtime_report
+    from memscope.report.builder import ReportSettings, RunFacts, RuntimeReportBuilder
     from memscope.units import format_bytes, printable
 
     path = args.trace
@@ -65,25 +50,14 @@ def run(args: argparse.Namespace) -> int:
         config = fields.get("config") or {}
         if not isinstance(config, dict):
             raise TypeError(f"config is {type(config).__name__}, not an object")
-        store = BoundedTraceStore(
-            _header_count(config, "detail_steps", 2),
-            _header_count(config, "max_trace_events", 200_000),
-        )
-        analyzers = runtime_analyzers(
-            _header_count(config, "top_k", 20),
+        builder = RuntimeReportBuilder(
+            ReportSettings.from_header(config),
             StaticEstimate.from_dict(fields.get("static_estimate")),
         )
-        steps = next(a for a in analyzers if isinstance(a, StepAnalyzer))
         recorded = 0
-
-        def counted() -> Any:
-            nonlocal recorded
-            for event in events:
-                recorded += 1
-                store.consume(event)
-                yield event
-
-        sections = replay(counted(), analyzers)
+        for event in events:
+            recorded += 1
+            builder.consume(event)
     except TraceError as exc:
         raise CliError(str(exc)) from None
     except (TypeError, ValueError, AttributeError) as exc:
@@ -98,31 +72,24 @@ def run(args: argparse.Namespace) -> int:
     for key in ("run_id", "run_id_source", "start_time", "hostname"):
         metadata[key] = fields.get(key)
     training = fields.get("training")
-    report = build_runtime_report(
-        RuntimeReportInputs(
+    report = builder.build(
+        RunFacts(
             metadata=metadata,
             status="incomplete",
             status_reason=(
                 "rebuilt from the trace by `memscope analyze`; the run's own status is in its "
                 "runtime_report.json"
             ),
-            sections=sections,
-            events=store.events,
             training=training if isinstance(training, dict) else None,
-            trace_info={
-                "events_recorded": recorded,
-                "events_in_report": len(store.events),
-                "events_not_in_report": store.dropped,
-                "step_summaries_thinned": steps.thinned,
-                "jsonl": os.path.basename(path),
-            },
+            events_recorded=recorded,
+            jsonl=os.path.basename(path),
         )
     )
     try:
         write_json_output(out, report, [path])
     except ValueError as exc:  # a number JSON can't hold (the trace's bounds make it unlikely)
         raise CliError(f"{path}: cannot write the replayed report ({exc})") from None
-    peak = sections["peak"]
+    peak = report["peak"]
     progress(f"replayed {recorded} events from {path}")
     print(
         printable(

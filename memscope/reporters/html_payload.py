@@ -13,7 +13,9 @@ from typing import Any
 
 from memscope.downsample import downsample_indices
 from memscope.events.schema import HOOK_EVENTS
+from memscope.events.sections import report_sections
 from memscope.reporters.layer_labels import label_modules
+from memscope.reporters.section_views import section_view
 from memscope.reporters.views import (
     GPU_STEP_COLUMNS,
     composition_note,
@@ -28,6 +30,14 @@ MAX_ROWS = 500
 MAX_DETAIL_STEPS = 10
 #: Ranks whose step timeline the job page plots (a chart of thousands of lines helps nobody).
 MAX_TIMELINES = 16
+#: The sections the rank page draws with its own charts and tables, by renderer name; the page
+#: draws any other section generically (:func:`generic_sections`).
+PAGE_RENDERERS = frozenset(
+    {
+        "oom", "peak", "allocator_timeline", "comparisons", "phase_summary", "top_events",
+        "module_summary", "step_transitions", "steps",
+    }
+)  # fmt: skip
 
 
 def _pick(rows: list[dict[str, Any]], keys: Sequence[str]) -> dict[str, list[Any]]:
@@ -139,6 +149,17 @@ def _transitions(section: dict[str, Any] | None, max_rows: int) -> dict[str, Any
     return {**section, "transitions": rows[:max_rows], "transitions_total": len(rows)}
 
 
+def generic_sections(report: Mapping[str, Any], max_rows: int) -> list[dict[str, Any]]:
+    """The sections of the report's index that the page has no renderer of, each laid out by
+    its layout (:func:`memscope.reporters.section_views.section_view`), in index order, with
+    module names labelled as everywhere on the page."""
+    specs = [s for s in report_sections(report) if s.renderer not in PAGE_RENDERERS]
+    layers = (report.get("metadata") or {}).get("layer_numbers")
+    values = label_modules({s.name: report.get(s.name) for s in specs}, layers)
+    views = (section_view(s, values[s.name], max_rows) for s in specs)
+    return [view.to_dict() for view in views if view is not None]
+
+
 #: The parallel dimensions of a rank's grid position, in Megatron's order of the title.
 GRID_DIMENSIONS = (("tp", "TP"), ("pp", "PP"), ("dp", "DP"), ("cp", "CP"), ("ep", "EP"))
 
@@ -213,6 +234,7 @@ def runtime_payload(
         "errors": (report.get("errors") or [])[:max_rows],
         "warnings": (report.get("warnings") or [])[:max_rows],
         "trace": report.get("trace") or {},
+        "sections": generic_sections(report, max_rows),
     }
     return label_modules(payload, meta.get("layer_numbers"))
 

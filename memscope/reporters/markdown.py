@@ -9,9 +9,12 @@ a link, or break a table or a code span.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
+from memscope.events.sections import ColumnKind, SectionLayout, SectionSpec, report_sections
 from memscope.reporters.layer_labels import label_modules
+from memscope.reporters.section_views import section_view
 from memscope.reporters.views import (
     GPU_STEP_COLUMNS,
     composition_note,
@@ -341,27 +344,32 @@ def _disagreement_lines(comp: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
-    """Peak and where, comparisons, per-phase maxima, top events, modules, steps (each table at
-    most ``max_rows`` rows)."""
-    t, code = md_text, md_code
-    report = label_modules(report, (report.get("metadata") or {}).get("layer_numbers"))
-    meta = report.get("metadata", {})
-    peak = report.get("peak", {})
+def _has_reserved(meta: dict[str, Any]) -> bool:
+    """Whether tables show a reserved column: only where the report names a backend that has
+    one."""
+    return not (meta.get("backend") and reserved_note(meta))
+
+
+def _oom_lines(report: dict[str, Any], oom: Any, max_rows: int) -> list[str]:
+    """An OOM in one line; its forensics and remedies are ``oom_report.md``'s."""
+    if not oom:
+        return []
+    where = oom.get("where") or {}
+    return [
+        "## Out of memory",
+        "",
+        f"A {md_text(oom.get('verdict'))} OOM at {_where(where)}: requested "
+        f"{format_bytes(oom.get('requested_bytes'))} with "
+        f"{format_bytes(oom.get('allocated_bytes'))} allocated. The remedies are in "
+        "`oom_report.md` beside this report.",
+        "",
+    ]
+
+
+def _peak_lines(report: dict[str, Any], peak: Any, max_rows: int) -> list[str]:
+    """The peak and where, what was live there and what was beside it."""
+    t, meta, peak = md_text, report.get("metadata", {}), peak or {}
     lines = [
-        f"# MemScope runtime report — rank {t(report.get('rank'))} of "
-        f"{t(report.get('world_size'))}",
-        "",
-        f"- status: **{t(report.get('status'))}**"
-        + (f" ({t(report['status_reason'])})" if report.get("status_reason") else ""),
-        f"- backend: {code(meta.get('backend'))} on {t(meta.get('device_name'))}; "
-        f"TP={t(meta.get('tp_size'))} PP={t(meta.get('pp_size'))} DP={t(meta.get('dp_size'))} "
-        f"CP={t(meta.get('cp_size'))} EP={t(meta.get('ep_size'))}"
-        + (f" VPP={t(meta['vpp_size'])}" if meta.get("vpp_size") else ""),
-        f"- steps traced: {t(meta.get('steps_completed'))}; schema "
-        f"{t(report.get('schema_version'))}, memscope {t(report.get('tool', {}).get('version'))}",
-        *_run_lines(meta, report.get("training")),
-        "",
         "## Peak",
         "",
         f"- allocated peak: **{format_bytes(peak.get('memory_bytes'))}** at {_where(peak)} "
@@ -377,39 +385,42 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
     lines += _composition_lines(
         peak.get("composition"), max_rows, composition_note(meta), peak.get("composition_note")
     )
-    lines += _beside_lines(peak)
-    lines += _history_lines(report.get("allocator_timeline"), max_rows)
+    return lines + _beside_lines(peak)
 
-    comp = report.get("comparisons", {})
-    lines += ["## Static estimate vs runtime", ""]
+
+def _comparison_lines(report: dict[str, Any], comp: Any, max_rows: int) -> list[str]:
+    """The static estimate against the runtime peak, per component."""
+    t, comp = md_text, comp or {}
+    lines = ["## Static estimate vs runtime", ""]
     if comp.get("status") != "ok":
-        lines += [f"Static estimate missing: {t(comp.get('reason', 'unknown reason'))}.", ""]
-    else:
-        lines += [
-            f"- static peak {format_bytes(comp.get('static_peak_memory_bytes'))}, runtime peak "
-            f"{format_bytes(comp.get('runtime_peak_memory_bytes'))}, difference "
-            f"{format_bytes(comp.get('peak_diff_bytes'), signed=True)} "
-            f"({format_ratio(comp.get('peak_diff_ratio'))})",
-            "",
-        ]
-        lines += md_table(
-            ["component", "static", "runtime", "static − runtime", "of the runtime peak"],
+        return [*lines, f"Static estimate missing: {t(comp.get('reason', 'unknown reason'))}.", ""]
+    lines += [
+        f"- static peak {format_bytes(comp.get('static_peak_memory_bytes'))}, runtime peak "
+        f"{format_bytes(comp.get('runtime_peak_memory_bytes'))}, difference "
+        f"{format_bytes(comp.get('peak_diff_bytes'), signed=True)} "
+        f"({format_ratio(comp.get('peak_diff_ratio'))})",
+        "",
+    ]
+    lines += md_table(
+        ["component", "static", "runtime", "static − runtime", "of the runtime peak"],
+        [
             [
-                [
-                    t(c["component"]),
-                    format_bytes(c.get("static_bytes")),
-                    format_bytes(c.get("runtime_bytes")),
-                    format_bytes(c.get("diff_bytes"), signed=True),
-                    format_ratio(
-                        _share(c.get("diff_bytes"), comp.get("runtime_peak_memory_bytes"))
-                    ),
-                ]
-                for c in comp.get("components", [])[:max_rows]
-            ],
-        )
-        lines += _disagreement_lines(comp)
+                t(c["component"]),
+                format_bytes(c.get("static_bytes")),
+                format_bytes(c.get("runtime_bytes")),
+                format_bytes(c.get("diff_bytes"), signed=True),
+                format_ratio(_share(c.get("diff_bytes"), comp.get("runtime_peak_memory_bytes"))),
+            ]
+            for c in comp.get("components", [])[:max_rows]
+        ],
+    )
+    return lines + _disagreement_lines(comp)
 
-    lines += ["## Per-phase maxima", ""]
+
+def _phase_lines(report: dict[str, Any], phases: Any, max_rows: int) -> list[str]:
+    """Per phase: events, its maximum (``≥`` where a lower bound) and delta range."""
+    t, phases = md_text, phases or []
+    lines = ["## Per-phase maxima", ""]
     lines += md_table(
         ["phase", "events", "max allocated in the phase", "max allocated after", "max Δ", "min Δ"],
         [
@@ -421,11 +432,11 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
                 format_bytes(p["max_delta_allocated"], signed=True),
                 format_bytes(p["min_delta_allocated"], signed=True),
             ]
-            for p in report.get("phase_summary", [])[:max_rows]
+            for p in phases[:max_rows]
         ],
     )
-    if report.get("phase_summary"):
-        bounded = any(is_lower_bound(p) for p in report["phase_summary"])
+    if phases:
+        bounded = any(is_lower_bound(p) for p in phases)
         lines[-1:-1] = [
             "",
             "A phase's maximum is its own running peak where the backend sees every "
@@ -437,19 +448,16 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
                 else "."
             ),
         ]
-    lines += ["## Top events (deduplicated)", ""]
+    return lines
+
+
+def _top_event_lines(report: dict[str, Any], top: Any, max_rows: int) -> list[str]:
+    """The deduplicated hot spots, the peak's row marked."""
+    t, code, top, peak = md_text, md_code, top or [], report.get("peak", {})
+    lines = ["## Top events (deduplicated)", ""]
     lines += md_table(
-        [
-            "event",
-            "module",
-            "kind",
-            "phase",
-            "count",
-            "allocated after",
-            "max Δ",
-            "min Δ",
-            "worst step",
-        ],
+        ["event", "module", "kind", "phase", "count", "allocated after", "max Δ", "min Δ",
+         "worst step"],
         [
             [
                 t(e["event_type"]),
@@ -463,34 +471,40 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
                 format_bytes(e["min_delta_allocated"], signed=True),
                 t(e["worst_step"]),
             ]
-            for e in report.get("top_events", [])[:max_rows]
+            for e in top[:max_rows]
         ],
-    )
-    if report.get("top_events"):
+    )  # fmt: skip
+    if top:
         lines[-1:-1] = [
             "",
             "A container's forward includes what its children allocated (inclusive); a leaf's "
             "is its own. **← peak** marks where the run's peak was attributed.",
         ]
-    lines += ["## Modules by largest allocation increase", ""]
-    lines += md_table(
+    return lines
+
+
+def _module_lines(report: dict[str, Any], modules: Any, max_rows: int) -> list[str]:
+    lines = ["## Modules by largest allocation increase", ""]
+    return lines + md_table(
         ["module", "class", "events", "max allocated after", "max Δ", "min Δ"],
         [
             [
-                code(m["module"]),
-                t(m["module_class"]),
-                t(m["count"]),
+                md_code(m["module"]),
+                md_text(m["module_class"]),
+                md_text(m["count"]),
                 format_bytes(m["max_allocated_after"]),
                 format_bytes(m["max_delta_allocated"], signed=True),
                 format_bytes(m["min_delta_allocated"], signed=True),
             ]
-            for m in report.get("module_summary", [])[:max_rows]
+            for m in (modules or [])[:max_rows]
         ],
     )
-    # a reserved column only where the report names a backend that has one
-    has_reserved = not (meta.get("backend") and reserved_note(meta))
-    lines += _transition_lines(report.get("step_transitions"), max_rows, has_reserved)
-    lines += _gpu_lines(meta, report.get("steps") or [], max_rows)
+
+
+def _step_lines(report: dict[str, Any], steps: Any, max_rows: int) -> list[str]:
+    """The GPU signals per step, then each step's start, end and peak."""
+    t, meta, steps = md_text, report.get("metadata", {}), steps or []
+    lines = _gpu_lines(meta, steps, max_rows)
     lines += ["## Steps", ""]
     header = ["step", "start", "end", "peak", "peak phase", "reserved peak", "host RSS"]
     rows = [
@@ -503,9 +517,76 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
             format_bytes(st["peak_reserved"]),
             format_bytes(st.get("host_rss_end")),
         ]
-        for st in report.get("steps", [])[:max_rows]
+        for st in steps[:max_rows]
     ]
-    lines += md_table(*_without_reserved(header, rows, has_reserved, 5))
+    return lines + md_table(*_without_reserved(header, rows, _has_reserved(meta), 5))
+
+
+#: The sections this reporter draws by hand, by renderer name; any other is drawn by
+#: :func:`_generic_lines` from its layout.
+RENDERERS: dict[str, Callable[[dict[str, Any], Any, int], list[str]]] = {
+    "oom": _oom_lines,
+    "peak": _peak_lines,
+    "allocator_timeline": lambda report, value, max_rows: _history_lines(value, max_rows),
+    "comparisons": _comparison_lines,
+    "phase_summary": _phase_lines,
+    "top_events": _top_event_lines,
+    "module_summary": _module_lines,
+    "step_transitions": lambda report, value, max_rows: _transition_lines(
+        value, max_rows, _has_reserved(report.get("metadata", {}))
+    ),
+    "steps": _step_lines,
+}
+
+
+def _generic_lines(spec: SectionSpec, value: Any, max_rows: int) -> list[str]:
+    """A section no renderer here knows, drawn from its layout (see
+    :mod:`memscope.reporters.section_views`)."""
+    view = section_view(spec, value, max_rows)
+    if view is None:
+        return []
+    lines = [f"## {md_text(view.title)}", ""]
+    if view.layout is SectionLayout.KEY_VALUES:
+        lines += [f"- {md_text(key)}: {md_text(text)}" for key, text in view.rows]
+        lines += [""] if view.rows else []
+    elif view.headers:
+        escape = {ColumnKind.CODE: md_code, ColumnKind.TEXT: md_text}
+        cells = [
+            [escape.get(kind, str)(text) for kind, text in zip(view.kinds, row, strict=True)]
+            for row in view.rows
+        ]
+        lines += md_table([md_text(h) for h in view.headers], cells)
+    return lines + ([md_text(view.note), ""] if view.note else [])
+
+
+def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
+    """The run, then every section of the report's index in its order (each table at most
+    ``max_rows`` rows), then tracing errors and the trace."""
+    t, code = md_text, md_code
+    report = label_modules(report, (report.get("metadata") or {}).get("layer_numbers"))
+    meta = report.get("metadata", {})
+    lines = [
+        f"# MemScope runtime report — rank {t(report.get('rank'))} of "
+        f"{t(report.get('world_size'))}",
+        "",
+        f"- status: **{t(report.get('status'))}**"
+        + (f" ({t(report['status_reason'])})" if report.get("status_reason") else ""),
+        f"- backend: {code(meta.get('backend'))} on {t(meta.get('device_name'))}; "
+        f"TP={t(meta.get('tp_size'))} PP={t(meta.get('pp_size'))} DP={t(meta.get('dp_size'))} "
+        f"CP={t(meta.get('cp_size'))} EP={t(meta.get('ep_size'))}"
+        + (f" VPP={t(meta['vpp_size'])}" if meta.get("vpp_size") else ""),
+        f"- steps traced: {t(meta.get('steps_completed'))}; schema "
+        f"{t(report.get('schema_version'))}, memscope {t(report.get('tool', {}).get('version'))}",
+        *_run_lines(meta, report.get("training")),
+        "",
+    ]
+    for spec in report_sections(report):
+        value = report.get(spec.name)
+        renderer = RENDERERS.get(spec.renderer)
+        if renderer is not None:
+            lines += renderer(report, value, max_rows)
+        else:
+            lines += _generic_lines(spec, value, max_rows)
     if report.get("errors"):
         lines += ["## Tracing errors (training was not affected)", ""]
         lines += md_table(

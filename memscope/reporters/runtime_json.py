@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from memscope._version import __version__
-from memscope.events.schema import SCHEMA_VERSION, MemoryEvent, phase_rank
+from memscope.events.schema import SCHEMA_VERSION, MemoryEvent
+from memscope.events.sections import INDEX_KEY, SectionSet
 
 REPORT_TYPE_RUNTIME = "runtime"
 STATUSES = ("running", "complete", "incomplete", "crashed", "oom")
@@ -19,9 +19,8 @@ class RuntimeReportInputs:
 
     metadata: dict[str, Any]
     status: str
-    #: The analyzers' sections: ``peak``, ``phase_summary`` (phase -> maxima),
-    #: ``top_events``, ``module_summary``, ``steps``, ``comparisons``.
-    sections: Mapping[str, Any]
+    #: The analyzers' sections, each with its spec (:func:`memscope.analysis.base.build_sections`).
+    sections: SectionSet
     events: list[MemoryEvent]
     trace_info: dict[str, Any]
     status_reason: str = ""
@@ -41,18 +40,26 @@ def document_identity(report_type: str) -> dict[str, Any]:
     }
 
 
+#: The report's own keys, around the sections (a section may take none of these names).
+DOCUMENT_KEYS = frozenset(
+    {
+        *document_identity(REPORT_TYPE_RUNTIME), "rank", "world_size", "status", "complete",
+        "status_reason", "metadata", "training", "trace", "errors", "warnings", "artifacts",
+        INDEX_KEY, "runtime_trace",
+    }
+)  # fmt: skip
+
+
 def build_runtime_report(inputs: RuntimeReportInputs) -> dict[str, Any]:
-    """The report as a JSON-ready dict; keys of the original format keep their names."""
+    """The report as a JSON-ready dict: every section under its own name (in the order pages
+    show them) and the ``sections`` index that lets a reporter iterate them from the JSON."""
     if inputs.status not in STATUSES:
         raise ValueError(f"report status must be one of {STATUSES}, not {inputs.status!r}")
+    taken = DOCUMENT_KEYS.intersection(inputs.sections)
+    if taken:
+        raise ValueError(f"sections may not be named as report keys: {sorted(taken)}")
     meta = inputs.metadata
-    sections = inputs.sections
-    phases = [
-        {"phase": name, **values}
-        for name, values in sorted(
-            sections["phase_summary"].items(), key=lambda kv: (phase_rank(kv[0]), kv[0])
-        )
-    ]
+    shown = inputs.sections.shown()
     return {
         **document_identity(REPORT_TYPE_RUNTIME),
         "rank": meta.get("rank"),
@@ -62,19 +69,11 @@ def build_runtime_report(inputs: RuntimeReportInputs) -> dict[str, Any]:
         "status_reason": inputs.status_reason,
         "metadata": meta,
         "training": inputs.training,
-        "oom": sections.get("oom"),
-        "peak": sections["peak"],
-        "allocator_timeline": sections.get("allocator_timeline"),
-        "comparisons": sections["comparisons"],
-        "top_events": sections["top_events"],
-        "phase_summary": phases,
-        "module_summary": sections["module_summary"],
-        "steps": sections["steps"],
-        "step_transitions": sections.get("step_transitions"),
-        "step_compositions": sections.get("step_compositions"),
+        **{section.spec.name: section.value for section in shown},
         "trace": inputs.trace_info,
         "errors": inputs.errors,
         "warnings": inputs.warnings,
         "artifacts": inputs.artifacts,
+        INDEX_KEY: inputs.sections.index(),
         "runtime_trace": [e.to_dict() for e in inputs.events],
     }

@@ -1,4 +1,5 @@
-"""Gathers a session's state into the plain inputs of the runtime report."""
+"""Gathers a session's state into the facts of its runtime report (:mod:`memscope.report`
+builds the report from them)."""
 
 from __future__ import annotations
 
@@ -15,13 +16,7 @@ from memscope.capture.parallel import ParallelInfo
 from memscope.capture.tracer import MemoryTracer
 from memscope.config import RuntimeConfig
 from memscope.events.trace_sink import BufferedTraceWriter
-from memscope.events.trace_store import BoundedTraceStore
 from memscope.session.run_identity import RunIdentity
-
-TRACE_POLICY = (
-    "step phases for up to 2000 steps (then evenly thinned); module/grad events for the first "
-    "detail_steps traced steps; all recorded events in the JSONL trace"
-)
 
 
 def runtime_metadata(
@@ -61,25 +56,9 @@ def runtime_metadata(
     }
 
 
-def trace_info(
-    tracer: MemoryTracer,
-    store: BoundedTraceStore,
-    step_summaries_thinned: int,
-    jsonl: str | None,
-    writer: BufferedTraceWriter | None,
-) -> dict[str, Any]:
-    """The report's ``trace`` section: what was recorded and what the report holds."""
+def trace_writer_facts(writer: BufferedTraceWriter | None) -> dict[str, Any]:
+    """The trace file's own counters for the report's ``trace`` section."""
     return {
-        "events_recorded": tracer.events_emitted,
-        "events_in_report": len(store.events),
-        "events_not_in_report": store.dropped,
-        "detail_steps": store.detail_steps_kept,
-        "max_events": store.max_events,
-        "step_stride": store.stride,
-        "step_summaries_thinned": step_summaries_thinned,
-        "step_phase_steps_thinned": store.steps_thinned,
-        "jsonl": jsonl,
         "jsonl_events_dropped": writer.dropped if writer is not None else 0,
         "jsonl_rotations": writer.sink.rotations if writer is not None else 0,
-        "policy": TRACE_POLICY,
     }

@@ -44,11 +44,9 @@ from typing import Any, TypeVar
 import torch
 
 from memscope._version import __version__
-from memscope.analysis.base import Analyzer, build_sections
+from memscope.analysis.base import Analyzer
 from memscope.analysis.job import rank_summary
-from memscope.analysis.runtime_sections import runtime_analyzers
 from memscope.analysis.static_comparison import StaticEstimate
-from memscope.analysis.steps import StepAnalyzer
 from memscope.capture.backends import BackendOptions, create_backend, resolve_backend_name
 from memscope.capture.backends.base import MemoryBackend
 from memscope.capture.category_policy import CategoryPolicy
@@ -70,11 +68,11 @@ from memscope.events.trace_sink import BufferedTraceWriter, JsonlTraceSink
 from memscope.events.trace_store import BoundedTraceStore
 from memscope.io.atomic import atomic_write_json, atomic_write_text
 from memscope.io.rank_folders import START_FAILURE_NAME, TRACE_NAME
+from memscope.report.builder import ReportSettings, RunFacts, RuntimeReportBuilder
 from memscope.reporters.markdown import render_runtime_markdown
-from memscope.reporters.runtime_json import RuntimeReportInputs, build_runtime_report
 from memscope.session.crash_guard import CrashGuard
 from memscope.session.job_exchange import default_store, share_job_summary
-from memscope.session.report_assembly import runtime_metadata, trace_info
+from memscope.session.report_assembly import runtime_metadata, trace_writer_facts
 from memscope.session.run_identity import (
     agreed_run_identity,
     claim_rank_dir,
@@ -202,7 +200,7 @@ class TracingSession:
         self.static: StaticEstimate | None = None
         self.hook_counts = {"modules_hooked": 0, "params_hooked": 0, "hook_handles_removed": 0}
         self._trace: BufferedTraceWriter | None = None
-        self._steps: StepAnalyzer | None = None
+        self.report_builder: RuntimeReportBuilder | None = None
         self._teardown = Teardown()
         self._crash_guard = CrashGuard(
             self.record_exception, self._on_process_exit, self._on_cuda_oom
@@ -342,10 +340,9 @@ class TracingSession:
         )
         self.warnings += backend.notes  # what this torch lacks (each logged once)
         consumers: list[EventConsumer] = []
-        self.store = BoundedTraceStore(cfg.detail_steps, cfg.max_trace_events)
-        self.analyzers = runtime_analyzers(cfg.top_k, self.static)
-        self._steps = next(a for a in self.analyzers if isinstance(a, StepAnalyzer))
-        consumers += [self.store, *self.analyzers]
+        self.report_builder = RuntimeReportBuilder(ReportSettings.from_config(cfg), self.static)
+        self.store, self.analyzers = self.report_builder.store, self.report_builder.analyzers
+        consumers += self.report_builder.consumers
         sink = self._open_trace_sink() if cfg.trace_jsonl else None
         if sink is not None:
             self._trace = BufferedTraceWriter(sink)
@@ -744,26 +741,20 @@ class TracingSession:
 
     def build_report(self) -> dict[str, Any]:
         """The current runtime report as a dict (what :meth:`write_report` writes)."""
-        assert self.tracer is not None and self.store is not None and self._steps is not None
+        assert self.tracer is not None and self.report_builder is not None
         errors = self.failures.to_list()
         if self.backend is not None and self.backend.error:
             errors.append(failure_row(f"{self.backend.name}_backend", self.backend.error))
         artifacts = self._artifact_list()
-        return build_runtime_report(
-            RuntimeReportInputs(
-                sections=build_sections(self.analyzers),
-                events=self.store.events,
-                trace_info=trace_info(
-                    self.tracer,
-                    self.store,
-                    self._steps.thinned,
-                    artifacts.get("trace_jsonl"),
-                    self._trace,
-                ),
+        return self.report_builder.build(
+            RunFacts(
                 metadata=self.metadata(),
                 training=self._training_settings() if self._training_settings else None,
                 status=self.status.value,
                 status_reason=self.status_reason,
+                events_recorded=self.tracer.events_emitted,
+                jsonl=artifacts.get("trace_jsonl"),
+                trace=trace_writer_facts(self._trace),
                 errors=errors,
                 warnings=list(self.warnings),
                 artifacts=artifacts,

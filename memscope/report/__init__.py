@@ -1,0 +1,1 @@
+"""The one runtime-report builder, shared by the live session and ``memscope analyze``."""
