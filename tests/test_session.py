@@ -11,6 +11,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from memscope.capture.parallel import ParallelInfo
 from memscope.config import RuntimeConfig
 from memscope.session import ReportStatus, SessionState, TracingSession
+from memscope.session.recorders import Recorders
 from memscope.session.teardown import Teardown
 
 
@@ -97,10 +98,10 @@ def test_a_failed_start_unwinds_what_was_installed_and_leaves_training_alone(tmp
     model = _model()
     session.attach_model([model])
 
-    def broken(self):
+    def broken(self, *args):
         raise OSError("disk full")
 
-    monkeypatch.setattr(TracingSession, "_start_profiling", broken)
+    monkeypatch.setattr(Recorders, "start", broken)
     session.start()
     assert session.state is SessionState.FINALIZED and "disk full" in session.start_error
     assert [row["site"] for row in session.failures.to_list()] == ["start"]
