@@ -159,3 +159,24 @@ def test_teardown_runs_every_action_even_when_one_fails():
     teardown.push("c", lambda: ran.append("c"))
     assert teardown.unwind(lambda site, exc: errors.append(site)) == ["c", "b", "a"]
     assert ran == ["c", "a"] and errors == ["b"] and len(teardown) == 0
+
+
+def test_a_failure_whose_exception_cannot_be_printed_is_still_reported(tmp_path):
+    class Unprintable(RuntimeError):
+        def __str__(self) -> str:
+            raise ValueError("no text")
+
+    session = _session(tmp_path)
+    session.attach_model([_model()])
+    session.start()
+    exc = Unprintable()
+    session.record_exception(exc)  # never raises into the training's own handler
+    session.record_exception(exc)  # the same exception again: nothing changes
+    assert session.status is ReportStatus.CRASHED and session.status_reason == "Unprintable"
+    session.finalize()
+    assert session.report_path is not None
+    with open(session.report_path, encoding="utf-8") as f:
+        report = json.load(f)
+    assert report["status"] == "crashed" and report["status_reason"] == "Unprintable"
+    failures = [e for e in report["runtime_trace"] if e["event_type"] == "crash"]
+    assert len(failures) == 1

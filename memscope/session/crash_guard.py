@@ -75,8 +75,14 @@ class CrashGuard:
             return
         self._exception = exc
         try:
-            oom = isinstance(exc, torch.OutOfMemoryError)
-            self._on_failure(oom, f"{type(exc).__name__}: {exc}"[:2000], True)
+            reason = f"{type(exc).__name__}: {exc}"[:2000]
+        except Exception:  # an exception that cannot be printed is still named
+            reason = type(exc).__name__
+        self._report(isinstance(exc, torch.OutOfMemoryError), reason, True)
+
+    def _report(self, oom: bool, reason: str, final: bool) -> None:
+        try:
+            self._on_failure(oom, reason, final)
         except Exception as inner:
             logger.warning("memscope: could not write the crash report: %s", inner)
 
@@ -100,4 +106,4 @@ class CrashGuard:
             f"CUDA out of memory on device {device}: tried to allocate {alloc} bytes with "
             f"{device_alloc} allocated and {device_free} free"
         )
-        self._on_failure(True, reason, False)
+        self._report(True, reason, False)
