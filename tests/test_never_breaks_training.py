@@ -146,7 +146,8 @@ def test_failing_free_callbacks_are_recorded_once_not_printed_per_storage(
 
     model, opt = _build()
     with MemScopeTorchRuntime(model, opt, outdir=str(tmp_path), backend="storage") as ms:
-        backend = ms.session.backend
+        assert ms.session.recording is not None
+        backend = ms.session.recording.backend
         monkeypatch.setattr(backend, "_live", BrokenLive(backend._live))
         losses = _train(ms, model, opt, 3)
     assert losses == _untraced_losses(3)
@@ -236,7 +237,7 @@ def test_a_write_failing_part_way_leaves_only_whole_lines(tmp_path, monkeypatch)
     model, opt = _build()
     with MemScopeTorchRuntime(model, opt, outdir=str(tmp_path / "r"), backend="storage") as ms:
         _train(ms, model, opt, 1)
-    events = list(ms.session.store.events)
+    events = list(ms.session.recording.store.events)
     sink.write(events[:2])
     real = os.write
 
@@ -259,7 +260,7 @@ def test_the_trace_rotates_at_its_size_cap(tmp_path):
     model, opt = _build()
     with MemScopeTorchRuntime(model, opt, outdir=str(tmp_path / "r"), backend="storage") as ms:
         _train(ms, model, opt, 2)
-    events = list(ms.session.store.events)
+    events = list(ms.session.recording.store.events)
     path = tmp_path / "trace.jsonl"
     sink = JsonlTraceSink(str(path), {"rank": 0}, max_bytes=4096)
     for _ in range(20):
@@ -404,12 +405,12 @@ def test_a_start_failure_leaves_a_note_the_job_view_reads(tmp_path, monkeypatch,
     from pathlib import Path
 
     from memscope.cli import main
-    from memscope.session import session as session_mod
+    from memscope.session import run_identity
 
     def broken(*args, **kwargs):
         raise RuntimeError("store unreachable")
 
-    monkeypatch.setattr(session_mod, "agreed_run_identity", broken)
+    monkeypatch.setattr(run_identity, "agreed_run_identity", broken)
     model, opt = _build()
     ms = MemScopeTorchRuntime(model, opt, outdir=str(tmp_path / "job"), backend="storage")
     ms.start()

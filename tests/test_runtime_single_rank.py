@@ -330,12 +330,12 @@ def test_a_failed_start_leaves_no_dispatch_mode_or_hooks(tmp_path, small_cfg, mo
     from memscope.demo.tiny_gpt import build_model, destroy_process, init_process
     from memscope.demo.traced_training import megatron_like_args
     from memscope.integrations.megatron import MemScopeMegatronRuntime
-    from memscope.session import TracingSession
+    from memscope.session.recorders import Recorders
 
-    def broken(self):
+    def broken(self, *args):
         raise OSError("disk full")
 
-    monkeypatch.setattr(TracingSession, "_start_profiling", broken)
+    monkeypatch.setattr(Recorders, "start", broken)
     init_process(0, 1, free_port(), small_cfg)
     try:
         chunks = build_model(small_cfg)

@@ -11,6 +11,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 from memscope.capture.parallel import ParallelInfo
 from memscope.config import RuntimeConfig
 from memscope.session import ReportStatus, SessionState, TracingSession
+from memscope.session.recorders import Recorders
 from memscope.session.teardown import Teardown
 
 
@@ -97,10 +98,10 @@ def test_a_failed_start_unwinds_what_was_installed_and_leaves_training_alone(tmp
     model = _model()
     session.attach_model([model])
 
-    def broken(self):
+    def broken(self, *args):
         raise OSError("disk full")
 
-    monkeypatch.setattr(TracingSession, "_start_profiling", broken)
+    monkeypatch.setattr(Recorders, "start", broken)
     session.start()
     assert session.state is SessionState.FINALIZED and "disk full" in session.start_error
     assert [row["site"] for row in session.failures.to_list()] == ["start"]
@@ -158,3 +159,24 @@ def test_teardown_runs_every_action_even_when_one_fails():
     teardown.push("c", lambda: ran.append("c"))
     assert teardown.unwind(lambda site, exc: errors.append(site)) == ["c", "b", "a"]
     assert ran == ["c", "a"] and errors == ["b"] and len(teardown) == 0
+
+
+def test_a_failure_whose_exception_cannot_be_printed_is_still_reported(tmp_path):
+    class Unprintable(RuntimeError):
+        def __str__(self) -> str:
+            raise ValueError("no text")
+
+    session = _session(tmp_path)
+    session.attach_model([_model()])
+    session.start()
+    exc = Unprintable()
+    session.record_exception(exc)  # never raises into the training's own handler
+    session.record_exception(exc)  # the same exception again: nothing changes
+    assert session.status is ReportStatus.CRASHED and session.status_reason == "Unprintable"
+    session.finalize()
+    assert session.report_path is not None
+    with open(session.report_path, encoding="utf-8") as f:
+        report = json.load(f)
+    assert report["status"] == "crashed" and report["status_reason"] == "Unprintable"
+    failures = [e for e in report["runtime_trace"] if e["event_type"] == "crash"]
+    assert len(failures) == 1

@@ -142,10 +142,10 @@ def test_snapshot_side_files_hold_the_context_markers_and_the_owners_of_the_run(
 
     model, opt = _build()
     with MemScopeTorchRuntime(model, opt, outdir=str(tmp_path), backend="storage") as ms:
-        ms.session._start_snapshot_markers()  # what the snapshot controller does at its start
+        ms.session.recorders.start_markers()  # what the snapshot controller does at its start
         _train(ms, model, opt, 2)
         path = str(tmp_path / "memory_snapshot_steps0-1.pickle")
-        ms.session.write_snapshot_side_files(path)
+        ms.session.recorders.write_side_files(path)
     markers = read_markers(str(tmp_path / "memory_snapshot_steps0-1.markers.jsonl"))
     assert [m.time_us for m in markers] == sorted(m.time_us for m in markers)
     assert {("forward", "0"), ("forward", "2"), ("backward", "2")} <= {

@@ -91,13 +91,14 @@ def main(argv: list[str] | None = None) -> int:
                     baseline = rss
                 jsonl = os.path.join(runtime.report_dir, "trace.jsonl")
                 now = time.perf_counter()
-                if session.tracer is None or session.store is None:
+                recording = session.recording
+                if recording is None or recording.tracer is None:
                     counts = ["-"] * 5 + ["-"]
                 else:
-                    by_type = {type(a).__name__: a for a in session.analyzers}
+                    by_type = {type(a).__name__: a for a in recording.analyzers}
                     counts = [
-                        session.tracer.events_emitted,
-                        len(session.store.events),
+                        recording.tracer.events_emitted,
+                        len(recording.store.events),
                         len(by_type["StepAnalyzer"].steps),
                         len(by_type["HotSpotAnalyzer"].hot_spots),
                         len(by_type["ModuleAnalyzer"].modules),

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from memscope.capture.torch_features import cuda_history_unsupported, log_once
 from memscope.config import ProfilerSchedule
 
 
@@ -86,6 +87,11 @@ class SnapshotController:
         self.recording = False
         self.done = False
         self.snapshots: list[str] = []
+
+    def device_index(self) -> int:
+        """The device whose allocator history is recorded (addresses in the snapshot are
+        that device's)."""
+        return int(torch.cuda.current_device())
 
     def _begin(self) -> None:
         if self.stacks == "none":
@@ -164,6 +170,9 @@ class LedgerSnapshotController(SnapshotController):
         super().__init__(outdir, *args, **kwargs)
         self.backend = backend
 
+    def device_index(self) -> int:
+        return 0  # the ledger's history is one address space
+
     def _begin(self) -> None:
         self.backend.start_history(self.max_entries, stacks=self.stacks != "none")
 
@@ -173,3 +182,22 @@ class LedgerSnapshotController(SnapshotController):
 
     def _end(self) -> None:
         self.backend.stop_history()
+
+
+def snapshot_controller(
+    backend: Any,
+    outdir: str,
+    *args: Any,
+    **kwargs: Any,
+) -> tuple[SnapshotController | None, str]:
+    """The snapshot controller for ``backend`` (its own history when it logs one, else the
+    CUDA allocator's) with ``SnapshotController``'s other arguments, or ``None`` and why
+    (``''`` without a GPU: the configuration already warned that snapshots need one)."""
+    if backend.capabilities.allocation_history:
+        return LedgerSnapshotController(backend, outdir, *args, **kwargs), ""
+    if not torch.cuda.is_available():
+        return None, ""
+    unsupported = cuda_history_unsupported()
+    if unsupported is not None:
+        return None, f"allocator snapshots off: {log_once(unsupported)}"
+    return SnapshotController(outdir, *args, **kwargs), ""

@@ -1,6 +1,13 @@
 """The framework-neutral tracing session (lifecycle, analyzers, reports, crash handling)."""
 
-from memscope.session.session import StaticEstimateProvider, TracingSession
+from memscope.session.adapter_facts import AdapterFacts, StaticEstimateProvider
+from memscope.session.session import TracingSession
 from memscope.session.state import ReportStatus, SessionState
 
-__all__ = ["ReportStatus", "SessionState", "StaticEstimateProvider", "TracingSession"]
+__all__ = [
+    "AdapterFacts",
+    "ReportStatus",
+    "SessionState",
+    "StaticEstimateProvider",
+    "TracingSession",
+]

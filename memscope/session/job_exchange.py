@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import socket
 import threading
@@ -26,14 +27,20 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from memscope.events.bounded_input import InputRefused, open_regular, strict_json_loads
 from memscope.io.atomic import atomic_write_json
 from memscope.io.safe_output import free_name, name_part
 from memscope.reporters.job_summary_json import JOB_SUMMARY_JSON, job_summary_document
 
+if TYPE_CHECKING:
+    from memscope.capture.safety import FailureLog
+    from memscope.config import RuntimeConfig
+    from memscope.session.run_identity import RunIdentity
+
 T = TypeVar("T")
+logger = logging.getLogger("memscope")
 
 #: Keys live under this prefix of the job's store (one generation per exchange in a process).
 KEY_PREFIX = "memscope/job_summary"
@@ -220,6 +227,45 @@ def share_job_summary(
     keep_other_runs_summary(path, run_id)
     atomic_write_json(path, doc)
     return path
+
+
+class JobSummaryShare:
+    """A session's side of the exchange: sends this rank's summary once (at the end, or at
+    the failure that ends the run); a failure is recorded once and changes nothing else."""
+
+    def __init__(
+        self, config: RuntimeConfig, rank: int, world_size: int, failures: FailureLog
+    ) -> None:
+        self.config = config
+        self.rank = rank
+        self.world_size = world_size
+        self.failures = failures
+        self.sent = False
+        self.path: str | None = None  # job_summary.json, on the rank that wrote it
+
+    def share(self, summary: dict[str, Any] | None, run: RunIdentity) -> None:
+        """Send ``summary`` (the last report's) unless already sent or switched off."""
+        cfg = self.config
+        if not cfg.job_summary or summary is None or self.sent:
+            return
+        self.sent = True
+        try:
+            path = share_job_summary(
+                summary,
+                rank=self.rank,
+                world_size=self.world_size,
+                expected=cfg.traced_ranks(self.world_size),
+                outdir=cfg.outdir,
+                run_id=run.run_id,
+                start_time=run.start_time,
+                timeout_s=cfg.job_summary_timeout,
+            )
+        except Exception as exc:
+            self.failures.record("job_summary", exc)
+            return
+        if path is not None:
+            self.path = path
+            logger.info("memscope rank %d: wrote %s", self.rank, path)
 
 
 #: A job summary larger than this is not read to learn its run id (it is kept either way).

@@ -12,6 +12,7 @@ import torch
 
 from memscope._version import __version__
 from memscope.capture.backends.base import MemoryBackend
+from memscope.capture.device import device_name
 from memscope.capture.parallel import ParallelInfo
 from memscope.capture.tracer import MemoryTracer
 from memscope.config import RuntimeConfig
@@ -33,15 +34,12 @@ def runtime_metadata(
     """Typed facts about this rank and run; ``framework`` holds the adapter's own facts
     (``dtype``, framework versions)."""
     device_info = backend.describe() if backend is not None else {}
-    device_name = device_info.get("device_name") or (
-        torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    )
     return {
         **parallel.to_dict(),
         **framework,
         "backend": backend_name,
         "backend_info": device_info,
-        "device_name": device_name,
+        "device_name": device_info.get("device_name") or device_name(),
         "torch_version": torch.__version__,
         "tool_version": __version__,
         "hostname": socket.gethostname(),

@@ -24,13 +24,15 @@ import os
 import re
 import socket
 import time
+import warnings
 from dataclasses import dataclass
 
+from memscope.io.rank_folders import REPORT_NAME
 from memscope.io.safe_output import free_name
-from memscope.session.job_exchange import SummaryStore, bounded
+from memscope.session.job_exchange import SummaryStore, bounded, default_store
+from memscope.session.teardown import Teardown
 
 LOCK_NAME = ".memscope.lock"
-REPORT_NAME = "runtime_report.json"
 #: A lock written from another host counts as live while it was touched this recently.
 REMOTE_LOCK_FRESH_S = 15 * 60
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -191,3 +193,17 @@ def touch_lock(directory: str) -> None:
     """Mark the lock fresh (another host judges liveness by its age)."""
     with contextlib.suppress(OSError):
         os.utime(os.path.join(directory, LOCK_NAME))
+
+
+def claim_run_folder(directory: str, teardown: Teardown) -> tuple[RunIdentity, str, list[str]]:
+    """At a session's start: agree on the run with the other ranks (through the default
+    process group's store), claim ``directory`` for it (released at teardown); returns the
+    run, the folder this rank writes to, and the notes for the report's warnings."""
+    run, agreement_note = agreed_run_identity(default_store())
+    notes = [agreement_note] if agreement_note else []
+    claim = claim_rank_dir(directory, run)
+    teardown.push("rank_dir_lock", lambda: release_rank_dir(claim.directory))
+    if claim.note:
+        warnings.warn(claim.note, stacklevel=4)  # at the adapter's start()
+        notes.append(claim.note)
+    return run, claim.directory, notes

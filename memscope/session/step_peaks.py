@@ -33,7 +33,13 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from memscope.session.job_exchange import default_store
+
+if TYPE_CHECKING:
+    from memscope.config import RuntimeConfig
+    from memscope.session.teardown import Teardown
 
 logger = logging.getLogger("memscope")
 
@@ -228,3 +234,28 @@ class StepPeakBoard:
                 self._logged = step
         for done in [s for s in self._seen if s <= self._logged]:  # logged, or skipped past
             del self._seen[done]
+
+
+def open_step_peaks(
+    config: RuntimeConfig,
+    rank: int,
+    world_size: int,
+    sink: Callable[[], Sink | None] | None,
+    teardown: Teardown,
+    on_error: Callable[[BaseException], None],
+) -> StepPeakBoard | None:
+    """This rank's board (closed at teardown) when dashboard peaks are on and the job has a
+    store; ``sink`` finds this rank's writers, if any. A failure goes to ``on_error``."""
+    if not config.dashboard_peaks:
+        return None
+    try:
+        store = default_store()
+        if store is None:
+            return None
+        ranks = config.traced_ranks(world_size)
+        board = StepPeakBoard(store, rank, ranks, sink() if sink else None, on_error=on_error)
+    except Exception as exc:
+        on_error(exc)
+        return None
+    teardown.push("step_peaks", board.close)
+    return board

@@ -21,6 +21,7 @@ from typing import Any
 
 from memscope.capture.safety import FailureLog
 from memscope.capture.tracer import MemoryTracer
+from memscope.session import TracingSession
 
 FORWARD_STEP = "(forward_step)"
 PIPELINE_P2P = "(pipeline p2p)"
@@ -98,3 +99,18 @@ class ScheduleRegions:
     def _failed(self, exc: BaseException) -> None:
         self.enabled = False
         self.failures.record("schedule_regions", exc)
+
+
+def install_schedule_regions(session: TracingSession) -> None:
+    """While ``session`` traces module forwards, name what the schedule allocates outside
+    them; removed when tracing stops. A failure is recorded once and tracing goes on."""
+    tracer = session.tracer
+    if tracer is None or not session.active or not session.config.hook_modules:
+        return
+    regions = ScheduleRegions(tracer, session.failures)
+    session.on_stop("schedule_regions", regions.remove)
+    try:
+        regions.install()
+    except Exception as exc:
+        regions.remove()
+        session.failures.record("schedule_regions", exc)

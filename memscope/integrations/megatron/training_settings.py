@@ -1,11 +1,12 @@
-"""The training settings a run's memory depends on, from Megatron's args (the report's
-``training`` section)."""
+"""What a Megatron run's report says about its training, from Megatron's args: the settings
+its memory depends on (the report's ``training`` section) and its dtype and versions
+(``metadata``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from memscope.capture.parallel import ParallelInfo
+from memscope.capture.parallel import ParallelInfo, package_version
 
 #: ``training.static_spec`` when the static comparison's spec is built from the run's args.
 SPEC_FROM_ARGS = "this run's Megatron args"
@@ -30,6 +31,26 @@ def num_microbatches(args: Any, dp_size: int | None) -> int | None:
     if gbs is None or not mbs or not dp_size or gbs % (mbs * dp_size):
         return None
     return gbs // (mbs * dp_size)
+
+
+def dtype_name(args: Any) -> str:
+    """Training dtype from Megatron args (``bf16`` / ``fp16`` flags, else ``params_dtype``)."""
+    if getattr(args, "bf16", False):
+        return "bfloat16"
+    if getattr(args, "fp16", False):
+        return "float16"
+    dtype = getattr(args, "params_dtype", None)
+    return str(dtype).replace("torch.", "") if dtype is not None else "float32"
+
+
+def framework_metadata(args: Any, layer_numbers: dict[str, int]) -> dict[str, Any]:
+    """The report metadata's Megatron facts: dtype, megatron-core's version, and the global
+    layer numbers where they differ from the names' local ones."""
+    return {
+        "dtype": dtype_name(args),
+        "megatron_core_version": package_version("megatron-core"),
+        **({"layer_numbers": layer_numbers} if layer_numbers else {}),
+    }
 
 
 def training_settings(args: Any, parallel: ParallelInfo, static_spec: str | None) -> dict[str, Any]:

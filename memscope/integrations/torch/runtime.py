@@ -39,12 +39,13 @@ from typing import Any
 import torch
 
 from memscope.analysis.static.inrun import ModelFacts
+from memscope.capture.device import device_type
 from memscope.capture.parallel import ParallelInfo
 from memscope.config import RuntimeConfig, runtime_settings
 from memscope.integrations.megatron.model_spec import read_model_facts
 from memscope.integrations.megatron.parallel import megatron_parallel_info
 from memscope.integrations.megatron.training_settings import training_settings
-from memscope.session import TracingSession
+from memscope.session import AdapterFacts, TracingSession
 
 NO_STATIC_ESTIMATE = (
     "no static estimate: the model is not a megatron-core model (memscope analyze-static "
@@ -118,10 +119,12 @@ class MemScopeTorchRuntime:
         self.session = TracingSession(
             cfg,
             self.parallel,
-            static_estimate=estimate,
-            no_estimate_reason=reason,
-            framework_metadata=self._framework_metadata,
-            training_settings=self._training_settings if estimate is not None else None,
+            AdapterFacts(
+                static_estimate=estimate,
+                no_estimate_reason=reason,
+                metadata=self._framework_metadata,
+                training_settings=self._training_settings if estimate is not None else None,
+            ),
         )
         self.session.attach_model(chunks)
         if opts:
@@ -138,9 +141,8 @@ class MemScopeTorchRuntime:
                 f"the trainer's {' and '.join(missing)} are not known: pass them as "
                 "MemScopeTorchRuntime(..., training={...})"
             )
-        device = "cuda" if torch.cuda.is_available() else "cpu"
         return estimate_for_runtime(
-            None, self.parallel, device, model=self.model_facts, settings=self.training
+            None, self.parallel, device_type(), model=self.model_facts, settings=self.training
         )
 
     def _training_settings(self) -> dict[str, Any]:
