@@ -35,13 +35,23 @@ def test_an_unknown_backend_is_a_clear_error():
 
 def test_storage_backend_offers_a_categorizer_and_cuda_needs_a_gpu():
     storage = create_backend("storage")
-    assert storage.categorizer() is storage
+    assert type(storage.categorizer()).__name__ == "StorageCategorizer"
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="needs a CUDA device"):
             create_backend("cuda")
 
 
-@pytest.mark.parametrize("module", ["tracer.py", "category_policy.py", "hooks.py"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "tracer.py",
+        "event_emitter.py",
+        "training_context.py",
+        "step_recorder.py",
+        "category_policy.py",
+        "hooks.py",
+    ],
+)
 def test_device_agnostic_capture_modules_hold_no_backend_type_checks(module):
     tree = ast.parse((CAPTURE / module).read_text())
     for node in ast.walk(tree):
