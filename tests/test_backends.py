@@ -8,14 +8,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from memscope.capture.backends import backend_names, create_backend, resolve_backend_name
-from memscope.config import BACKEND_CHOICES
+from memscope.capture.backends import (
+    backend_choices,
+    backend_names,
+    create_backend,
+    resolve_backend_name,
+)
+from memscope.config import RuntimeConfig
 
 CAPTURE = Path(__file__).resolve().parent.parent / "memscope" / "capture"
 
 
-def test_registry_offers_exactly_the_configured_backend_choices():
-    assert ("auto", *backend_names()) == BACKEND_CHOICES
+def test_the_configuration_accepts_exactly_the_registered_backends():
+    assert backend_choices() == ("auto", *backend_names()) == ("auto", "cuda", "storage")
+    for name in backend_choices():
+        assert RuntimeConfig(backend=name).validate().backend == name
+    with pytest.raises(ValueError, match=r"one of \('auto', 'cuda', 'storage'\), not 'tpu'"):
+        RuntimeConfig(backend="tpu").validate()
 
 
 def test_auto_picks_the_exact_storage_backend_without_a_gpu():
