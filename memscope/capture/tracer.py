@@ -136,13 +136,6 @@ class MemoryTracer:
             self._stack.clear()
 
     # -- events outside hooks --------------------------------------------------------------
-    def _sample(self) -> MemorySample:
-        return self.emitter.sample()
-
-    def _set_context(self, module: str, microbatch: int | None, phase: str | None = None,
-                     chunk: int | None = None) -> None:  # fmt: skip
-        self.steps.set_context(module, microbatch, phase, chunk)
-
     def _emit(self, event_type: str, phase: str, module: str, before: MemorySample,
               after: MemorySample, **extra: Any) -> MemoryEvent:  # fmt: skip
         return self.emitter.emit(event_type, self.steps.step, phase, module, before, after, **extra)
@@ -151,7 +144,7 @@ class MemoryTracer:
         self, summary: s.TimelineSummary, composition: tuple[s.CompositionItem, ...]
     ) -> MemoryEvent:
         """Emit what replaying an allocator-history snapshot found (one event per snapshot)."""
-        now = self._sample()
+        now = self.emitter.sample()
         return self._emit(
             s.ALLOCATOR_TIMELINE,
             self.phase,
@@ -172,7 +165,7 @@ class MemoryTracer:
             phase,
             module,
             before,
-            self._sample(),
+            self.emitter.sample(),
             microbatch=microbatch,
             virtual_chunk=chunk,
             notes=reason,
@@ -187,7 +180,7 @@ class MemoryTracer:
         the region it replaces, for :meth:`exit_region`."""
         previous, self._region = self._region, label
         if not self._stack:
-            self._set_context(label, None)
+            self.steps.set_context(label, None)
         return previous
 
     def exit_region(self, previous: str, raised: bool = False) -> None:
@@ -196,7 +189,7 @@ class MemoryTracer:
         failed)."""
         self._region = previous
         if not self._stack and not raised:
-            self._set_context(previous, None)
+            self.steps.set_context(previous, None)
 
     # -- module hooks ----------------------------------------------------------------------
     def module_enter(
@@ -214,9 +207,11 @@ class MemoryTracer:
             inputs += [tensor_info(t, k) for k, t in kwargs.items() if isinstance(t, torch.Tensor)]
         self.policy.module_entered()
         started = self.emitter.elapsed()
-        self._stack.append(_OpenModule(label, self._sample(), inputs, mb, recompute, started))
+        self._stack.append(
+            _OpenModule(label, self.emitter.sample(), inputs, mb, recompute, started)
+        )
         phase = s.PHASE_RECOMPUTE if recompute else s.PHASE_FORWARD
-        self._set_context(label.name, mb, phase, label.chunk)
+        self.steps.set_context(label.name, mb, phase, label.chunk)
 
     def module_exit(self, label: ModuleLabel, output: Any) -> list[torch.Tensor]:
         # Pop to the matching frame (a forward that raised leaves its children open).
@@ -228,7 +223,7 @@ class MemoryTracer:
                 break
         if frame is None:
             return []
-        after = self._sample()
+        after = self.emitter.sample()
         outs = tensors_in(output)
         phase = s.PHASE_RECOMPUTE if frame.recompute else s.PHASE_FORWARD
         self._emit(
@@ -248,7 +243,7 @@ class MemoryTracer:
         if output is None and sys.exc_info()[1] is not None:
             return []  # the forward raised: the context stays where it failed
         parent = self._stack[-1] if self._stack else None
-        self._set_context(
+        self.steps.set_context(
             parent.label.name if parent else self._region,
             frame.microbatch,
             phase,
@@ -262,9 +257,9 @@ class MemoryTracer:
 
     def output_grad(self, label: ModuleLabel, microbatch: int | None, grad: torch.Tensor) -> None:
         self._backward_microbatch = microbatch
-        self._set_context(label.name, microbatch, s.PHASE_BACKWARD, label.chunk)
+        self.steps.set_context(label.name, microbatch, s.PHASE_BACKWARD, label.chunk)
         before = self.emitter.last
-        after = self._sample()
+        after = self.emitter.sample()
         self._emit(
             s.OUTPUT_GRAD,
             s.PHASE_BACKWARD,
@@ -280,16 +275,16 @@ class MemoryTracer:
     def param_grad_ready(self, name: str, grad: torch.Tensor) -> None:
         # The event spans from the previous sample, so the allocation of the gradient itself
         # (made by the backward op just before this hook) is attributed to this parameter.
-        self._set_context(name, self._backward_microbatch, s.PHASE_BACKWARD)
+        self.steps.set_context(name, self._backward_microbatch, s.PHASE_BACKWARD)
         self._param_before[name] = self.emitter.last
 
     def param_grad_accumulated(self, name: str, param: torch.Tensor) -> None:
         before = self._param_before.pop(name, None) or self.emitter.last
-        after = self._sample()
+        after = self.emitter.sample()
         grad = param.grad
         if self.policy.active and grad is not None:
             self.policy.gradient_accumulated(grad)
-            after = self._sample()
+            after = self.emitter.sample()
         self._emit(
             s.PARAM_GRAD,
             s.PHASE_BACKWARD,
