@@ -55,8 +55,13 @@ class StepRecorder:
         self._step_start = self._phase_start = emitter.last
         self._step_started = self._phase_started = 0.0  # seconds since tracing started
 
-    def set_context(self, module: str, microbatch: int | None, phase: str | None = None,
-                    chunk: int | None = None) -> None:  # fmt: skip
+    def set_context(
+        self,
+        module: str,
+        microbatch: int | None,
+        phase: str | None = None,
+        chunk: int | None = None,
+    ) -> None:
         """The training context is now ``module`` (in this step, ``phase`` or the current)."""
         self._context.set(self.step, phase or self.phase, module, microbatch, chunk)
 

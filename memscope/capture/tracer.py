@@ -136,8 +136,15 @@ class MemoryTracer:
             self._stack.clear()
 
     # -- events outside hooks --------------------------------------------------------------
-    def _emit(self, event_type: str, phase: str, module: str, before: MemorySample,
-              after: MemorySample, **extra: Any) -> MemoryEvent:  # fmt: skip
+    def _emit(
+        self,
+        event_type: str,
+        phase: str,
+        module: str,
+        before: MemorySample,
+        after: MemorySample,
+        **extra: Any,
+    ) -> MemoryEvent:
         return self.emitter.emit(event_type, self.steps.step, phase, module, before, after, **extra)
 
     def record_timeline(
