@@ -380,8 +380,8 @@ class RuntimeConfig:
     def from_megatron_args(cls, args: Any) -> RuntimeConfig:
         """Build from an argparse namespace produced with ``add_memscope_args``. Never
         raises into training: a value that can't be used (a wrong type, ``-1`` where a size
-        belongs, ...) takes its default, said once in :attr:`notes` (and so in the report's
-        warnings).
+        belongs, an unregistered backend, ...) takes its default, said once as a warning and
+        in :attr:`notes` (and so in the report's warnings).
 
         Missing attributes fall back to the defaults, so a namespace from an older provider
         (the original flag set) works too.
@@ -395,6 +395,8 @@ class RuntimeConfig:
                 notes.append(f"memscope {s.name} could not be read ({exc}); using the default")
         config, more = cls(**kwargs).settled()
         config.notes = notes + more
+        for note in config.notes:  # logged once here; the session reports them
+            warnings.warn(note, stacklevel=2)
         return config
 
 

@@ -111,6 +111,15 @@ def test_the_flag_takes_a_registered_name_without_a_config_edit(host_rss_registe
     assert cfg.backend == "host_rss" and cfg.notes == []
 
 
+def test_the_flag_with_a_name_registered_nowhere_is_auto_said_once():
+    args = add_memscope_args(argparse.ArgumentParser()).parse_args(["--memscope-backend", "tpu"])
+    with pytest.warns(UserWarning) as caught:
+        cfg = RuntimeConfig.from_megatron_args(args)
+    assert cfg.backend == "auto"
+    assert [str(w.message) for w in caught] == cfg.notes
+    assert len(cfg.notes) == 1 and "('auto', 'cuda', 'storage'), not 'tpu'" in cfg.notes[0]
+
+
 def test_a_name_registered_nowhere_falls_back_to_auto_with_one_warning(tmp_path):
     with pytest.warns(UserWarning) as caught:
         report = _traced_report(tmp_path, "tpu")
