@@ -18,10 +18,10 @@ import functools
 import types
 import typing
 import warnings
+from collections.abc import Callable
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any
 
-BACKEND_CHOICES = ("auto", "cuda", "storage")
 SNAPSHOT_STACKS = ("none", "python", "all")
 FLAG_PREFIX = "--memscope-"
 # Flat fields that the report nests as one schedule dict (see RuntimeConfig.to_report_dict).
@@ -178,10 +178,13 @@ class RuntimeConfig:
     notes: list[str] = field(default_factory=list, compare=False, repr=False)
     outdir: str = setting("memscope_outputs", "Report directory", metavar="DIR")
     top_k: int = setting(20, "Hot spots kept")
+    # Any name here: the backend registry (capture/backends) offers the valid ones.
     backend: str = setting(
         "auto",
-        "auto: cuda on a GPU, storage (exact tensor accounting) on CPU",
-        choices=BACKEND_CHOICES,
+        "Memory backend: auto (the best one available: the CUDA allocator on a GPU, exact "
+        "tensor accounting on CPU) or a registered backend's name; an unknown name falls "
+        "back to auto with a warning naming the registered ones",
+        metavar="NAME",
     )
     hook_modules: bool = setting(True, "Module forward hooks")
     hook_output_grads: bool = setting(True, "Output-tensor grad hooks")
@@ -289,9 +292,10 @@ class RuntimeConfig:
         return ``self``."""
         for s in runtime_settings():
             value = getattr(self, s.name)
-            if s.choices is not None and value not in s.choices:
+            choices = choices_of(s)
+            if choices is not None and value not in choices:
                 raise SettingError(
-                    (s.name,), f"memscope {s.name} must be one of {s.choices}, not {value!r}"
+                    (s.name,), f"memscope {s.name} must be one of {choices}, not {value!r}"
                 )
             if not _has_type(value, s):
                 raise SettingError((s.name,), f"memscope {s.name} has the wrong type: {value!r}")
@@ -376,8 +380,8 @@ class RuntimeConfig:
     def from_megatron_args(cls, args: Any) -> RuntimeConfig:
         """Build from an argparse namespace produced with ``add_memscope_args``. Never
         raises into training: a value that can't be used (a wrong type, ``-1`` where a size
-        belongs, ...) takes its default, said once in :attr:`notes` (and so in the report's
-        warnings).
+        belongs, an unregistered backend, ...) takes its default, said once as a warning and
+        in :attr:`notes` (and so in the report's warnings).
 
         Missing attributes fall back to the defaults, so a namespace from an older provider
         (the original flag set) works too.
@@ -391,7 +395,31 @@ class RuntimeConfig:
                 notes.append(f"memscope {s.name} could not be read ({exc}); using the default")
         config, more = cls(**kwargs).settled()
         config.notes = notes + more
+        for note in config.notes:  # logged once here; the session reports them
+            warnings.warn(note, stacklevel=2)
         return config
+
+
+# Settings whose valid values the module owning them declares at run time (the backend
+# registry offers the registered backends' names): setting name -> the values valid now.
+_OFFERED: dict[str, Callable[[], tuple[str, ...]]] = {}
+
+
+def offer_choices(name: str, offered: Callable[[], tuple[str, ...]]) -> None:
+    """Let the module that owns the values of setting ``name`` say which are valid (the
+    backend registry offers the registered backends). :meth:`RuntimeConfig.validate` then
+    refuses any other value, so :meth:`RuntimeConfig.settled` puts it back to its default
+    with a note naming the valid ones; until something is offered, any value passes."""
+    assert name in {s.name for s in runtime_settings() if s.choices is None}, name
+    _OFFERED[name] = offered
+
+
+def choices_of(s: Setting) -> tuple[str, ...] | None:
+    """The values setting ``s`` accepts now: its declared choices, or those offered."""
+    if s.choices is not None:
+        return s.choices
+    offered = _OFFERED.get(s.name)
+    return None if offered is None else offered()
 
 
 @functools.cache

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from memscope.config import BACKEND_CHOICES, SNAPSHOT_STACKS, RuntimeConfig, runtime_settings
+from memscope.config import SNAPSHOT_STACKS, RuntimeConfig, runtime_settings
 from memscope.integrations.megatron import add_memscope_args, compose_args_providers, parse_bool
 
 ORIGINAL_FLAGS = [
@@ -192,7 +192,8 @@ def test_switches_keep_their_forms_and_dests():
 def test_choices_come_from_the_config():
     parser = add_memscope_args(argparse.ArgumentParser())
     by_flag = {s: a for a in parser._actions for s in a.option_strings}
-    assert tuple(by_flag["--memscope-backend"].choices) == BACKEND_CHOICES
+    # any backend name parses: the registry checks it when tracing starts
+    assert by_flag["--memscope-backend"].choices is None
     assert tuple(by_flag["--memscope-snapshot-stacks"].choices) == SNAPSHOT_STACKS
 
 

@@ -8,14 +8,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from memscope.capture.backends import backend_names, create_backend, resolve_backend_name
-from memscope.config import BACKEND_CHOICES
+from memscope.capture.backends import (
+    backend_choices,
+    backend_names,
+    create_backend,
+    resolve_backend_name,
+)
+from memscope.config import RuntimeConfig
 
 CAPTURE = Path(__file__).resolve().parent.parent / "memscope" / "capture"
 
 
-def test_registry_offers_exactly_the_configured_backend_choices():
-    assert ("auto", *backend_names()) == BACKEND_CHOICES
+def test_the_configuration_accepts_exactly_the_registered_backends():
+    assert backend_choices() == ("auto", *backend_names()) == ("auto", "cuda", "storage")
+    for name in backend_choices():
+        assert RuntimeConfig(backend=name).validate().backend == name
+    with pytest.raises(ValueError, match=r"one of \('auto', 'cuda', 'storage'\), not 'tpu'"):
+        RuntimeConfig(backend="tpu").validate()
 
 
 def test_auto_picks_the_exact_storage_backend_without_a_gpu():
@@ -35,13 +44,23 @@ def test_an_unknown_backend_is_a_clear_error():
 
 def test_storage_backend_offers_a_categorizer_and_cuda_needs_a_gpu():
     storage = create_backend("storage")
-    assert storage.categorizer() is storage
+    assert type(storage.categorizer()).__name__ == "StorageCategorizer"
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="needs a CUDA device"):
             create_backend("cuda")
 
 
-@pytest.mark.parametrize("module", ["tracer.py", "category_policy.py", "hooks.py"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "tracer.py",
+        "event_emitter.py",
+        "training_context.py",
+        "step_recorder.py",
+        "category_policy.py",
+        "hooks.py",
+    ],
+)
 def test_device_agnostic_capture_modules_hold_no_backend_type_checks(module):
     tree = ast.parse((CAPTURE / module).read_text())
     for node in ast.walk(tree):

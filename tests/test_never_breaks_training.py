@@ -16,8 +16,9 @@ import pytest
 import torch
 from torch.utils import _python_dispatch as pd
 
+from memscope.capture import step_recorder
 from memscope.capture import tracer as tracer_mod
-from memscope.capture.backends import storage as storage_mod
+from memscope.capture.backends import storage_dispatch
 from memscope.capture.safety import FailureLog
 from memscope.events import trace_sink as sink_mod
 from memscope.events.trace_sink import JsonlTraceSink
@@ -103,7 +104,7 @@ def test_a_failing_op_classifier_never_makes_an_op_raise(tmp_path, monkeypatch):
     def broken(func):
         raise RuntimeError("classifier broke")
 
-    monkeypatch.setattr(storage_mod, "_classify", broken)
+    monkeypatch.setattr(storage_dispatch, "_classify", broken)
     model, opt = _build()
     with MemScopeTorchRuntime(model, opt, outdir=str(tmp_path), backend="storage") as ms:
         losses = _train(ms, model, opt, 3)
@@ -148,7 +149,7 @@ def test_failing_free_callbacks_are_recorded_once_not_printed_per_storage(
     with MemScopeTorchRuntime(model, opt, outdir=str(tmp_path), backend="storage") as ms:
         assert ms.session.recording is not None
         backend = ms.session.recording.backend
-        monkeypatch.setattr(backend, "_live", BrokenLive(backend._live))
+        monkeypatch.setattr(backend.ledger, "_live", BrokenLive(backend.ledger._live))
         losses = _train(ms, model, opt, 3)
     assert losses == _untraced_losses(3)
     errors = _sites(_report(ms.report_path))
@@ -179,7 +180,7 @@ def test_a_failing_host_rss_read_turns_off_only_that_reading(tmp_path, monkeypat
     def broken():
         raise OSError("no /proc")
 
-    monkeypatch.setattr(tracer_mod, "host_rss_bytes", broken)
+    monkeypatch.setattr(step_recorder, "host_rss_bytes", broken)
     model, opt = _build()
     with MemScopeTorchRuntime(model, opt, outdir=str(tmp_path), backend="storage") as ms:
         _train(ms, model, opt, 3)

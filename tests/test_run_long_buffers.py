@@ -23,10 +23,11 @@ def test_the_ledger_moves_a_run_long_buffer_out_of_the_microbatch_that_made_it()
     ledger = StorageLedgerBackend("cpu")
     ledger.start()
     try:
-        ledger.set_alloc_category(CAT_ACTIVATIONS)
+        categorizer = ledger.categorizer()
+        categorizer.set_alloc_category(CAT_ACTIVATIONS)
         scratch = torch.empty(1024)
-        ledger.mark_run_long(scratch, "global_memory_buffer[mpu, float32]")
-        ledger.mark_run_long(scratch, "global_memory_buffer[mpu, float32]")  # idempotent
+        categorizer.mark_run_long(scratch, "global_memory_buffer[mpu, float32]")
+        categorizer.mark_run_long(scratch, "global_memory_buffer[mpu, float32]")  # idempotent
         totals = ledger.live_bytes_by_category()
         items = ledger.live_composition() or ()
     finally:

@@ -77,22 +77,22 @@ def test_peak_between_samples_is_the_true_running_peak():
 def test_categories_follow_alloc_category_mark_and_window_promotion():
     ledger = _ledger()
     try:
-        ledger.alloc_category = CAT_ACTIVATIONS
+        ledger.categorizer().set_alloc_category(CAT_ACTIVATIONS)
         act = torch.empty(10, dtype=torch.float32)
         cats = ledger.live_bytes_by_category()
         assert cats["activations"] >= 40
-        ledger.mark(act, CAT_GRADIENTS)
+        ledger.categorizer().mark(act, CAT_GRADIENTS)
         cats2 = ledger.live_bytes_by_category()
         assert cats2["gradients"] - cats["gradients"] == 40
         assert cats["activations"] - cats2["activations"] == 40
 
-        ledger.alloc_category = CAT_OTHER
-        ledger.open_window()
+        ledger.categorizer().set_alloc_category(CAT_OTHER)
+        ledger.categorizer().open_window()
         kept = torch.ones(8, dtype=torch.float32)
         temp = torch.ones(16, dtype=torch.float32)
         del temp
         before = ledger.live_bytes_by_category()["optimizer_state"]
-        moved = ledger.promote_window(CAT_OPTIMIZER_STATE)
+        moved = ledger.categorizer().promote_window(CAT_OPTIMIZER_STATE)
         assert moved == 32
         assert ledger.live_bytes_by_category()["optimizer_state"] - before == 32
         del kept
@@ -106,7 +106,7 @@ def test_tensors_made_before_start_are_adopted():
     ledger.start()
     try:
         before = ledger.sample().allocated
-        assert ledger.adopt_existing() >= 1
+        assert ledger.categorizer().adopt_existing() >= 1
         assert ledger.sample().allocated - before >= 123
         del early
     finally:
@@ -138,7 +138,7 @@ def test_peak_composition_is_the_live_set_at_the_peak_by_creation_context():
 
     ledger = _ledger()
     try:
-        ledger.set_alloc_category(CAT_ACTIVATIONS)
+        ledger.categorizer().set_alloc_category(CAT_ACTIVATIONS)
         ledger.context = PeakContext(0, "forward", "layer.a", 0, 1)
         a = torch.empty(1000, dtype=torch.uint8)
         ledger.context = PeakContext(0, "forward", "layer.b", 1, 1)
@@ -146,7 +146,8 @@ def test_peak_composition_is_the_live_set_at_the_peak_by_creation_context():
         del b  # the peak was a + b
         ledger.context = PeakContext(0, "backward", "layer.c", 1, 1)
         c = torch.empty(500, dtype=torch.uint8)
-        ledger.mark(a, CAT_GRADIENTS)  # a later re-categorisation does not rewrite the peak
+        # a later re-categorisation does not rewrite the peak
+        ledger.categorizer().mark(a, CAT_GRADIENTS)
         items = ledger.peak_composition()
         assert items is not None
         got = {
@@ -170,7 +171,7 @@ def test_storages_autograd_saves_are_told_apart_from_temporaries():
     from memscope.capture.category_policy import CategoryPolicy
 
     ledger = _ledger()
-    policy = CategoryPolicy(ledger)
+    policy = CategoryPolicy(ledger.categorizer())
     try:
         weight = torch.randn(64, 64, requires_grad=True)
         policy.step_started()  # pushes the pass-through saved-tensor hooks
@@ -204,7 +205,7 @@ def test_the_saved_tensor_hooks_free_memory_as_without_them():
     from memscope.capture.category_policy import CategoryPolicy
 
     ledger = _ledger()
-    policy = CategoryPolicy(ledger)
+    policy = CategoryPolicy(ledger.categorizer())
     gc.disable()
     try:
         weight = torch.randn(32, 32, requires_grad=True)

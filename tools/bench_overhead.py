@@ -68,7 +68,7 @@ sys.path.insert(
 
 from harness import instrumented_worker
 
-from memscope.capture.backends import BACKEND_CHOICES, available_backend_names
+from memscope.capture.backends import available_backend_names, backend_choices
 from memscope.demo.launcher import WorkerError, free_ports, spawn
 from memscope.demo.tiny_gpt import TinyGPTConfig
 
@@ -417,7 +417,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup-steps", type=int, default=2, help="untimed first steps (default 2)")
     p.add_argument("--repeats", type=int, default=None, help="off/on pairs per config (default 3)")
     p.add_argument("--parallel", choices=("tp", "pp", "none"), default="pp")
-    p.add_argument("--backend", choices=BACKEND_CHOICES, default="auto", help="--memscope-backend")
+    p.add_argument(
+        "--backend", choices=backend_choices(), default="auto", help="--memscope-backend"
+    )
     p.add_argument(
         "--modes",
         nargs="+",

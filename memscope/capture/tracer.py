@@ -3,13 +3,17 @@
 It knows nothing about any framework or device: what a backend can do comes from its
 :class:`~memscope.capture.backends.base.BackendCapabilities`, category rules from the
 :class:`~memscope.capture.category_policy.CategoryPolicy`, and every event goes to the
-consumers it was given (the bounded store, the analyzers, the trace writer).
+consumers it was given (the bounded store, the analyzers, the trace writer). Its parts:
+:class:`~memscope.capture.event_emitter.EventEmitter` (readings into events),
+:class:`~memscope.capture.training_context.TrainingContext` (where training is, for the
+backend's peak and the history's markers) and
+:class:`~memscope.capture.step_recorder.StepRecorder` (step and phase boundaries); the
+tracer itself follows module forwards and gradients.
 """
 
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,20 +21,16 @@ from typing import Any
 import torch
 
 from memscope.capture.backends.base import MemoryBackend, MemorySample
-from memscope.capture.backends.host import host_rss_bytes
 from memscope.capture.category_policy import CategoryPolicy
+from memscope.capture.event_emitter import EventEmitter
 from memscope.capture.hooks import ModuleLabel
 from memscope.capture.safety import FailureLog
+from memscope.capture.step_recorder import StepRecorder
 from memscope.capture.tensors import tensor_info, tensors_in
+from memscope.capture.training_context import TrainingContext
 from memscope.config import RuntimeConfig
 from memscope.events import schema as s
-from memscope.events.schema import (
-    ContextMarker,
-    EventConsumer,
-    MemoryEvent,
-    PeakContext,
-    TensorInfo,
-)
+from memscope.events.schema import ContextMarker, EventConsumer, MemoryEvent, TensorInfo
 
 HOOK_FAMILIES = ("module_hooks", "output_grad_hooks", "param_grad_hooks")
 
@@ -68,61 +68,65 @@ class MemoryTracer:
         self.backend = backend
         self.policy = policy or CategoryPolicy(None)
         self.rank = rank
-        self.pipeline_stage = pipeline_stage
-        self.consumers = tuple(consumers)
         self.failures = failures or FailureLog(rank=rank)
-        self.t0 = time.time()
-        self.step = -1
-        self.phase = s.PHASE_SETUP
-        self.in_window = False
-        self.steps_completed = 0
-        self.hooked_steps = 0
-        self.events_emitted = 0
+        self.emitter = EventEmitter(config, backend, rank, consumers, pipeline_stage)
+        self.context = TrainingContext(backend)
+        self.steps = StepRecorder(
+            config, backend, self.emitter, self.context, self.policy, self.failures
+        )
         self.current_microbatch: int | None = None
         self._stack: list[_OpenModule] = []
         self._microbatches: dict[int, int] = {}
         self._backward_microbatch: int | None = None
         self._param_before: dict[str, MemorySample] = {}
-        self._last: MemorySample = backend.sample()
-        self._phase_start: MemorySample = self._last
-        self._step_start: MemorySample = self._last
         self._families = {
             "module_hooks": config.hook_modules,
             "output_grad_hooks": config.hook_modules and config.hook_output_grads,
             "param_grad_hooks": config.hook_param_grads,
         }
-        caps = backend.capabilities
-        self._sync = config.sync_on_module_hooks and caps.can_synchronize
-        self._sync_steps = config.sync_on_step_boundaries and caps.can_synchronize
-        self._peak_context = caps.peak_context
         self._shapes = config.record_tensor_shapes
-        self._composed_peak = -1
-        self._step_hooked = False  # the running step records module/grad events
-        self.last_step_peak = 0  # the high-water mark of the last step that ended
-        self._step_started = self._phase_started = 0.0  # seconds since tracing started
-        self._first_step: int | None = None  # the first traced step
         #: The training-loop region running outside every module (see :meth:`enter_region`).
         self._region = ""
-        #: The latest context (module, microbatch, phase, VPP chunk) a hook set.
-        self._context: tuple[str, int | None, str, int | None] = ("", None, s.PHASE_SETUP, None)
-        #: Context changes with their time, kept while an allocator history is recorded
-        #: (:meth:`start_markers`); bounded by ``max_markers``.
-        self.markers: list[ContextMarker] | None = None
-        self.max_markers = 0
-        self._host_rss = True
+
+    # -- what the session reads ------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        return self.steps.step
+
+    @property
+    def phase(self) -> str:
+        return self.steps.phase
+
+    @property
+    def in_window(self) -> bool:
+        """The running step records module/grad events."""
+        return self.steps.in_window
+
+    @property
+    def steps_completed(self) -> int:
+        return self.steps.steps_completed
+
+    @property
+    def last_step_peak(self) -> int:
+        """The high-water mark of the last step that ended."""
+        return self.steps.last_step_peak
+
+    @property
+    def events_emitted(self) -> int:
+        return self.emitter.events_emitted
 
     # -- context markers -------------------------------------------------------------------
     def start_markers(self, limit: int) -> None:
         """Keep every context change from now on (at most ``limit``) with its time."""
-        self.markers, self.max_markers = [], limit
+        self.context.start_markers(limit)
 
     def take_markers(self) -> list[ContextMarker]:
         """The markers kept so far; keeping goes on."""
-        return list(self.markers or ())
+        return self.context.take_markers()
 
     # -- families & failures ---------------------------------------------------------------
     def family_enabled(self, family: str) -> bool:
-        return self.in_window and self._families[family]
+        return self.steps.in_window and self._families[family]
 
     def hook_failed(self, family: str, exc: BaseException) -> None:
         self.failures.record(family, exc)
@@ -131,41 +135,7 @@ class MemoryTracer:
             self._families["output_grad_hooks"] = False
             self._stack.clear()
 
-    # -- sampling & emission ---------------------------------------------------------------
-    def _sample(self, detailed: bool = False) -> MemorySample:
-        if (self._sync and not detailed) or (self._sync_steps and detailed):
-            self.backend.synchronize()
-        sample = self.backend.sample(detailed)
-        self._last = sample
-        return sample
-
-    def _set_context(
-        self,
-        module: str,
-        microbatch: int | None,
-        phase: str | None = None,
-        chunk: int | None = None,
-    ) -> None:
-        # Only a backend that records where its peak was set reads the context; while an
-        # allocator history is recorded, each change is also kept as a timestamped marker.
-        self._context = (module, microbatch, phase or self.phase, chunk)
-        if self._peak_context:
-            self.backend.context = PeakContext(
-                self.step, phase or self.phase, module, microbatch, chunk
-            )
-        markers = self.markers
-        if markers is not None and len(markers) < self.max_markers:
-            markers.append(
-                ContextMarker(
-                    time.time_ns() // 1000,
-                    phase or self.phase,
-                    module,
-                    microbatch,
-                    chunk,
-                    self.step,
-                )
-            )
-
+    # -- events outside hooks --------------------------------------------------------------
     def _emit(
         self,
         event_type: str,
@@ -175,34 +145,13 @@ class MemoryTracer:
         after: MemorySample,
         **extra: Any,
     ) -> MemoryEvent:
-        self.events_emitted += 1
-        event = MemoryEvent(
-            seq=self.events_emitted,
-            event_type=event_type,
-            phase=phase,
-            step=self.step,
-            module=module,
-            timestamp=time.time() - self.t0,
-            rank=self.rank,
-            mem_allocated_before=before.allocated,
-            mem_allocated_after=after.allocated,
-            mem_reserved_before=before.reserved,
-            mem_reserved_after=after.reserved,
-            max_mem_allocated=max(after.peak_allocated, after.allocated),
-            max_mem_reserved=max(after.peak_reserved, after.reserved),
-            pipeline_stage=self.pipeline_stage,
-            categories=after.categories,
-            **extra,
-        )
-        for consumer in self.consumers:
-            consumer.consume(event)
-        return event
+        return self.emitter.emit(event_type, self.steps.step, phase, module, before, after, **extra)
 
     def record_timeline(
         self, summary: s.TimelineSummary, composition: tuple[s.CompositionItem, ...]
     ) -> MemoryEvent:
         """Emit what replaying an allocator-history snapshot found (one event per snapshot)."""
-        now = self._sample()
+        now = self.emitter.sample()
         return self._emit(
             s.ALLOCATOR_TIMELINE,
             self.phase,
@@ -216,14 +165,14 @@ class MemoryTracer:
     def record_failure(self, oom: bool, reason: str) -> MemoryEvent:
         """Emit the moment training failed (``oom``: out of memory), in the context the last
         hook set: the module forward that was running, or the gradient being computed."""
-        module, microbatch, phase, chunk = self._context
-        before = self._last  # the latest reading a hook took
+        module, microbatch, phase, chunk = self.context.current
+        before = self.emitter.last  # the latest reading a hook took
         return self._emit(
             s.OOM if oom else s.CRASH,
             phase,
             module,
             before,
-            self._sample(),
+            self.emitter.sample(),
             microbatch=microbatch,
             virtual_chunk=chunk,
             notes=reason,
@@ -238,7 +187,7 @@ class MemoryTracer:
         the region it replaces, for :meth:`exit_region`."""
         previous, self._region = self._region, label
         if not self._stack:
-            self._set_context(label, None)
+            self.steps.set_context(label, None)
         return previous
 
     def exit_region(self, previous: str, raised: bool = False) -> None:
@@ -247,7 +196,7 @@ class MemoryTracer:
         failed)."""
         self._region = previous
         if not self._stack and not raised:
-            self._set_context(previous, None)
+            self.steps.set_context(previous, None)
 
     # -- module hooks ----------------------------------------------------------------------
     def module_enter(
@@ -264,10 +213,12 @@ class MemoryTracer:
             inputs = [tensor_info(t) for t in tensors_in(args)]
             inputs += [tensor_info(t, k) for k, t in kwargs.items() if isinstance(t, torch.Tensor)]
         self.policy.module_entered()
-        started = time.time() - self.t0
-        self._stack.append(_OpenModule(label, self._sample(), inputs, mb, recompute, started))
+        started = self.emitter.elapsed()
+        self._stack.append(
+            _OpenModule(label, self.emitter.sample(), inputs, mb, recompute, started)
+        )
         phase = s.PHASE_RECOMPUTE if recompute else s.PHASE_FORWARD
-        self._set_context(label.name, mb, phase, label.chunk)
+        self.steps.set_context(label.name, mb, phase, label.chunk)
 
     def module_exit(self, label: ModuleLabel, output: Any) -> list[torch.Tensor]:
         # Pop to the matching frame (a forward that raised leaves its children open).
@@ -279,7 +230,7 @@ class MemoryTracer:
                 break
         if frame is None:
             return []
-        after = self._sample()
+        after = self.emitter.sample()
         outs = tensors_in(output)
         phase = s.PHASE_RECOMPUTE if frame.recompute else s.PHASE_FORWARD
         self._emit(
@@ -299,7 +250,7 @@ class MemoryTracer:
         if output is None and sys.exc_info()[1] is not None:
             return []  # the forward raised: the context stays where it failed
         parent = self._stack[-1] if self._stack else None
-        self._set_context(
+        self.steps.set_context(
             parent.label.name if parent else self._region,
             frame.microbatch,
             phase,
@@ -313,9 +264,9 @@ class MemoryTracer:
 
     def output_grad(self, label: ModuleLabel, microbatch: int | None, grad: torch.Tensor) -> None:
         self._backward_microbatch = microbatch
-        self._set_context(label.name, microbatch, s.PHASE_BACKWARD, label.chunk)
-        before = self._last
-        after = self._sample()
+        self.steps.set_context(label.name, microbatch, s.PHASE_BACKWARD, label.chunk)
+        before = self.emitter.last
+        after = self.emitter.sample()
         self._emit(
             s.OUTPUT_GRAD,
             s.PHASE_BACKWARD,
@@ -331,16 +282,16 @@ class MemoryTracer:
     def param_grad_ready(self, name: str, grad: torch.Tensor) -> None:
         # The event spans from the previous sample, so the allocation of the gradient itself
         # (made by the backward op just before this hook) is attributed to this parameter.
-        self._set_context(name, self._backward_microbatch, s.PHASE_BACKWARD)
-        self._param_before[name] = self._last
+        self.steps.set_context(name, self._backward_microbatch, s.PHASE_BACKWARD)
+        self._param_before[name] = self.emitter.last
 
     def param_grad_accumulated(self, name: str, param: torch.Tensor) -> None:
-        before = self._param_before.pop(name, None) or self._last
-        after = self._sample()
+        before = self._param_before.pop(name, None) or self.emitter.last
+        after = self.emitter.sample()
         grad = param.grad
         if self.policy.active and grad is not None:
             self.policy.gradient_accumulated(grad)
-            after = self._sample()
+            after = self.emitter.sample()
         self._emit(
             s.PARAM_GRAD,
             s.PHASE_BACKWARD,
@@ -353,94 +304,17 @@ class MemoryTracer:
         )
 
     # -- step boundaries -------------------------------------------------------------------
-    def _read_host_rss(self) -> int | None:
-        """Host RSS, or ``None`` once reading it has failed (only that reading turns off)."""
-        if not self._host_rss:
-            return None
-        try:
-            return host_rss_bytes()
-        except Exception as exc:
-            self._host_rss = False
-            self.failures.record("host_rss", exc)
-            return None
-
-    def _step_phase(
-        self, phase: str, before: MemorySample, notes: str, started: float
-    ) -> MemorySample:
-        after = self._sample(detailed=True)
-        extra: dict[str, Any] = {}
-        if phase == s.PHASE_STEP and before.categories is not None:
-            extra["categories_before"] = before.categories
-        if phase != s.PHASE_STEP and after.phase_peak_allocated is not None:
-            extra["phase_max_allocated"] = after.phase_peak_allocated
-        first = self.step if self._first_step is None else self._first_step
-        if phase == s.PHASE_STEP and self.step > first + 1:
-            # born after the first step, in an earlier step than this one, still live
-            kept = self.backend.survivors(first + 1, self.step - 1)
-            if kept:
-                extra["survivors"] = kept
-        if self._peak_context:
-            extra["peak_context"] = self.backend.peak_context()
-            extra["peak_categories"] = self.backend.peak_categories()
-            new_high = after.peak_allocated > self._composed_peak
-            if new_high or (phase == s.PHASE_STEP and self._step_hooked):
-                # a new high of the run carries its composition (the report's peak is the
-                # highest), and so does each hooked step's end (its own peak, for step
-                # diffs); other steps' do not, which keeps trace.jsonl small over long runs
-                self._composed_peak = max(self._composed_peak, after.peak_allocated)
-                extra["peak_composition"] = self.backend.peak_composition()
-        self._emit(
-            s.STEP_PHASE,
-            phase,
-            "",
-            before,
-            after,
-            host_rss_bytes=self._read_host_rss(),
-            device=after.device,
-            notes=notes,
-            start_timestamp=started,
-            **extra,
-        )
-        return after
-
     def step_start(self, step: int, notes: str = "") -> None:
-        if self._stack:
-            self._stack.clear()
-        if self._first_step is None:
-            self._first_step = step
-        self.step = step
-        self.phase = s.PHASE_FORWARD_BACKWARD
-        self.in_window = self.config.in_step_window(step) and (
-            self.config.hook_steps == 0 or self.hooked_steps < self.config.hook_steps
-        )
-        self.hooked_steps += self.in_window
-        self._step_hooked = self.in_window
+        self._stack.clear()
         self._microbatches.clear()
         self.current_microbatch = None
         self._backward_microbatch = None
         self._param_before.clear()
-        self.policy.step_started()
-        self.backend.reset_peak()
-        self.backend.mark_phase()
-        self._set_context("", None)
-        self._step_start = self._phase_start = self._sample(detailed=True)
-        self._step_started = self._phase_started = time.time() - self.t0
+        self.steps.start(step)
 
     def phase_end(self, phase: str, next_phase: str, notes: str = "") -> None:
         """Close the running step phase (recording it) and open ``next_phase``."""
-        self.in_window = self.in_window and next_phase == s.PHASE_FORWARD_BACKWARD
-        self.policy.phase_ended(phase, next_phase)
-        self._phase_start = self._step_phase(phase, self._phase_start, notes, self._phase_started)
-        self.backend.mark_phase()
-        self._phase_started = time.time() - self.t0
-        self.phase = next_phase
-        self._set_context("", None)
+        self.steps.end_phase(phase, next_phase, notes)
 
     def step_end(self, notes: str = "") -> None:
-        self.policy.pop_saved_hooks()
-        end = self._step_phase(s.PHASE_STEP, self._step_start, notes, self._step_started)
-        self.last_step_peak = end.peak_allocated
-        self.steps_completed += 1
-        self.phase = s.PHASE_SETUP
-        self.in_window = False
-        self._set_context("", None)
+        self.steps.end(notes)

@@ -13,18 +13,17 @@ from memscope.capture.backends.base import (
 from memscope.capture.backends.registry import (
     BackendSpec,
     available_backend_names,
+    backend_choices,
     backend_names,
     create_backend,
     register_backend,
     resolve_backend_name,
 )
-from memscope.config import BACKEND_CHOICES
 
 cuda.register()
 storage.register()
 
 __all__ = [
-    "BACKEND_CHOICES",
     "BackendCapabilities",
     "BackendOptions",
     "BackendSpec",
@@ -32,6 +31,7 @@ __all__ = [
     "MemoryBackend",
     "MemorySample",
     "available_backend_names",
+    "backend_choices",
     "backend_names",
     "create_backend",
     "register_backend",

@@ -1,7 +1,10 @@
 """The backend registry: names, availability, and what ``auto`` picks.
 
-A backend module registers a :class:`BackendSpec`; nothing else in MemScope names a backend
-class. ``auto`` picks the available backend with the highest ``auto_priority``.
+A backend module registers a :class:`BackendSpec`; its ``register()`` is the one place its
+name is written, and nothing else in MemScope names a backend class. The registered names
+are offered to the configuration (:func:`memscope.config.offer_choices`), so a setting
+naming no registered backend is put back to ``auto`` with a note naming the registered
+ones. ``auto`` picks the available backend with the highest ``auto_priority``.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from memscope.capture.backends.base import BackendOptions, MemoryBackend
-from memscope.config import BACKEND_CHOICES
+from memscope.config import offer_choices
 
 AUTO = "auto"
 
@@ -30,14 +33,22 @@ _REGISTRY: dict[str, BackendSpec] = {}
 
 
 def register_backend(spec: BackendSpec) -> None:
-    """Add ``spec``; its name must be one the configuration offers."""
-    assert spec.name in BACKEND_CHOICES and spec.name != AUTO, spec.name
+    """Add ``spec`` (a spec registered again under its name replaces the earlier one)."""
+    assert spec.name and spec.name != AUTO, spec.name
     _REGISTRY[spec.name] = spec
 
 
 def backend_names() -> tuple[str, ...]:
     """Registered backend names, in registration order."""
     return tuple(_REGISTRY)
+
+
+def backend_choices() -> tuple[str, ...]:
+    """What ``--memscope-backend`` accepts: ``auto`` and every registered name."""
+    return (AUTO, *_REGISTRY)
+
+
+offer_choices("backend", backend_choices)
 
 
 def available_backend_names() -> tuple[str, ...]:
@@ -48,8 +59,7 @@ def available_backend_names() -> tuple[str, ...]:
 def resolve_backend_name(name: str) -> str:
     """``auto`` becomes the best available backend; other names are checked."""
     if name != AUTO and name not in _REGISTRY:
-        choices = (AUTO, *_REGISTRY)
-        raise ValueError(f"--memscope-backend must be one of {choices}, not {name!r}")
+        raise ValueError(f"--memscope-backend must be one of {backend_choices()}, not {name!r}")
     if name == AUTO:
         available = [s for s in _REGISTRY.values() if s.is_available()]
         assert available, "no memory backend is available"
