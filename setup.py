@@ -20,7 +20,6 @@ setup(
         "memscope": [
             "py.typed",
             "reporters/templates/*",
-            "analysis/static/gpu_benchmark_summary.json",  # the planner's band
         ]
     },
     install_requires=["torch>=2.7.1", "pyyaml", "jinja2", "plotly"],  # 2.7.1: FlagScale 0.8.0

@@ -1,22 +1,20 @@
-"""Where a :class:`~.config.TrainingSpec` comes from: Megatron args, FlagScale YAML, JSON.
+"""Megatron args -> the estimator's :class:`~memscope.analysis.static.config.TrainingSpec`.
 
-Megatron's argument names are the lingua franca: a FlagScale training YAML is its
-``system``/``model``/``data`` sections merged (as the FlagScale runner does before turning
-them into ``--flags``), and the original MemScope JSON config is flattened through a few
-aliases. Every problem is a ``ValueError`` that names the field.
+Megatron's argument names are the lingua franca: a parsed Megatron-LM namespace, or a dict
+with the same underscore keys (a FlagScale YAML's merged sections, a flattened MemScope JSON
+config: :mod:`.config_files`). :func:`spec_from_megatron_args` reads the model, the parallel
+layout, the precision and optimizer, and the batch and memory-saving settings, each in its
+own function; every problem is a one-line ``ValueError`` that names the field.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import warnings
 from dataclasses import replace
 from typing import Any
 
 from memscope.analysis.static.config import (
-    DTYPE_BYTES,
     UNSUPPORTED,
     ModelSpec,
     ParallelSpec,
@@ -24,41 +22,14 @@ from memscope.analysis.static.config import (
     TrainingSpec,
     padded_vocab_size,
 )
-from memscope.analysis.static.distillation import distillation_from_args
-from memscope.analysis.static.flagscale_checks import (
-    VISION_KEYS,
-    apply_hetero,
-    entrypoint_refusal,
-    eval_layer_pattern,
-    megatron_defaults,
-    refuse_non_gpt,
-)
-from memscope.analysis.static.flagscale_experiment import (
-    read_yaml,
-    runner_world_size,
-    train_config_of,
-)
 from memscope.analysis.static.fp8 import quant_from_args
 from memscope.analysis.static.pipeline_layout import layout_vpp, parse_layout
-from memscope.analysis.static.validation import (
-    MAX_LAYERS,
-    MAX_NESTING,
-    NEGATED_FLAGS,
-    READ_KEYS,
-    ConfigWarning,
-    YamlRefusal,
-    as_bool,
-    as_float,
-    as_int,
-    as_int_list,
-    as_str,
-    check_batch,
-    label,
-    load_yaml,
-    read_config_text,
-    show,
-    unknown_key_warnings,
-)
+from memscope.analysis.static.read_keys import NEGATED_FLAGS
+from memscope.analysis.static.spec_checks import validate_spec
+from memscope.analysis.static.validation import MAX_LAYERS, ConfigWarning, check_batch, show
+from memscope.inputs.distillation_args import distillation_from_args
+from memscope.inputs.flagscale_checks import eval_layer_pattern
+from memscope.inputs.values import as_bool, as_float, as_int, as_int_list, as_str, label
 
 
 def _get(src: Any, name: str, default: Any = None) -> Any:
@@ -154,7 +125,9 @@ def _vocab(args: Any, tp: int, vocab_size: int | None) -> int:
 
 
 CP_COMM_TYPES = ("p2p", "a2a", "all_gather", "a2a+p2p")
+
 DISPATCHERS = ("allgather", "alltoall", "flex")
+
 AUX_LOSS_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss")
 
 
@@ -237,7 +210,18 @@ def _expert_fields(args: Any, num_layers: int) -> dict[str, Any]:
     experts = _int(args, "num_experts", None, "model.num_experts")
     if experts is not None and experts < 1:
         raise ValueError(f"model.num_experts must be >= 1, got {experts}")
-    out: dict[str, Any] = dict(
+    out = {**_moe_fields(args, num_layers, experts), **_mla_mtp_fields(args)}
+    if experts is not None:
+        _check_moe_numbers(args, out["moe_router_topk"])
+    if not out["num_experts"]:
+        out.update(num_experts=None, moe_ffn_hidden_size=None)
+        out["moe_shared_expert_intermediate_size"] = None
+    return out
+
+
+def _moe_fields(args: Any, num_layers: int, experts: int | None) -> dict[str, Any]:
+    """The experts, router and token dispatcher (megatron/training/arguments.py names)."""
+    return dict(
         num_experts=experts,
         moe_ffn_hidden_size=_int(args, "moe_ffn_hidden_size", None, "model.moe_ffn_hidden_size"),
         moe_shared_expert_intermediate_size=_int(args, "moe_shared_expert_intermediate_size"),
@@ -258,6 +242,12 @@ def _expert_fields(args: Any, num_layers: int) -> dict[str, Any]:
         moe_permute_fusion=_flag(args, "moe_permute_fusion"),
         moe_shared_expert_overlap=_flag(args, "moe_shared_expert_overlap"),
         moe_token_imbalance=_float(args, "moe_token_imbalance", 1.0, 1.0),
+    )
+
+
+def _mla_mtp_fields(args: Any) -> dict[str, Any]:
+    """Multi-latent attention, multi-token prediction and the transformer implementation."""
+    return dict(
         multi_latent_attention=_flag(args, "multi_latent_attention"),
         q_lora_rank=_int(args, "q_lora_rank"),
         kv_lora_rank=_int(args, "kv_lora_rank", 32),
@@ -268,22 +258,21 @@ def _expert_fields(args: Any, num_layers: int) -> dict[str, Any]:
         # megatron/training/arguments.py: --transformer-impl defaults to transformer_engine
         transformer_impl=_name(args, "transformer_impl", "transformer_engine"),
     )
-    if experts is not None:
-        if not out["moe_router_topk"] >= 1:
-            raise ValueError(f"model.moe_router_topk must be >= 1, got {out['moe_router_topk']}")
-        capacity = _get(args, "moe_expert_capacity_factor")
-        if capacity is not None and as_float(capacity, "moe_expert_capacity_factor") == 0:
-            raise ValueError(
-                "moe_expert_capacity_factor must be > 0 (a negative value turns it off, as in "
-                "Megatron), got 0"
-            )
-        coeff = _get(args, "moe_aux_loss_coeff", 0.0)
-        for value in coeff if isinstance(coeff, (list, tuple)) else [coeff]:
-            as_float(value, "moe_aux_loss_coeff", 0.0)
-    if not out["num_experts"]:
-        out.update(num_experts=None, moe_ffn_hidden_size=None)
-        out["moe_shared_expert_intermediate_size"] = None
-    return out
+
+
+def _check_moe_numbers(args: Any, topk: int) -> None:
+    """Top-k >= 1, a capacity factor other than 0, aux-loss coefficients >= 0."""
+    if not topk >= 1:
+        raise ValueError(f"model.moe_router_topk must be >= 1, got {topk}")
+    capacity = _get(args, "moe_expert_capacity_factor")
+    if capacity is not None and as_float(capacity, "moe_expert_capacity_factor") == 0:
+        raise ValueError(
+            "moe_expert_capacity_factor must be > 0 (a negative value turns it off, as in "
+            "Megatron), got 0"
+        )
+    coeff = _get(args, "moe_aux_loss_coeff", 0.0)
+    for value in coeff if isinstance(coeff, (list, tuple)) else [coeff]:
+        as_float(value, "moe_aux_loss_coeff", 0.0)
 
 
 def _data_parallel(args: Any, tp: int, pp: int, cp: int, ep: int, etp: int) -> int:
@@ -335,63 +324,85 @@ def spec_from_megatron_args(
     ``world_size`` (from the launcher: ``--world-size``, nnodes x nproc_per_node, a hostfile)
     when given must agree with the config's own ``world_size``.
     """
-    if world_size is not None:
-        own = _int(args, "world_size", None, "parallel.world_size (world_size)")
-        if own is not None and own != world_size:
-            raise ValueError(
-                f"parallel.world_size (world_size) {own} in the config contradicts the "
-                f"launcher's world size {world_size}"
-            )
-        args = {**(args if isinstance(args, dict) else vars(args)), "world_size": world_size}
-    args = _negated_flags(args)
+    args = _negated_flags(_with_launcher_world(args, world_size))
+    _refuse_unsupported(args)
+    tp = _size(args, "tensor_model_parallel_size")
+    vocab = _vocab(args, tp, vocab_size)
+    num_layers, seq = _depth_and_length(args)
+    dtype = _params_dtype(args)
+    model = _model_spec(args, num_layers, seq, vocab)
+    parallel = _parallel_spec(args, tp, num_layers)
+    precision = _precision_spec(args, dtype)
+    spec = _training_spec(args, model, parallel, precision)
+    kd = distillation_from_args(args, spec, spec_from_megatron_args)  # the teacher: same args
+    return replace(spec, distillation=kd) if kd is not None else spec
+
+
+def _with_launcher_world(args: Any, world_size: int | None) -> Any:
+    """``args`` with the launcher's world size, which must agree with the config's own."""
+    if world_size is None:
+        return args
+    own = _int(args, "world_size", None, "parallel.world_size (world_size)")
+    if own is not None and own != world_size:
+        raise ValueError(
+            f"parallel.world_size (world_size) {own} in the config contradicts the "
+            f"launcher's world size {world_size}"
+        )
+    return {**(args if isinstance(args, dict) else vars(args)), "world_size": world_size}
+
+
+def _refuse_unsupported(args: Any) -> None:
+    """A Megatron feature the estimator does not model at all (:data:`.config.UNSUPPORTED`)."""
     for name, what in UNSUPPORTED.items():
         if _get(args, name):
             raise ValueError(f"{name}: {what} are not supported by the static estimator")
-    tp = _size(args, "tensor_model_parallel_size")
-    vocab = _vocab(args, tp, vocab_size)
+
+
+def _depth_and_length(args: Any) -> tuple[int, int]:
+    """(``num_layers``, ``seq_length``): both required; the depth within what the estimator
+    lists (checked before any per-layer list is built)."""
     num_layers = _int(args, "num_layers", None, "model.num_layers")
     seq = _int(args, "seq_length", None, "model.seq_length")
     for name, value in (("num_layers", num_layers), ("seq_length", seq)):
         if value is None:
             raise ValueError(f"model.{name} is required")
-    if num_layers > MAX_LAYERS:  # before any per-layer list is built
+    if num_layers > MAX_LAYERS:
         raise ValueError(
             f"model.num_layers ({num_layers}) is beyond the {MAX_LAYERS} layers the static "
             "estimator lists"
         )
+    return int(num_layers), int(seq)
+
+
+def _params_dtype(args: Any) -> str:
+    """The parameter dtype: ``bf16`` / ``fp16`` (not both), else float32."""
     bf16, fp16 = _flag(args, "bf16"), _flag(args, "fp16")
     if bf16 and fp16:
         raise ValueError("precision: bf16 and fp16 are both set")
-    dtype = "bfloat16" if bf16 else "float16" if fp16 else "float32"
-    groups = None
-    if _flag(args, "group_query_attention", True):
-        groups = _int(args, "num_query_groups", None, "model.num_query_groups")
-    model = ModelSpec(
+    return "bfloat16" if bf16 else "float16" if fp16 else "float32"
+
+
+def _model_spec(args: Any, num_layers: int, seq: int, vocab: int) -> ModelSpec:
+    """The model's shape, features and fused kernels (megatron/training/arguments.py names)."""
+    return ModelSpec(
         num_layers=num_layers,
         hidden_size=_int(args, "hidden_size", 0, "model.hidden_size"),
         num_attention_heads=_int(args, "num_attention_heads", 0, "model.num_attention_heads"),
         vocab_size=int(vocab),
-        seq_length=int(seq),
-        num_query_groups=groups,
+        seq_length=seq,
+        num_query_groups=_query_groups(args),
         ffn_hidden_size=_int(args, "ffn_hidden_size", None, "model.ffn_hidden_size"),
         kv_channels=_int(args, "kv_channels", None, "model.kv_channels"),
         max_position_embeddings=_int(args, "max_position_embeddings"),
         gated_linear_unit=_flag(args, "swiglu"),
-        add_bias_linear=not _flag(args, "disable_bias_linear")
-        and _flag(args, "add_bias_linear", True),
+        add_bias_linear=_bias_linear(args),
         add_qkv_bias=_flag(args, "add_qkv_bias"),
         qk_layernorm=_flag(args, "qk_layernorm"),
         normalization=_name(args, "normalization", "LayerNorm"),
         position_embedding_type=_position_embedding(args),
         tie_embeddings=not _flag(args, "untie_embeddings_and_output_weights"),
         hidden_dropout=_float(args, "hidden_dropout", 0.1, 0.0, 1.0),
-        # megatron/training/arguments.py: the fusions default on (--no-*-fusion turns them
-        # off); bias_gelu_fusion is turned off with the biases
-        bias_activation_fusion=_flag(args, "bias_swiglu_fusion", True)
-        if _flag(args, "swiglu")
-        else _flag(args, "bias_gelu_fusion", True)
-        and not _flag(args, "disable_bias_linear")
-        and _flag(args, "add_bias_linear", True),
+        bias_activation_fusion=_bias_activation_fusion(args),
         masked_softmax_fusion=_flag(args, "masked_softmax_fusion", True),
         rope_fusion=_flag(args, "apply_rope_fusion", True),
         attention_softmax_in_fp32=_flag(args, "attention_softmax_in_fp32")
@@ -399,49 +410,37 @@ def spec_from_megatron_args(
         attention_dropout=_float(args, "attention_dropout", 0.1, 0.0, 1.0),
         **_expert_fields(args, num_layers),
     )
+
+
+def _query_groups(args: Any) -> int | None:
+    """``num_query_groups``, read only with ``group_query_attention`` (Megatron-LM ignores
+    the groups otherwise; a dict source without the flag counts as on)."""
+    if not _flag(args, "group_query_attention", True):
+        return None
+    return _int(args, "num_query_groups", None, "model.num_query_groups")
+
+
+def _bias_linear(args: Any) -> bool:
+    return not _flag(args, "disable_bias_linear") and _flag(args, "add_bias_linear", True)
+
+
+def _bias_activation_fusion(args: Any) -> bool:
+    """megatron/training/arguments.py: the fusions default on (``--no-*-fusion`` turns them
+    off); ``bias_gelu_fusion`` is turned off with the biases."""
+    if _flag(args, "swiglu"):
+        return _flag(args, "bias_swiglu_fusion", True)
+    return _flag(args, "bias_gelu_fusion", True) and _bias_linear(args)
+
+
+def _parallel_spec(args: Any, tp: int, num_layers: int) -> ParallelSpec:
+    """The parallel layout: sizes, data parallelism, virtual stages and the layer split."""
     pp = _size(args, "pipeline_model_parallel_size")
     cp = _size(args, "context_parallel_size")
     ep = _size(args, "expert_model_parallel_size")
-    etp = _int(args, "expert_tensor_parallel_size", None, label("expert_tensor_parallel_size"))
-    if etp is not None and etp < 1:
-        raise ValueError(f"parallel.etp (expert_tensor_parallel_size) must be >= 1, got {etp}")
-    if etp == tp:
-        # None is "tp" (ParallelSpec.expert_tp); Megatron-LM 0.19's validate_args fills the
-        # default in for every model, 0.15.0rc5's leaves it None (both: megatron/training/
-        # arguments.py, validate_args), so one command line reads the same from either.
-        etp = None
+    etp = _expert_tp(args, tp)
     dp = _data_parallel(args, tp, pp, cp, ep, etp or tp)
-    dp_assumed = (
-        _get(args, "data_parallel_size") is None
-        and _get(args, "world_size") is None
-        and _get(args, "hetero_stage_meshes") is None
-    )
-    vpp = _int(args, "virtual_pipeline_model_parallel_size", None, "parallel.vpp")
-    per_vstage = _int(args, "num_layers_per_virtual_pipeline_stage")
-    stages = _int(args, "num_virtual_stages_per_pipeline_rank")
-    if per_vstage and stages:  # megatron/training/arguments.py accepts one of the two
-        raise ValueError(
-            "num_layers_per_virtual_pipeline_stage and num_virtual_stages_per_pipeline_rank "
-            "are exclusive (Megatron accepts one of them)"
-        )
-    if vpp is None and stages:
-        vpp = stages
-    if vpp is None and per_vstage:
-        if per_vstage < 1 or model.num_layers // pp < per_vstage:
-            raise ValueError(
-                f"num_layers_per_virtual_pipeline_stage ({per_vstage}) must be in 1..the "
-                f"layers per pipeline stage ({model.num_layers // pp})"
-            )
-        vpp = model.num_layers // (pp * per_vstage)
-    layout = _pipeline_layout(args, pp)
-    if layout is not None:
-        if per_vstage or stages:  # megatron/training/arguments.py: at most one of the three
-            raise ValueError(
-                "pipeline_model_parallel_layout cannot be combined with "
-                "num_layers_per_virtual_pipeline_stage / num_virtual_stages_per_pipeline_rank"
-            )
-        vpp = vpp if vpp is not None else layout_vpp(layout, pp)
-    parallel = ParallelSpec(
+    vpp, layout = _virtual_stages(args, num_layers, pp)
+    return ParallelSpec(
         layout=layout,
         tp=tp,
         pp=pp,
@@ -460,12 +459,70 @@ def spec_from_megatron_args(
         microbatch_group_size=_int(args, "microbatch_group_size_per_vp_stage"),
         moe_a2a_overlap=_flag(args, "overlap_moe_expert_parallel_comm"),
         cp_comm_type=_cp_comm_type(args) if cp > 1 else "p2p",
-        dp_assumed=dp_assumed,
+        dp_assumed=_dp_assumed(args),
     )
+
+
+def _expert_tp(args: Any, tp: int) -> int | None:
+    """``expert_tensor_parallel_size``; None when it is tp (``ParallelSpec.expert_tp``):
+    Megatron-LM 0.19's validate_args fills the default in for every model, 0.15.0rc5's leaves
+    it None (both: megatron/training/arguments.py), so one command line reads the same from
+    either."""
+    etp = _int(args, "expert_tensor_parallel_size", None, label("expert_tensor_parallel_size"))
+    if etp is not None and etp < 1:
+        raise ValueError(f"parallel.etp (expert_tensor_parallel_size) must be >= 1, got {etp}")
+    return None if etp == tp else etp
+
+
+def _dp_assumed(args: Any) -> bool:
+    """Whether nothing gives the data-parallel size (the least EP allows is assumed)."""
+    return (
+        _get(args, "data_parallel_size") is None
+        and _get(args, "world_size") is None
+        and _get(args, "hetero_stage_meshes") is None
+    )
+
+
+def _virtual_stages(
+    args: Any, num_layers: int, pp: int
+) -> tuple[int | None, tuple[str, ...] | None]:
+    """(vpp, layout): ``virtual_pipeline_model_parallel_size``, else what
+    ``num_virtual_stages_per_pipeline_rank``, ``num_layers_per_virtual_pipeline_stage`` or
+    ``pipeline_model_parallel_layout`` imply (megatron/training/arguments.py accepts one)."""
+    vpp = _int(args, "virtual_pipeline_model_parallel_size", None, "parallel.vpp")
+    per_vstage = _int(args, "num_layers_per_virtual_pipeline_stage")
+    stages = _int(args, "num_virtual_stages_per_pipeline_rank")
+    if per_vstage and stages:
+        raise ValueError(
+            "num_layers_per_virtual_pipeline_stage and num_virtual_stages_per_pipeline_rank "
+            "are exclusive (Megatron accepts one of them)"
+        )
+    if vpp is None and stages:
+        vpp = stages
+    if vpp is None and per_vstage:
+        if per_vstage < 1 or num_layers // pp < per_vstage:
+            raise ValueError(
+                f"num_layers_per_virtual_pipeline_stage ({per_vstage}) must be in 1..the "
+                f"layers per pipeline stage ({num_layers // pp})"
+            )
+        vpp = num_layers // (pp * per_vstage)
+    layout = _pipeline_layout(args, pp)
+    if layout is not None:
+        if per_vstage or stages:
+            raise ValueError(
+                "pipeline_model_parallel_layout cannot be combined with "
+                "num_layers_per_virtual_pipeline_stage / num_virtual_stages_per_pipeline_rank"
+            )
+        vpp = vpp if vpp is not None else layout_vpp(layout, pp)
+    return vpp, layout
+
+
+def _precision_spec(args: Any, dtype: str) -> PrecisionSpec:
+    """Parameter dtype, gradient buffer, optimizer and its state (Megatron-LM names)."""
     savers = _optimizer_savers(args)
-    precision = PrecisionSpec(
+    return PrecisionSpec(
         params_dtype=dtype,
-        grads_in_fp32=_grads_in_fp32(args, bf16, savers["main_grads_dtype"]),
+        grads_in_fp32=_grads_in_fp32(args, dtype == "bfloat16", savers["main_grads_dtype"]),
         **savers,
         optimizer=_name(args, "optimizer", "adam"),
         distributed_optimizer=_flag(args, "use_distributed_optimizer"),
@@ -473,18 +530,18 @@ def spec_from_megatron_args(
         distributed_optimizer_instances=_size(args, "num_distributed_optimizer_instances"),
         sgd_momentum=_float(args, "sgd_momentum", 0.9, 0.0) > 0,
     )
+
+
+def _training_spec(
+    args: Any, model: ModelSpec, parallel: ParallelSpec, precision: PrecisionSpec
+) -> TrainingSpec:
+    """The whole spec: the batch, recompute, kernels and memory savers on top, validated."""
     mbs = _int(args, "micro_batch_size", 1, "training.micro_batch_size")
     gbs = _int(args, "global_batch_size", None, "training.global_batch_size")
     microbatches = check_batch(
         gbs, mbs, parallel.dp, _int(args, "num_microbatches", None, "training.num_microbatches")
     )
     recompute, modules = _recompute(args)
-    method = _name(args, "recompute_method", "uniform")
-    recompute_layers = _int(args, "recompute_num_layers", 1, "recompute_num_layers")
-    flash = _flash_attention(args, model.transformer_impl)
-    cross_entropy = "unfused"
-    if _flag(args, "cross_entropy_loss_fusion"):
-        cross_entropy = _name(args, "cross_entropy_fusion_impl", "native")
     spec = TrainingSpec(
         model,
         parallel,
@@ -492,10 +549,10 @@ def spec_from_megatron_args(
         micro_batch_size=mbs,
         num_microbatches=microbatches,
         recompute=recompute,
-        recompute_method=method,
-        recompute_num_layers=recompute_layers,
-        flash_attention=flash,
-        cross_entropy=cross_entropy,
+        recompute_method=_name(args, "recompute_method", "uniform"),
+        recompute_num_layers=_int(args, "recompute_num_layers", 1, "recompute_num_layers"),
+        flash_attention=_flash_attention(args, model.transformer_impl),
+        cross_entropy=_cross_entropy(args),
         defer_embedding_wgrad=_flag(args, "defer_embedding_wgrad_compute"),
         wgrad_deferral_limit=_int(args, "wgrad_deferral_limit", 0, "wgrad_deferral_limit"),
         gradient_accumulation_fusion=_flag(args, "gradient_accumulation_fusion", True),
@@ -504,9 +561,15 @@ def spec_from_megatron_args(
         quant=quant_from_args(args, _get),
         **_fsdp(args),
         **_fine_grained_offload(args),
-    ).validate()
-    kd = distillation_from_args(args, spec)  # the teacher is built from these same args
-    return replace(spec, distillation=kd) if kd is not None else spec
+    )
+    return validate_spec(spec)
+
+
+def _cross_entropy(args: Any) -> str:
+    """``unfused``, or with ``cross_entropy_loss_fusion`` its ``cross_entropy_fusion_impl``."""
+    if not _flag(args, "cross_entropy_loss_fusion"):
+        return "unfused"
+    return _name(args, "cross_entropy_fusion_impl", "native")
 
 
 # --main-grads-dtype and friends as Megatron-LM's arguments.py maps them (a parsed namespace
@@ -655,221 +718,6 @@ def _flash_attention(args: Any, impl: str) -> bool:
     return False
 
 
-def spec_from_flagscale_yaml(
-    config: dict[str, Any], vocab_size: int | None = None, world_size: int | None = None
-) -> TrainingSpec:
-    """From a FlagScale training YAML (its ``system``/``model``/``data`` sections merged).
-
-    The merged keys get Megatron's argument defaults (:func:`.megatron_defaults`); a YAML for
-    a model other than ``GPTModel`` is refused, heterogeneous meshes are resolved."""
-    return _from_flagscale_yaml(config, vocab_size, world_size)[0]
-
-
-def _from_flagscale_yaml(
-    config: dict[str, Any], vocab_size: int | None, world_size: int | None
-) -> tuple[TrainingSpec, dict[str, Any]]:
-    """:func:`spec_from_flagscale_yaml` and the merged keys as the YAML gives them."""
-    merged: dict[str, Any] = {}
-    for section in ("system", "model", "data"):
-        part = config.get(section) or {}
-        if not isinstance(part, dict):
-            raise ValueError(
-                f"{section}: expected a mapping in a FlagScale training YAML, got {show(part)}"
-            )
-        for key, value in _flatten(part, section).items():
-            merged[key.replace("-", "_")] = value
-    if not merged:
-        raise ValueError("no system/model/data sections: not a FlagScale training YAML")
-    _warn_all(unknown_key_warnings(merged, READ_KEYS | set(VISION_KEYS), yaml=True))
-    given = dict(merged)  # before the defaults below fill it in
-    refuse_non_gpt(merged)
-    megatron_defaults(merged)
-    apply_hetero(merged)
-    return spec_from_megatron_args(merged, vocab_size, world_size), given
-
-
-# The original MemScope JSON config's names (and common synonyms) -> Megatron arg names.
-JSON_ALIASES = {
-    "num_heads": "num_attention_heads",
-    "n_heads": "num_attention_heads",
-    "num_kv_heads": "num_query_groups",
-    "n_layers": "num_layers",
-    "intermediate_size": "ffn_hidden_size",
-    "seq_len": "seq_length",
-    "sequence_length": "seq_length",
-    "batch_size": "micro_batch_size",
-    "tp": "tensor_model_parallel_size",
-    "pp": "pipeline_model_parallel_size",
-    "dp": "data_parallel_size",
-    "vpp": "virtual_pipeline_model_parallel_size",
-}
-
-
-JSON_SECTIONS = ("model", "train", "training", "parallel", "precision")
-JSON_KNOWN = READ_KEYS | set(JSON_ALIASES) | {"dtype", "model_type"}
-JSON_KNOWN |= {"hetero_stage_layers", "hetero_stage_meshes"}  # what apply_hetero sets
-
-
-def spec_from_json_config(
-    config: dict[str, Any], vocab_size: int | None = None, world_size: int | None = None
-) -> TrainingSpec:
-    """From the original MemScope JSON config: sections flattened, aliases and ``dtype``."""
-    return _from_json_config(config, vocab_size, world_size)[0]
-
-
-def _from_json_config(
-    config: dict[str, Any], vocab_size: int | None, world_size: int | None
-) -> tuple[TrainingSpec, dict[str, Any]]:
-    """:func:`spec_from_json_config` and the flattened keys under Megatron's names."""
-    for section in JSON_SECTIONS:
-        if section in config and not isinstance(config[section], dict):
-            raise ValueError(f"{section}: expected a mapping, got {show(config[section])}")
-    raw = _flatten(config, "", leaves=frozenset(_LEAF_KEYS))
-    _warn_all(unknown_key_warnings(raw, JSON_KNOWN, yaml=False))
-    flat = {JSON_ALIASES.get(k, k): v for k, v in raw.items()}
-    given = dict(flat)  # before dtype and the model_type defaults are resolved
-    dtype = flat.pop("dtype", None)
-    if dtype is not None:
-        name = as_str(dtype, "dtype").lower()
-        if name not in DTYPE_BYTES:
-            raise ValueError(
-                f"dtype {show(dtype)} is unknown; use one of {sorted(set(DTYPE_BYTES))}"
-            )
-        want = {"bf16": name in ("bf16", "bfloat16"), "fp16": name in ("fp16", "float16")}
-        for flag, value in want.items():
-            if flat.get(flag) is not None and as_bool(flat[flag], flag) != value:
-                raise ValueError(f"dtype {show(dtype)} contradicts {flag}={show(flat[flag])}")
-            flat[flag] = value
-    model_type = flat.get("model_type")
-    if model_type is not None and as_str(model_type, "model_type").lower() in (
-        "llama", "qwen", "mistral"
-    ):  # fmt: skip
-        flat.setdefault("swiglu", True)
-        flat.setdefault("normalization", "RMSNorm")
-        flat.setdefault("position_embedding_type", "rope")
-        flat.setdefault("disable_bias_linear", True)
-        flat.setdefault("untie_embeddings_and_output_weights", True)
-        flat.setdefault("hidden_dropout", 0.0)  # LLaMA recipes train without dropout
-        flat.setdefault("attention_dropout", 0.0)
-    return spec_from_megatron_args(flat, vocab_size, world_size), given
-
-
-def load_config_file(
-    path: str, vocab_size: int | None = None, world_size: int | None = None
-) -> TrainingSpec:
-    """A JSON (original MemScope) or YAML (FlagScale training) config file -> spec.
-
-    Whatever the file holds, the only exception is a one-line ``ValueError`` (naming the
-    field where there is one); suspicious values give :class:`.ConfigWarning` warnings."""
-    return load_config(path, vocab_size, world_size)[0]
-
-
-def load_config(
-    path: str, vocab_size: int | None = None, world_size: int | None = None
-) -> tuple[TrainingSpec, dict[str, Any]]:
-    """:func:`load_config_file`, plus the config's own keys under Megatron's names (a YAML's
-    ``system``/``model``/``data`` sections merged, a JSON config flattened with its aliases),
-    before any default is filled in: what :mod:`.coverage` compares with what was read."""
-    text = read_config_text(path)
-    try:
-        is_json = os.path.splitext(path)[1].lower() == ".json"
-        data = _parse_json(path, text) if is_json else _parse_yaml(path, text)
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: the config must be a mapping at the top level")
-        _refuse_memscope_output(path, data)
-        if is_json:
-            return _from_json_config(data, vocab_size, world_size)
-        train = train_config_of(path, data)  # an experiment YAML: the train config it names
-        refusal = entrypoint_refusal(train.path)
-        if refusal:
-            raise ValueError(refusal)
-        _warn_all(train.notes)
-        try:
-            return _from_flagscale_yaml(train.data, vocab_size, world_size)
-        except ValueError as exc:
-            if train.experiment is None:
-                raise
-            raise ValueError(f"train config {train.path}: {exc}") from None
-    except (ArithmeticError, LookupError, TypeError, AttributeError, RecursionError) as exc:
-        # A safety net: every check above should have refused the config first.
-        raise ValueError(
-            f"{path}: the config could not be read ({UNEXPECTED}: {type(exc).__name__})"
-        ) from None
-
-
-UNEXPECTED = "unexpected value"  # the safety net's words (the fuzz tests look for them)
-
-
-def _refuse_memscope_output(path: str, data: dict[str, Any]) -> None:
-    """A file MemScope wrote (it has a ``report_type`` and a ``schema_version``) is no
-    training config: say so instead of asking it for a vocabulary size."""
-    kind = data.get("report_type")
-    if isinstance(kind, str) and "schema_version" in data:
-        raise ValueError(
-            f"{path}: this is a MemScope {kind} report, not a training config (give a "
-            "FlagScale YAML or a MemScope JSON config; a runtime report is read by summarize, "
-            "visualize-runtime and diff)"
-        )
-
-
-def _parse_json(path: str, text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: invalid JSON ({exc.msg}, line {exc.lineno})") from None
-    except RecursionError:
-        raise ValueError(f"{path}: invalid JSON (nested too deeply)") from None
-    except ValueError:  # e.g. an integer with more digits than Python converts
-        raise ValueError(f"{path}: invalid JSON (a number too long to read)") from None
-
-
-def _parse_yaml(path: str, text: str) -> Any:
-    import yaml
-
-    try:
-        return load_yaml(text)
-    except YamlRefusal as exc:
-        raise ValueError(f"{path}: {exc}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f", line {mark.line + 1}" if mark is not None else ""
-        raise ValueError(f"{path}: invalid YAML ({type(exc).__name__}{where})") from None
-    except RecursionError:
-        raise ValueError(f"{path}: invalid YAML (nested too deeply)") from None
-    except ValueError:  # e.g. an integer with more digits than Python converts
-        raise ValueError(f"{path}: invalid YAML (a value it cannot convert)") from None
-
-
-def _warn_all(messages: list[str]) -> None:
-    for message in messages:
-        warnings.warn(ConfigWarning(message), stacklevel=3)
-
-
-# JSON keys whose value is one number, flag or name: a mapping there is a mistake, not a
-# section (FlagScale YAMLs do use ``optimizer:`` as a section of optimizer settings).
-_LEAF_KEYS = (READ_KEYS | set(JSON_ALIASES) | {"dtype", "model_type"}) - {"optimizer"}
-
-
-def _flatten(
-    d: dict[str, Any], where: str, depth: int = 0, leaves: frozenset[str] = frozenset()
-) -> dict[str, Any]:
-    """Nested sections merged into one mapping (later keys win, as FlagScale's runner does);
-    a key in ``leaves`` holding a mapping is refused."""
-    out: dict[str, Any] = {}
-    for key, value in d.items():
-        if not isinstance(key, str):
-            raise ValueError(f"{where or 'config'}: key {show(key)} is not a string")
-        if isinstance(value, dict):
-            if key in leaves:
-                raise ValueError(f"{key}: expected a value, got a mapping")
-            if depth >= MAX_NESTING:
-                raise ValueError(f"{key}: sections nested more than {MAX_NESTING} deep")
-            out.update(_flatten(value, key, depth + 1, leaves))
-        else:
-            out[key] = value
-    return out
-
-
 def _int_tuple(args: Any, name: str) -> tuple[int, ...] | None:
     value = _get(args, name)
     return None if value is None else tuple(as_int_list(value, name))
@@ -891,28 +739,6 @@ def _stage_meshes(args: Any) -> tuple[tuple[int, int], ...] | None:
     )
 
 
-def read_hostfile(path: str) -> int:
-    """The world size of a hostfile: the sum of its ``host slots=N`` lines (FlagScale's
-    runner starts ``slots`` processes per host; ``#`` comments and blank lines skipped)."""
-    total = 0
-    for number, line in enumerate(read_config_text(path).splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        slots = [f for f in line.split()[1:] if f.startswith("slots=")]
-        if not slots:
-            raise ValueError(f"{path}: line {number}: expected 'host slots=N', got {show(line)}")
-        total += as_int(slots[0][len("slots=") :], f"{path}: line {number}: slots", minimum=1)
-    if total == 0:
-        raise ValueError(f"{path}: no 'host slots=N' line")
-    return total
-
-
-def experiment_world_size(path: str) -> tuple[int, str] | None:
-    """(world size, where from) of a FlagScale experiment YAML's ``experiment.runner`` (see
-    :func:`.flagscale_experiment.runner_world_size`); a YAML without a runner is refused."""
-    data = read_yaml(path)
-    experiment = data.get("experiment") if isinstance(data, dict) else None
-    if not isinstance(experiment, dict) or not isinstance(experiment.get("runner"), dict):
-        raise ValueError(f"{path}: experiment.runner: missing (not a FlagScale experiment YAML)")
-    return runner_world_size(data, path)
+def _warn_all(messages: list[str]) -> None:
+    for message in messages:
+        warnings.warn(ConfigWarning(message), stacklevel=3)

@@ -51,13 +51,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from memscope.analysis.static.config import FP4_RECIPES, FP8_RECIPES, QuantSpec
+
 if TYPE_CHECKING:
     from memscope.analysis.static.config import TrainingSpec
     from memscope.analysis.static.params import ParamTensor
 
 FP32 = 4
-FP8_RECIPES: tuple[str, ...] = ("delayed", "tensorwise", "mxfp8", "blockwise")
-FP4_RECIPES: tuple[str, ...] = ("nvfp4",)
 # Bytes per element of one usage (row-wise or column-wise data plus its scales).
 _INPUT_BYTES = {
     "delayed": 1.0,
@@ -78,27 +78,6 @@ QUANT_KEYS = frozenset(
 )  # fmt: skip
 # Quantizers per GEMM: input, weight, output (forward) and grad_output, grad_input (backward).
 QUANTIZERS_PER_GEMM = 5
-
-
-@dataclass(frozen=True)
-class QuantSpec:
-    """Transformer Engine low-precision training of one job (``None`` on the spec: off)."""
-
-    recipe: str  # one of FP8_RECIPES + FP4_RECIPES
-    primary_weights: bool = False  # --fp8-param-gather / --fp4-param-gather
-    amax_history_len: int = 1  # delayed scaling (Megatron-LM's default 1)
-    bf16_layers_start: int = 0  # --first-last-layers-bf16: first layers kept in bf16
-    bf16_layers_end: int = 0
-    weight_cache: bool = True  # False: disable_parameter_transpose_cache
-
-    @property
-    def fp4(self) -> bool:
-        return self.recipe in FP4_RECIPES
-
-    def label(self) -> str:
-        kind = "FP4" if self.fp4 else "FP8"
-        weights = f"{kind} primary weights" if self.primary_weights else "bf16 primary weights"
-        return f"{kind} ({self.recipe} recipe, {weights})"
 
 
 def quant_from_args(args: Any, get: Any) -> QuantSpec | None:

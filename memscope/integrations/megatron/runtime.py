@@ -29,11 +29,11 @@ from typing import Any
 
 import torch
 
-from memscope.analysis.static.inrun import ModelFacts
 from memscope.capture.hooks import unwrap_module
 from memscope.capture.parallel import ParallelInfo, package_version
 from memscope.capture.tracer import MemoryTracer
 from memscope.config import RuntimeConfig
+from memscope.inputs.inrun import ModelFacts
 from memscope.integrations.megatron.layer_numbers import global_layer_numbers
 from memscope.integrations.megatron.model_spec import read_model_facts
 from memscope.integrations.megatron.parallel import megatron_parallel_info
@@ -61,7 +61,7 @@ def default_static_estimate(
 ) -> dict[str, Any]:
     """MemScope's own per-rank estimate: the attached model's own settings
     (:func:`.model_spec.read_model_facts`), this run's Megatron args for the rest."""
-    from memscope.analysis.static.estimator import estimate_for_runtime
+    from memscope.inputs.runtime_estimate import estimate_for_runtime
 
     if args is None and model is None:
         raise ValueError(
