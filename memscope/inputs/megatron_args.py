@@ -22,13 +22,13 @@ from memscope.analysis.static.config import (
     TrainingSpec,
     padded_vocab_size,
 )
-from memscope.analysis.static.fp8 import quant_from_args
 from memscope.analysis.static.pipeline_layout import layout_vpp, parse_layout
 from memscope.analysis.static.read_keys import NEGATED_FLAGS
 from memscope.analysis.static.spec_checks import validate_spec
 from memscope.analysis.static.validation import MAX_LAYERS, ConfigWarning, check_batch, show
 from memscope.inputs.distillation_args import distillation_from_args
 from memscope.inputs.flagscale_checks import eval_layer_pattern
+from memscope.inputs.quant_args import quant_from_args
 from memscope.inputs.values import as_bool, as_float, as_int, as_int_list, as_str, label
 
 
