@@ -2,15 +2,16 @@
 
 Megatron's argument names are the lingua franca: a parsed Megatron-LM namespace, or a dict
 with the same underscore keys (a FlagScale YAML's merged sections, a flattened MemScope JSON
-config: :mod:`.config_files`). :func:`spec_from_megatron_args` reads the model, the parallel
-layout, the precision and optimizer, and the batch and memory-saving settings, each in its
-own function; every problem is a one-line ``ValueError`` that names the field.
+config: :mod:`.config_files`). :func:`spec_from_megatron_args` reads the model (its
+MoE/MLA/MTP fields in :mod:`.moe_args`), the parallel layout (:mod:`.parallel_args`), the
+precision and optimizer, and the batch and memory-saving settings, each in its own function
+(one argument is read and typed by :mod:`.args_access`); every problem is a one-line
+``ValueError`` that names the field.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import replace
 from typing import Any
 
@@ -22,74 +23,23 @@ from memscope.analysis.static.config import (
     TrainingSpec,
     padded_vocab_size,
 )
-from memscope.analysis.static.pipeline_layout import layout_vpp, parse_layout
 from memscope.analysis.static.read_keys import NEGATED_FLAGS
 from memscope.analysis.static.spec_checks import validate_spec
-from memscope.analysis.static.validation import MAX_LAYERS, ConfigWarning, check_batch, show
+from memscope.analysis.static.validation import MAX_LAYERS, check_batch, show
+from memscope.inputs.args_access import (
+    get,
+    get_flag,
+    get_float,
+    get_int,
+    get_name,
+    get_size,
+    warn_all,
+)
 from memscope.inputs.distillation_args import distillation_from_args
-from memscope.inputs.flagscale_checks import eval_layer_pattern
+from memscope.inputs.moe_args import expert_fields
+from memscope.inputs.parallel_args import parallel_spec, stage_meshes
 from memscope.inputs.quant_args import quant_from_args
-from memscope.inputs.values import as_bool, as_float, as_int, as_int_list, as_str, label
-
-
-def _get(src: Any, name: str, default: Any = None) -> Any:
-    value = src.get(name, default) if isinstance(src, dict) else getattr(src, name, default)
-    return default if value is None else value
-
-
-def _int(src: Any, name: str, default: Any = None, field: str | None = None) -> Any:
-    """``src.name`` as an int (``default`` when absent); anything else raises naming it."""
-    value = _get(src, name, default)
-    return None if value is None else as_int(value, field or label(name))
-
-
-def _size(src: Any, name: str, default: int = 1) -> int:
-    """A parallel size: an integer >= 1."""
-    return as_int(_get(src, name, default), label(name), minimum=1)
-
-
-def _flag(src: Any, name: str, default: bool = False) -> bool:
-    return as_bool(_get(src, name, default), name)
-
-
-def _float(src: Any, name: str, default: float, low: float, high: float | None = None) -> float:
-    field = f"model.{name}" if name.endswith("dropout") else name
-    return as_float(_get(src, name, default), field, low, high)
-
-
-def _pipeline_layout(args: Any, pp: int) -> tuple[str, ...] | None:
-    """``pipeline_model_parallel_layout`` as its flat stages: a string (Megatron-LM's
-    ``--pipeline-model-parallel-layout``) or megatron-core's list of per-stage lists."""
-    value = _get(args, "pipeline_model_parallel_layout")
-    if value is None:
-        return None
-    if isinstance(value, (list, tuple)):
-        names = {"embedding": "E", "decoder": "t", "mtp": "m", "loss": "L"}  # LayerType
-        rows = []
-        for row in value:
-            if not isinstance(row, (list, tuple)):
-                raise ValueError("pipeline_model_parallel_layout: expected a list of lists")
-            keys = [str(getattr(x, "name", x)).strip().lower() for x in row]
-            for key in keys:
-                if key not in names:
-                    raise ValueError(
-                        f"pipeline_model_parallel_layout: {show(key)} is not one of "
-                        f"{', '.join(names)}"
-                    )
-            rows.append("".join(names[k] for k in keys))
-        value = "|".join(rows)
-    text = as_str(value, "pipeline_model_parallel_layout")
-    stages = parse_layout(text)
-    if len(stages) % pp:
-        raise ValueError(
-            f"pipeline_model_parallel_layout: {len(stages)} stages are not divisible by "
-            f"parallel.pp ({pp})"
-        )
-    return stages
-
-
-def _name(src: Any, name: str, default: str) -> str:
-    return as_str(_get(src, name, default), name)
+from memscope.inputs.values import as_int, as_str
 
 
 def _is_int(value: Any) -> bool:
@@ -103,10 +53,10 @@ def _is_int(value: Any) -> bool:
 def _vocab(args: Any, tp: int, vocab_size: int | None) -> int:
     """The padded vocabulary: ``padded_vocab_size``, else ``vocab_size`` (or the caller's,
     for a tokenizer-defined vocabulary) padded as Megatron does."""
-    padded = _int(args, "padded_vocab_size", None, "model.padded_vocab_size")
+    padded = get_int(args, "padded_vocab_size", None, "model.padded_vocab_size")
     if padded is not None:
         return int(padded)
-    raw = _get(args, "vocab_size")
+    raw = get(args, "vocab_size")
     if raw is not None and not isinstance(raw, str):
         raw = as_int(raw, "model.vocab_size")  # a string may be a tokenizer placeholder
     if raw is None or not _is_int(raw):
@@ -118,199 +68,17 @@ def _vocab(args: Any, tp: int, vocab_size: int | None) -> int:
             )
         raw = vocab_size
     raw = as_int(raw, "model.vocab_size")
-    divisible = _size(args, "make_vocab_size_divisible_by", 128)
-    for stage_tp, _ in _stage_meshes(args) or ():  # hetero: every stage's tp must divide it
+    divisible = get_size(args, "make_vocab_size_divisible_by", 128)
+    for stage_tp, _ in stage_meshes(args) or ():  # hetero: every stage's tp must divide it
         tp = math.lcm(tp, max(stage_tp, 1))
-    return padded_vocab_size(raw, divisible, tp) if _flag(args, "pad_vocab", True) else raw
-
-
-CP_COMM_TYPES = ("p2p", "a2a", "all_gather", "a2a+p2p")
-
-DISPATCHERS = ("allgather", "alltoall", "flex")
-
-AUX_LOSS_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss")
-
-
-def _choice(args: Any, name: str, default: str, choices: tuple[str, ...]) -> str:
-    value = _name(args, name, default)
-    if value not in choices:
-        raise ValueError(f"{name}: {value!r} is not one of {', '.join(choices)}")
-    return value
-
-
-def _router_dtype(args: Any) -> str | None:
-    """``moe_router_dtype``: fp32 / fp64, or None (the activation dtype)."""
-    value = _get(args, "moe_router_dtype")
-    if value is None or str(value).lower() in ("none", "null", ""):
-        return None
-    value = as_str(value, "moe_router_dtype")
-    if value not in ("fp32", "fp64"):
-        raise ValueError(f"moe_router_dtype: {value!r} is not one of fp32, fp64")
-    return value
-
-
-def _aux_loss_enabled(args: Any) -> bool:
-    """Megatron's ``Router.is_aux_loss_enabled`` (megatron/core/transformer/moe/router.py): a
-    load-balancing type among aux_loss / seq_aux_loss / global_aux_loss whose
-    ``moe_aux_loss_coeff`` (one per type when a list) is positive."""
-    types_ = _get(args, "moe_router_load_balancing_type", "aux_loss")
-    coeffs = _get(args, "moe_aux_loss_coeff", 0.0)
-    types_ = list(types_) if isinstance(types_, (list, tuple)) else [types_]
-    coeffs = list(coeffs) if isinstance(coeffs, (list, tuple)) else [coeffs] * len(types_)
-    return any(
-        str(t) in AUX_LOSS_TYPES and as_float(c, "moe_aux_loss_coeff", 0.0) > 0
-        for t, c in zip(types_, coeffs, strict=False)
-    )
-
-
-def _capacity_factor(args: Any) -> float | None:
-    value = _get(args, "moe_expert_capacity_factor")
-    if value is None:
-        return None
-    return as_float(value, "moe_expert_capacity_factor")
-
-
-def _cp_comm_type(args: Any) -> str:
-    """Megatron's ``cp_comm_type``: one value (default ``p2p``) or one per layer
-    (megatron/training/arguments.py); a per-layer list mixing kinds is estimated with one of
-    them (the first in :data:`CP_COMM_TYPES` order) for every layer, and a warning says so."""
-    raw = _get(args, "cp_comm_type", "p2p")
-    values = [as_str(v, "cp_comm_type") for v in (raw if isinstance(raw, (list, tuple)) else [raw])]
-    for v in values:
-        if v not in CP_COMM_TYPES:
-            raise ValueError(f"cp_comm_type: {v!r} is not one of {', '.join(CP_COMM_TYPES)}")
-    kinds = sorted(set(values), key=CP_COMM_TYPES.index)
-    if len(kinds) > 1:
-        warnings.warn(
-            f"cp_comm_type differs per layer ({', '.join(kinds)}): every layer is estimated "
-            f"with {kinds[0]}",
-            stacklevel=2,
-        )
-    return kinds[0] if kinds else "p2p"
-
-
-def _moe_pattern(args: Any, num_layers: int) -> tuple[int, ...] | None:
-    """Megatron's ``moe_layer_freq``: N (one MoE layer every N, from layer 0), ``"N"``, or a
-    list / list expression with one 0 (dense) or 1 (MoE) per layer."""
-    if not _int(args, "num_experts", None, "model.num_experts"):
-        return None
-    freq = _get(args, "moe_layer_freq", 1)
-    if isinstance(freq, str) and "[" in freq:
-        freq = eval_layer_pattern(freq)
-    if isinstance(freq, (list, tuple)):
-        return tuple(as_int_list(freq, "moe_layer_freq"))
-    n = as_int(freq, "moe_layer_freq")
-    if n < 1:
-        raise ValueError(f"moe_layer_freq: must be >= 1, got {n}")
-    return tuple(1 if i % n == 0 else 0 for i in range(num_layers))
-
-
-def _expert_fields(args: Any, num_layers: int) -> dict[str, Any]:
-    """ModelSpec's MoE, MLA and MTP fields from Megatron's argument names."""
-    experts = _int(args, "num_experts", None, "model.num_experts")
-    if experts is not None and experts < 1:
-        raise ValueError(f"model.num_experts must be >= 1, got {experts}")
-    out = {**_moe_fields(args, num_layers, experts), **_mla_mtp_fields(args)}
-    if experts is not None:
-        _check_moe_numbers(args, out["moe_router_topk"])
-    if not out["num_experts"]:
-        out.update(num_experts=None, moe_ffn_hidden_size=None)
-        out["moe_shared_expert_intermediate_size"] = None
-    return out
-
-
-def _moe_fields(args: Any, num_layers: int, experts: int | None) -> dict[str, Any]:
-    """The experts, router and token dispatcher (megatron/training/arguments.py names)."""
-    return dict(
-        num_experts=experts,
-        moe_ffn_hidden_size=_int(args, "moe_ffn_hidden_size", None, "model.moe_ffn_hidden_size"),
-        moe_shared_expert_intermediate_size=_int(args, "moe_shared_expert_intermediate_size"),
-        moe_layer_pattern=_moe_pattern(args, num_layers),
-        moe_router_topk=_int(args, "moe_router_topk", 2, "model.moe_router_topk"),
-        moe_grouped_gemm=_flag(args, "moe_grouped_gemm"),
-        moe_use_legacy_grouped_gemm=_flag(args, "moe_use_legacy_grouped_gemm"),
-        moe_router_enable_expert_bias=_flag(args, "moe_router_enable_expert_bias"),
-        moe_token_dispatcher=_choice(args, "moe_token_dispatcher_type", "allgather", DISPATCHERS),
-        moe_router_dtype=_router_dtype(args),
-        moe_router_score_function=_choice(
-            args, "moe_router_score_function", "softmax", ("softmax", "sigmoid")
-        ),
-        moe_aux_loss=_aux_loss_enabled(args),
-        moe_z_loss=_get(args, "moe_z_loss_coeff") is not None,
-        moe_expert_capacity_factor=_capacity_factor(args),
-        moe_pad_expert_input_to_capacity=_flag(args, "moe_pad_expert_input_to_capacity"),
-        moe_permute_fusion=_flag(args, "moe_permute_fusion"),
-        moe_shared_expert_overlap=_flag(args, "moe_shared_expert_overlap"),
-        moe_token_imbalance=_float(args, "moe_token_imbalance", 1.0, 1.0),
-    )
-
-
-def _mla_mtp_fields(args: Any) -> dict[str, Any]:
-    """Multi-latent attention, multi-token prediction and the transformer implementation."""
-    return dict(
-        multi_latent_attention=_flag(args, "multi_latent_attention"),
-        q_lora_rank=_int(args, "q_lora_rank"),
-        kv_lora_rank=_int(args, "kv_lora_rank", 32),
-        qk_head_dim=_int(args, "qk_head_dim", 128),
-        qk_pos_emb_head_dim=_int(args, "qk_pos_emb_head_dim", 64),
-        v_head_dim=_int(args, "v_head_dim", 128),
-        mtp_num_layers=_int(args, "mtp_num_layers") or None,
-        # megatron/training/arguments.py: --transformer-impl defaults to transformer_engine
-        transformer_impl=_name(args, "transformer_impl", "transformer_engine"),
-    )
-
-
-def _check_moe_numbers(args: Any, topk: int) -> None:
-    """Top-k >= 1, a capacity factor other than 0, aux-loss coefficients >= 0."""
-    if not topk >= 1:
-        raise ValueError(f"model.moe_router_topk must be >= 1, got {topk}")
-    capacity = _get(args, "moe_expert_capacity_factor")
-    if capacity is not None and as_float(capacity, "moe_expert_capacity_factor") == 0:
-        raise ValueError(
-            "moe_expert_capacity_factor must be > 0 (a negative value turns it off, as in "
-            "Megatron), got 0"
-        )
-    coeff = _get(args, "moe_aux_loss_coeff", 0.0)
-    for value in coeff if isinstance(coeff, (list, tuple)) else [coeff]:
-        as_float(value, "moe_aux_loss_coeff", 0.0)
-
-
-def _data_parallel(args: Any, tp: int, pp: int, cp: int, ep: int, etp: int) -> int:
-    """``data_parallel_size``, else world / (tp pp cp); else the least that EP allows
-    (tp x cp x dp must be a multiple of etp x ep), 1 without experts.
-
-    megatron-core's ``initialize_model_parallel`` (megatron/core/parallel_state.py) requires
-    world_size % (tp x pp x cp) == 0 (dp is the quotient) and world_size % (etp x ep x pp)
-    == 0, i.e. etp x ep dividing tp x cp x dp (checked by :func:`.validate_moe`)."""
-    dp = _get(args, "data_parallel_size")
-    world = _int(args, "world_size", None, "parallel.world_size (world_size)")
-    if world is not None and world < 1:
-        raise ValueError(f"parallel.world_size (world_size) must be >= 1, got {world}")
-    hetero = _get(args, "hetero_stage_meshes") is not None or _get(args, "enable_hetero")
-    if dp is not None:
-        dp = as_int(dp, label("data_parallel_size"), minimum=1)
-        if world is not None and not hetero and world != tp * pp * cp * dp:
-            raise ValueError(
-                f"parallel.world_size (world_size) {world} is not tp x pp x cp x dp "
-                f"({tp} x {pp} x {cp} x {dp})"
-            )
-        return dp
-    if world is not None:
-        if world % (tp * pp * cp):
-            raise ValueError(
-                f"parallel.world_size (world_size) {world} is not a multiple of tp x pp x cp "
-                f"({tp} x {pp} x {cp}) (megatron-core initialize_model_parallel)"
-            )
-        return world // (tp * pp * cp)
-    experts = etp * ep
-    return experts // math.gcd(tp * cp, experts)  # the least dp with tp cp dp % (etp ep) == 0
+    return padded_vocab_size(raw, divisible, tp) if get_flag(args, "pad_vocab", True) else raw
 
 
 def _position_embedding(args: Any) -> str:
-    kind = _name(args, "position_embedding_type", "learned_absolute")
-    if _flag(args, "use_rotary_position_embeddings") or kind in ("mrope", "yarn"):
+    kind = get_name(args, "position_embedding_type", "learned_absolute")
+    if get_flag(args, "use_rotary_position_embeddings") or kind in ("mrope", "yarn"):
         kind = "rope"  # rotary variants have no parameters
-    if _flag(args, "no_position_embedding") and kind == "learned_absolute":
+    if get_flag(args, "no_position_embedding") and kind == "learned_absolute":
         kind = "none"
     return kind
 
@@ -326,12 +94,12 @@ def spec_from_megatron_args(
     """
     args = _negated_flags(_with_launcher_world(args, world_size))
     _refuse_unsupported(args)
-    tp = _size(args, "tensor_model_parallel_size")
+    tp = get_size(args, "tensor_model_parallel_size")
     vocab = _vocab(args, tp, vocab_size)
     num_layers, seq = _depth_and_length(args)
     dtype = _params_dtype(args)
     model = _model_spec(args, num_layers, seq, vocab)
-    parallel = _parallel_spec(args, tp, num_layers)
+    parallel = parallel_spec(args, tp, num_layers)
     precision = _precision_spec(args, dtype)
     spec = _training_spec(args, model, parallel, precision)
     kd = distillation_from_args(args, spec, spec_from_megatron_args)  # the teacher: same args
@@ -342,7 +110,7 @@ def _with_launcher_world(args: Any, world_size: int | None) -> Any:
     """``args`` with the launcher's world size, which must agree with the config's own."""
     if world_size is None:
         return args
-    own = _int(args, "world_size", None, "parallel.world_size (world_size)")
+    own = get_int(args, "world_size", None, "parallel.world_size (world_size)")
     if own is not None and own != world_size:
         raise ValueError(
             f"parallel.world_size (world_size) {own} in the config contradicts the "
@@ -354,15 +122,15 @@ def _with_launcher_world(args: Any, world_size: int | None) -> Any:
 def _refuse_unsupported(args: Any) -> None:
     """A Megatron feature the estimator does not model at all (:data:`.config.UNSUPPORTED`)."""
     for name, what in UNSUPPORTED.items():
-        if _get(args, name):
+        if get(args, name):
             raise ValueError(f"{name}: {what} are not supported by the static estimator")
 
 
 def _depth_and_length(args: Any) -> tuple[int, int]:
     """(``num_layers``, ``seq_length``): both required; the depth within what the estimator
     lists (checked before any per-layer list is built)."""
-    num_layers = _int(args, "num_layers", None, "model.num_layers")
-    seq = _int(args, "seq_length", None, "model.seq_length")
+    num_layers = get_int(args, "num_layers", None, "model.num_layers")
+    seq = get_int(args, "seq_length", None, "model.seq_length")
     for name, value in (("num_layers", num_layers), ("seq_length", seq)):
         if value is None:
             raise ValueError(f"model.{name} is required")
@@ -376,7 +144,7 @@ def _depth_and_length(args: Any) -> tuple[int, int]:
 
 def _params_dtype(args: Any) -> str:
     """The parameter dtype: ``bf16`` / ``fp16`` (not both), else float32."""
-    bf16, fp16 = _flag(args, "bf16"), _flag(args, "fp16")
+    bf16, fp16 = get_flag(args, "bf16"), get_flag(args, "fp16")
     if bf16 and fp16:
         raise ValueError("precision: bf16 and fp16 are both set")
     return "bfloat16" if bf16 else "float16" if fp16 else "float32"
@@ -386,135 +154,50 @@ def _model_spec(args: Any, num_layers: int, seq: int, vocab: int) -> ModelSpec:
     """The model's shape, features and fused kernels (megatron/training/arguments.py names)."""
     return ModelSpec(
         num_layers=num_layers,
-        hidden_size=_int(args, "hidden_size", 0, "model.hidden_size"),
-        num_attention_heads=_int(args, "num_attention_heads", 0, "model.num_attention_heads"),
+        hidden_size=get_int(args, "hidden_size", 0, "model.hidden_size"),
+        num_attention_heads=get_int(args, "num_attention_heads", 0, "model.num_attention_heads"),
         vocab_size=int(vocab),
         seq_length=seq,
         num_query_groups=_query_groups(args),
-        ffn_hidden_size=_int(args, "ffn_hidden_size", None, "model.ffn_hidden_size"),
-        kv_channels=_int(args, "kv_channels", None, "model.kv_channels"),
-        max_position_embeddings=_int(args, "max_position_embeddings"),
-        gated_linear_unit=_flag(args, "swiglu"),
+        ffn_hidden_size=get_int(args, "ffn_hidden_size", None, "model.ffn_hidden_size"),
+        kv_channels=get_int(args, "kv_channels", None, "model.kv_channels"),
+        max_position_embeddings=get_int(args, "max_position_embeddings"),
+        gated_linear_unit=get_flag(args, "swiglu"),
         add_bias_linear=_bias_linear(args),
-        add_qkv_bias=_flag(args, "add_qkv_bias"),
-        qk_layernorm=_flag(args, "qk_layernorm"),
-        normalization=_name(args, "normalization", "LayerNorm"),
+        add_qkv_bias=get_flag(args, "add_qkv_bias"),
+        qk_layernorm=get_flag(args, "qk_layernorm"),
+        normalization=get_name(args, "normalization", "LayerNorm"),
         position_embedding_type=_position_embedding(args),
-        tie_embeddings=not _flag(args, "untie_embeddings_and_output_weights"),
-        hidden_dropout=_float(args, "hidden_dropout", 0.1, 0.0, 1.0),
+        tie_embeddings=not get_flag(args, "untie_embeddings_and_output_weights"),
+        hidden_dropout=get_float(args, "hidden_dropout", 0.1, 0.0, 1.0),
         bias_activation_fusion=_bias_activation_fusion(args),
-        masked_softmax_fusion=_flag(args, "masked_softmax_fusion", True),
-        rope_fusion=_flag(args, "apply_rope_fusion", True),
-        attention_softmax_in_fp32=_flag(args, "attention_softmax_in_fp32")
-        or _flag(args, "apply_query_key_layer_scaling"),
-        attention_dropout=_float(args, "attention_dropout", 0.1, 0.0, 1.0),
-        **_expert_fields(args, num_layers),
+        masked_softmax_fusion=get_flag(args, "masked_softmax_fusion", True),
+        rope_fusion=get_flag(args, "apply_rope_fusion", True),
+        attention_softmax_in_fp32=get_flag(args, "attention_softmax_in_fp32")
+        or get_flag(args, "apply_query_key_layer_scaling"),
+        attention_dropout=get_float(args, "attention_dropout", 0.1, 0.0, 1.0),
+        **expert_fields(args, num_layers),
     )
 
 
 def _query_groups(args: Any) -> int | None:
     """``num_query_groups``, read only with ``group_query_attention`` (Megatron-LM ignores
     the groups otherwise; a dict source without the flag counts as on)."""
-    if not _flag(args, "group_query_attention", True):
+    if not get_flag(args, "group_query_attention", True):
         return None
-    return _int(args, "num_query_groups", None, "model.num_query_groups")
+    return get_int(args, "num_query_groups", None, "model.num_query_groups")
 
 
 def _bias_linear(args: Any) -> bool:
-    return not _flag(args, "disable_bias_linear") and _flag(args, "add_bias_linear", True)
+    return not get_flag(args, "disable_bias_linear") and get_flag(args, "add_bias_linear", True)
 
 
 def _bias_activation_fusion(args: Any) -> bool:
     """megatron/training/arguments.py: the fusions default on (``--no-*-fusion`` turns them
     off); ``bias_gelu_fusion`` is turned off with the biases."""
-    if _flag(args, "swiglu"):
-        return _flag(args, "bias_swiglu_fusion", True)
-    return _flag(args, "bias_gelu_fusion", True) and _bias_linear(args)
-
-
-def _parallel_spec(args: Any, tp: int, num_layers: int) -> ParallelSpec:
-    """The parallel layout: sizes, data parallelism, virtual stages and the layer split."""
-    pp = _size(args, "pipeline_model_parallel_size")
-    cp = _size(args, "context_parallel_size")
-    ep = _size(args, "expert_model_parallel_size")
-    etp = _expert_tp(args, tp)
-    dp = _data_parallel(args, tp, pp, cp, ep, etp or tp)
-    vpp, layout = _virtual_stages(args, num_layers, pp)
-    return ParallelSpec(
-        layout=layout,
-        tp=tp,
-        pp=pp,
-        dp=int(dp),
-        cp=cp,
-        ep=ep,
-        etp=etp,
-        vpp=vpp,
-        sequence_parallel=_flag(args, "sequence_parallel") and tp > 1,
-        first_stage_layers=_int(args, "decoder_first_pipeline_num_layers"),
-        last_stage_layers=_int(args, "decoder_last_pipeline_num_layers"),
-        stage_layers=_int_tuple(args, "hetero_stage_layers"),
-        stage_meshes=_stage_meshes(args),
-        account_for_embedding=_flag(args, "account_for_embedding_in_pipeline_split"),
-        account_for_loss=_flag(args, "account_for_loss_in_pipeline_split"),
-        microbatch_group_size=_int(args, "microbatch_group_size_per_vp_stage"),
-        moe_a2a_overlap=_flag(args, "overlap_moe_expert_parallel_comm"),
-        cp_comm_type=_cp_comm_type(args) if cp > 1 else "p2p",
-        dp_assumed=_dp_assumed(args),
-    )
-
-
-def _expert_tp(args: Any, tp: int) -> int | None:
-    """``expert_tensor_parallel_size``; None when it is tp (``ParallelSpec.expert_tp``):
-    Megatron-LM 0.19's validate_args fills the default in for every model, 0.15.0rc5's leaves
-    it None (both: megatron/training/arguments.py), so one command line reads the same from
-    either."""
-    etp = _int(args, "expert_tensor_parallel_size", None, label("expert_tensor_parallel_size"))
-    if etp is not None and etp < 1:
-        raise ValueError(f"parallel.etp (expert_tensor_parallel_size) must be >= 1, got {etp}")
-    return None if etp == tp else etp
-
-
-def _dp_assumed(args: Any) -> bool:
-    """Whether nothing gives the data-parallel size (the least EP allows is assumed)."""
-    return (
-        _get(args, "data_parallel_size") is None
-        and _get(args, "world_size") is None
-        and _get(args, "hetero_stage_meshes") is None
-    )
-
-
-def _virtual_stages(
-    args: Any, num_layers: int, pp: int
-) -> tuple[int | None, tuple[str, ...] | None]:
-    """(vpp, layout): ``virtual_pipeline_model_parallel_size``, else what
-    ``num_virtual_stages_per_pipeline_rank``, ``num_layers_per_virtual_pipeline_stage`` or
-    ``pipeline_model_parallel_layout`` imply (megatron/training/arguments.py accepts one)."""
-    vpp = _int(args, "virtual_pipeline_model_parallel_size", None, "parallel.vpp")
-    per_vstage = _int(args, "num_layers_per_virtual_pipeline_stage")
-    stages = _int(args, "num_virtual_stages_per_pipeline_rank")
-    if per_vstage and stages:
-        raise ValueError(
-            "num_layers_per_virtual_pipeline_stage and num_virtual_stages_per_pipeline_rank "
-            "are exclusive (Megatron accepts one of them)"
-        )
-    if vpp is None and stages:
-        vpp = stages
-    if vpp is None and per_vstage:
-        if per_vstage < 1 or num_layers // pp < per_vstage:
-            raise ValueError(
-                f"num_layers_per_virtual_pipeline_stage ({per_vstage}) must be in 1..the "
-                f"layers per pipeline stage ({num_layers // pp})"
-            )
-        vpp = num_layers // (pp * per_vstage)
-    layout = _pipeline_layout(args, pp)
-    if layout is not None:
-        if per_vstage or stages:
-            raise ValueError(
-                "pipeline_model_parallel_layout cannot be combined with "
-                "num_layers_per_virtual_pipeline_stage / num_virtual_stages_per_pipeline_rank"
-            )
-        vpp = vpp if vpp is not None else layout_vpp(layout, pp)
-    return vpp, layout
+    if get_flag(args, "swiglu"):
+        return get_flag(args, "bias_swiglu_fusion", True)
+    return get_flag(args, "bias_gelu_fusion", True) and _bias_linear(args)
 
 
 def _precision_spec(args: Any, dtype: str) -> PrecisionSpec:
@@ -524,11 +207,11 @@ def _precision_spec(args: Any, dtype: str) -> PrecisionSpec:
         params_dtype=dtype,
         grads_in_fp32=_grads_in_fp32(args, dtype == "bfloat16", savers["main_grads_dtype"]),
         **savers,
-        optimizer=_name(args, "optimizer", "adam"),
-        distributed_optimizer=_flag(args, "use_distributed_optimizer"),
-        torch_optimizer=_flag(args, "torch_optimizer"),
-        distributed_optimizer_instances=_size(args, "num_distributed_optimizer_instances"),
-        sgd_momentum=_float(args, "sgd_momentum", 0.9, 0.0) > 0,
+        optimizer=get_name(args, "optimizer", "adam"),
+        distributed_optimizer=get_flag(args, "use_distributed_optimizer"),
+        torch_optimizer=get_flag(args, "torch_optimizer"),
+        distributed_optimizer_instances=get_size(args, "num_distributed_optimizer_instances"),
+        sgd_momentum=get_float(args, "sgd_momentum", 0.9, 0.0) > 0,
     )
 
 
@@ -536,10 +219,10 @@ def _training_spec(
     args: Any, model: ModelSpec, parallel: ParallelSpec, precision: PrecisionSpec
 ) -> TrainingSpec:
     """The whole spec: the batch, recompute, kernels and memory savers on top, validated."""
-    mbs = _int(args, "micro_batch_size", 1, "training.micro_batch_size")
-    gbs = _int(args, "global_batch_size", None, "training.global_batch_size")
+    mbs = get_int(args, "micro_batch_size", 1, "training.micro_batch_size")
+    gbs = get_int(args, "global_batch_size", None, "training.global_batch_size")
     microbatches = check_batch(
-        gbs, mbs, parallel.dp, _int(args, "num_microbatches", None, "training.num_microbatches")
+        gbs, mbs, parallel.dp, get_int(args, "num_microbatches", None, "training.num_microbatches")
     )
     recompute, modules = _recompute(args)
     spec = TrainingSpec(
@@ -549,16 +232,16 @@ def _training_spec(
         micro_batch_size=mbs,
         num_microbatches=microbatches,
         recompute=recompute,
-        recompute_method=_name(args, "recompute_method", "uniform"),
-        recompute_num_layers=_int(args, "recompute_num_layers", 1, "recompute_num_layers"),
+        recompute_method=get_name(args, "recompute_method", "uniform"),
+        recompute_num_layers=get_int(args, "recompute_num_layers", 1, "recompute_num_layers"),
         flash_attention=_flash_attention(args, model.transformer_impl),
         cross_entropy=_cross_entropy(args),
-        defer_embedding_wgrad=_flag(args, "defer_embedding_wgrad_compute"),
-        wgrad_deferral_limit=_int(args, "wgrad_deferral_limit", 0, "wgrad_deferral_limit"),
-        gradient_accumulation_fusion=_flag(args, "gradient_accumulation_fusion", True),
+        defer_embedding_wgrad=get_flag(args, "defer_embedding_wgrad_compute"),
+        wgrad_deferral_limit=get_int(args, "wgrad_deferral_limit", 0, "wgrad_deferral_limit"),
+        gradient_accumulation_fusion=get_flag(args, "gradient_accumulation_fusion", True),
         recompute_modules=modules,
         **_activation_offload(args),
-        quant=quant_from_args(args, _get),
+        quant=quant_from_args(args, get),
         **_fsdp(args),
         **_fine_grained_offload(args),
     )
@@ -567,9 +250,9 @@ def _training_spec(
 
 def _cross_entropy(args: Any) -> str:
     """``unfused``, or with ``cross_entropy_loss_fusion`` its ``cross_entropy_fusion_impl``."""
-    if not _flag(args, "cross_entropy_loss_fusion"):
+    if not get_flag(args, "cross_entropy_loss_fusion"):
         return "unfused"
-    return _name(args, "cross_entropy_fusion_impl", "native")
+    return get_name(args, "cross_entropy_fusion_impl", "native")
 
 
 # --main-grads-dtype and friends as Megatron-LM's arguments.py maps them (a parsed namespace
@@ -583,7 +266,7 @@ _STATE_DTYPES = {
 
 
 def _state_dtype(args: Any, name: str) -> str:
-    value = _get(args, name, "fp32")
+    value = get(args, name, "fp32")
     key = str(value).strip().lower()
     if key not in _STATE_DTYPES:
         raise ValueError(f"{name}: {show(value)} is not one of fp32, bf16, fp16, fp8")
@@ -595,15 +278,15 @@ def _optimizer_savers(args: Any) -> dict[str, Any]:
     (megatron/core/optimizer/optimizer_config.py names; Megatron-LM's
     ``--optimizer-offload-fraction`` defaults to 1.0)."""
     return dict(
-        precision_aware=_flag(args, "use_precision_aware_optimizer"),
-        muon_tp_mode=_name(args, "muon_tp_mode", "blockwise"),
+        precision_aware=get_flag(args, "use_precision_aware_optimizer"),
+        muon_tp_mode=get_name(args, "muon_tp_mode", "blockwise"),
         main_grads_dtype=_state_dtype(args, "main_grads_dtype"),
         main_params_dtype=_state_dtype(args, "main_params_dtype"),
         exp_avg_dtype=_state_dtype(args, "exp_avg_dtype"),
         exp_avg_sq_dtype=_state_dtype(args, "exp_avg_sq_dtype"),
-        store_param_remainders=_flag(args, "store_param_remainders", True),
-        optimizer_cpu_offload=_flag(args, "optimizer_cpu_offload"),
-        optimizer_offload_fraction=_float(args, "optimizer_offload_fraction", 1.0, 0.0, 1.0),
+        store_param_remainders=get_flag(args, "store_param_remainders", True),
+        optimizer_cpu_offload=get_flag(args, "optimizer_cpu_offload"),
+        optimizer_offload_fraction=get_float(args, "optimizer_offload_fraction", 1.0, 0.0, 1.0),
     )
 
 
@@ -613,32 +296,32 @@ def _grads_in_fp32(args: Any, bf16: bool, main_grads_dtype: str) -> bool:
     ``main_grads_dtype`` bf16; training.py passes it to DDP as ``grad_reduce_in_fp32``
     (megatron/core/distributed/distributed_data_parallel.py: ``grad_dtype = torch.float if
     grad_reduce_in_fp32 else param.dtype``)."""
-    if _flag(args, "accumulate_allreduce_grads_in_fp32"):
+    if get_flag(args, "accumulate_allreduce_grads_in_fp32"):
         if main_grads_dtype != "fp32":
             raise ValueError(
                 "main_grads_dtype can only be fp32 with accumulate_allreduce_grads_in_fp32"
             )
         return True
-    return bf16 and main_grads_dtype == "fp32" and not _flag(args, "grad_reduce_in_bf16")
+    return bf16 and main_grads_dtype == "fp32" and not get_flag(args, "grad_reduce_in_bf16")
 
 
 def _recompute(args: Any) -> tuple[str | None, tuple[str, ...]]:
     """(recompute_granularity, recompute_modules): ``recompute_activations`` and
     ``moe_layer_recompute`` are Megatron's older spellings of selective recompute (of the
     default ``core_attn``, and adding ``moe``; megatron-core TransformerConfig)."""
-    recompute = _get(args, "recompute_granularity")
+    recompute = get(args, "recompute_granularity")
     if recompute is not None:
         recompute = as_str(recompute, "training.recompute_granularity")
-    if recompute is None and _flag(args, "recompute_activations"):
+    if recompute is None and get_flag(args, "recompute_activations"):
         recompute = "selective"
-    raw = _get(args, "recompute_modules")
+    raw = get(args, "recompute_modules")
     if raw is None:
         modules = ["core_attn"]
     elif isinstance(raw, (list, tuple)):
         modules = [as_str(v, "recompute_modules") for v in raw]
     else:
         modules = as_str(raw, "recompute_modules").replace(",", " ").split()
-    if _flag(args, "moe_layer_recompute"):
+    if get_flag(args, "moe_layer_recompute"):
         if recompute == "full":
             raise ValueError("moe_layer_recompute cannot be combined with full recompute")
         recompute = "selective"
@@ -649,15 +332,15 @@ def _recompute(args: Any) -> tuple[str | None, tuple[str, ...]]:
 def _fine_grained_offload(args: Any) -> dict[str, Any]:
     """TrainingSpec's fine-grained activation offloading fields (megatron-core
     ``TransformerConfig`` names; ``offload_modules`` a list or a comma-separated string)."""
-    modules = _get(args, "offload_modules") or ()
+    modules = get(args, "offload_modules") or ()
     if isinstance(modules, str):
         modules = [m for m in modules.replace(",", " ").split() if m]
     if not isinstance(modules, (list, tuple)):
         raise ValueError(f"offload_modules: expected a list of module names, got {show(modules)}")
     return {
-        "fine_grained_offloading": _flag(args, "fine_grained_activation_offloading"),
+        "fine_grained_offloading": get_flag(args, "fine_grained_activation_offloading"),
         "offload_modules": tuple(as_str(m, "offload_modules") for m in modules),
-        "min_offloaded_tensor_size": _int(args, "min_offloaded_tensor_size", 1024 * 1024),
+        "min_offloaded_tensor_size": get_int(args, "min_offloaded_tensor_size", 1024 * 1024),
     }
 
 
@@ -665,21 +348,21 @@ def _fsdp(args: Any) -> dict[str, Any]:
     """TrainingSpec's ``fsdp`` / ``torch_fsdp2`` (Megatron-LM ``--use-megatron-fsdp`` (formerly
     ``--use-custom-fsdp``) with ``--data-parallel-sharding-strategy``, default ``no_shard``;
     ``--use-torch-fsdp2``)."""
-    megatron = _flag(args, "use_megatron_fsdp") or _flag(args, "use_custom_fsdp")
-    strategy = _name(args, "data_parallel_sharding_strategy", "no_shard") if megatron else None
-    return {"fsdp": strategy, "torch_fsdp2": _flag(args, "use_torch_fsdp2")}
+    megatron = get_flag(args, "use_megatron_fsdp") or get_flag(args, "use_custom_fsdp")
+    strategy = get_name(args, "data_parallel_sharding_strategy", "no_shard") if megatron else None
+    return {"fsdp": strategy, "torch_fsdp2": get_flag(args, "use_torch_fsdp2")}
 
 
 def _activation_offload(args: Any) -> dict[str, Any]:
     """TrainingSpec's ``cpu_offloading*`` fields (megatron/core/model_parallel_config.py).
     Megatron-LM's parser (core_v0.16.1 ``megatron/training/arguments.py``) has no
     ``--cpu-offloading`` flag: ``--cpu-offloading-num-layers N`` with N > 0 turns it on."""
-    layers = _int(args, "cpu_offloading_num_layers", 0)
+    layers = get_int(args, "cpu_offloading_num_layers", 0)
     return dict(
-        cpu_offloading=_flag(args, "cpu_offloading") or layers > 0,
+        cpu_offloading=get_flag(args, "cpu_offloading") or layers > 0,
         cpu_offloading_num_layers=layers,
-        cpu_offloading_activations=_flag(args, "cpu_offloading_activations", True),
-        cpu_offloading_weights=_flag(args, "cpu_offloading_weights"),
+        cpu_offloading_activations=get_flag(args, "cpu_offloading_activations", True),
+        cpu_offloading_weights=get_flag(args, "cpu_offloading_weights"),
     )
 
 
@@ -690,8 +373,8 @@ def _negated_flags(args: Any) -> Any:
         return args
     out = dict(args)
     for key, dest in NEGATED_FLAGS.items():
-        if key in out and _flag(out, key):
-            if dest in out and _flag(out, dest):
+        if key in out and get_flag(out, key):
+            if dest in out and get_flag(out, dest):
                 raise ValueError(f"{key} contradicts {dest}: true")
             out[dest] = False
     return out
@@ -704,11 +387,11 @@ def _flash_attention(args: Any, impl: str) -> bool:
     ``flash`` or ``fused`` runs a fused kernel; ``unfused`` runs TE's unfused path. The local
     spec's ``DotProductAttention`` (megatron/core/transformer/dot_product_attention.py) has
     no flash path: ``use_flash_attn`` does not change it (warned)."""
-    backend = _name(args, "attention_backend", "auto").split(".")[-1]
+    backend = get_name(args, "attention_backend", "auto").split(".")[-1]
     if impl == "transformer_engine":
         return backend in ("auto", "flash", "fused")
-    if _flag(args, "use_flash_attn") or backend in ("flash", "fused"):
-        _warn_all(
+    if get_flag(args, "use_flash_attn") or backend in ("flash", "fused"):
+        warn_all(
             [
                 "use_flash_attn / attention_backend flash|fused with transformer_impl local: "
                 "megatron-core's local DotProductAttention has no flash path, so attention is "
@@ -716,29 +399,3 @@ def _flash_attention(args: Any, impl: str) -> bool:
             ]
         )
     return False
-
-
-def _int_tuple(args: Any, name: str) -> tuple[int, ...] | None:
-    value = _get(args, name)
-    return None if value is None else tuple(as_int_list(value, name))
-
-
-def _stage_meshes(args: Any) -> tuple[tuple[int, int], ...] | None:
-    value = _get(args, "hetero_stage_meshes")
-    if value is None:
-        return None
-    if not isinstance(value, (list, tuple)) or not all(
-        isinstance(pair, (list, tuple)) and len(pair) == 2 for pair in value
-    ):
-        raise ValueError(
-            f"hetero_stage_meshes: expected a list of (tp, dp) pairs, got {show(value)}"
-        )
-    return tuple(
-        (as_int(tp, "hetero_stage_meshes", 1), as_int(dp, "hetero_stage_meshes", 1))
-        for tp, dp in value
-    )
-
-
-def _warn_all(messages: list[str]) -> None:
-    for message in messages:
-        warnings.warn(ConfigWarning(message), stacklevel=3)
