@@ -11,10 +11,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from memscope.analysis.static.config import TrainingSpec
 from memscope.analysis.static.estimator import SOURCE, estimate_rank
 from memscope.analysis.static.params import RankPosition, layers_per_chunk
 from memscope.analysis.static.remedies import rank_remedies
-from memscope.inputs.inrun import ModelFacts, chunk_disagreements, inrun_inputs
+from memscope.inputs.inrun import Disagreement, ModelFacts, chunk_disagreements, inrun_inputs
 from memscope.inputs.megatron_args import spec_from_megatron_args
 
 
@@ -35,24 +36,35 @@ def estimate_for_runtime(
     Raises ``ValueError`` when the inputs describe a model the estimator does not support.
     """
     inputs = inrun_inputs(model, args, settings)
-    spec = spec_from_megatron_args(inputs.values)
-    sizes = replace(
-        spec.parallel,
-        dp=max(1, int(getattr(parallel, "dp_size", spec.parallel.dp) or 1)),
-    )
-    spec = replace(spec, parallel=sizes, device=device)
+    spec = _rank_spec(inputs.values, parallel, device)
     position = RankPosition(
         tp_rank=int(getattr(parallel, "tp_rank", None) or 0),
         pp_rank=int(getattr(parallel, "pp_rank", None) or 0),
     )
     if model is not None:
-        stage = position.pp_rank
-        extra = chunk_disagreements(
-            model, tuple(layers_per_chunk(spec, stage)), stage == 0, stage == spec.parallel.pp - 1
-        )
+        extra = _chunk_disagreements(model, spec, position.pp_rank)
         inputs = replace(inputs, disagreements=inputs.disagreements + extra)
-    est = estimate_rank(spec, position)
+    return {**_estimate_section(spec, position), **inputs.to_dict()}
 
+
+def _rank_spec(values: dict[str, Any], parallel: Any, device: str) -> TrainingSpec:
+    """The merged inputs as a spec, with the rank's own data-parallel size and device."""
+    spec = spec_from_megatron_args(values)
+    dp = max(1, int(getattr(parallel, "dp_size", spec.parallel.dp) or 1))
+    return replace(spec, parallel=replace(spec.parallel, dp=dp), device=device)
+
+
+def _chunk_disagreements(
+    model: ModelFacts, spec: TrainingSpec, stage: int
+) -> tuple[Disagreement, ...]:
+    """Where the model's chunks on this stage differ from the estimator's layer split."""
+    expected = tuple(layers_per_chunk(spec, stage))
+    return chunk_disagreements(model, expected, stage == 0, stage == spec.parallel.pp - 1)
+
+
+def _estimate_section(spec: TrainingSpec, position: RankPosition) -> dict[str, Any]:
+    """This rank's estimate as the report's static comparison reads it."""
+    est = estimate_rank(spec, position)
     return {
         "peak_memory_bytes": est.peak_memory_bytes,
         "components": est.components(),
@@ -66,5 +78,4 @@ def estimate_for_runtime(
         # megatron's global memory buffer (activations.py buffer_bytes), inside "activations"
         "buffer_bytes": est.activations.buffer_bytes,
         "remedies": [r.to_dict() for r in rank_remedies(spec, position)],
-        **inputs.to_dict(),
     }
