@@ -21,7 +21,6 @@ setup(
             "py.typed",
             "reporters/templates/*",
             "reporters/templates/js/*.js",  # the pages' script, inlined by reporters/html.py
-            "analysis/static/gpu_benchmark_summary.json",  # the planner's band
         ]
     },
     install_requires=["torch>=2.7.1", "pyyaml", "jinja2", "plotly"],  # 2.7.1: FlagScale 0.8.0

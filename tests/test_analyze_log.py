@@ -25,6 +25,7 @@ from memscope.analysis.log_check import (
 from memscope.analysis.static.config import ModelSpec, ParallelSpec, PrecisionSpec, TrainingSpec
 from memscope.analysis.static.estimator import estimate_rank
 from memscope.analysis.static.params import RankPosition
+from memscope.analysis.static.spec_checks import validate_spec
 from memscope.cli import main
 from memscope.events.schema import SCHEMA_VERSION
 
@@ -38,10 +39,10 @@ def _spec(**parallel: int) -> TrainingSpec:
     model = ModelSpec(num_layers=8, hidden_size=256, num_attention_heads=8, vocab_size=1024,
                       seq_length=256, num_experts=8 if parallel.get("ep", 1) > 1 else None,
                       moe_ffn_hidden_size=512 if parallel.get("ep", 1) > 1 else None)  # fmt: skip
-    return TrainingSpec(
+    return validate_spec(TrainingSpec(
         model, ParallelSpec(**parallel), PrecisionSpec(params_dtype="bfloat16", grads_in_fp32=True),
         micro_batch_size=1, num_microbatches=4,
-    ).validate()  # fmt: skip
+    ))  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -244,7 +245,7 @@ def test_spec_reuse_of_the_run_for_a_changed_layout_is_what_the_reader_gives():
     from memscope.inputs.training_log import read_runs
 
     spec = run_spec(read_runs([str(DENSE_LOG)])[0], vocab_size=151936).spec
-    assert spec == replace(spec).validate()
+    assert spec == validate_spec(replace(spec))
     assert (spec.parallel.dp, spec.model.num_query_groups, spec.model.vocab_size) == (2, 2, 151936)
 
 

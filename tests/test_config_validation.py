@@ -14,14 +14,12 @@ from typing import Any, ClassVar
 
 import pytest
 
-from memscope.analysis.static.sources import load_config_file, spec_from_megatron_args
-from memscope.analysis.static.validation import (
-    MAX_CONFIG_BYTES,
-    MAX_YAML_ALIASES,
-    READ_KEYS,
-    ConfigWarning,
-)
+from memscope.analysis.static.read_keys import READ_KEYS
+from memscope.analysis.static.validation import ConfigWarning
 from memscope.cli import main
+from memscope.inputs.config_files import load_config_file
+from memscope.inputs.config_text import MAX_CONFIG_BYTES, MAX_YAML_ALIASES
+from memscope.inputs.megatron_args import spec_from_megatron_args
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(REPO, "configs", "static", "tiny_gpt.json")

@@ -16,7 +16,7 @@ from flagscale_trees import pristine_tree
 from omegaconf import OmegaConf
 
 from memscope.analysis.static.estimator import estimate_all_ranks
-from memscope.analysis.static.sources import load_config
+from memscope.inputs.config_files import load_config
 from memscope.integrations.flagscale.autotuner import MIB, memory_model, trial_max_memory
 
 pytestmark = pytest.mark.integration

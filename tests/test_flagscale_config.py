@@ -149,7 +149,7 @@ def test_patched_train_gpt_accepts_the_whole_yaml_and_pristine_refuses_memscope(
 
 def test_static_estimator_configs_load():
     """configs/static/*.json (original MemScope JSON: model + train) and the FlagScale YAML."""
-    from memscope.analysis.static.sources import load_config_file
+    from memscope.inputs.config_files import load_config_file
 
     folder = os.path.join(ROOT, "configs", "static")
     names = sorted(n for n in os.listdir(folder) if n.endswith(".json"))

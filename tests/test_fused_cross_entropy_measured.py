@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from memscope.analysis.static.activations import dims, loss_moments
-from memscope.analysis.static.sources import spec_from_megatron_args
+from memscope.inputs.megatron_args import spec_from_megatron_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memscope.analysis.static.sources import UNEXPECTED
 from memscope.cli import main
+from memscope.inputs.config_files import UNEXPECTED
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(glob.glob(os.path.join(REPO, "configs", "static", "*.json")))

@@ -1,7 +1,7 @@
 """The in-run static spec: the attached model's settings first, the args for the rest.
 
 Real megatron-core models (CPU, gloo, one process) are read by
-``memscope.integrations.megatron.model_spec``; ``memscope.analysis.static.inrun`` merges them
+``memscope.integrations.megatron.model_spec``; ``memscope.inputs.inrun`` merges them
 with the args and lists where they disagree; the runtime's report carries both.
 """
 
@@ -16,8 +16,11 @@ from typing import Any
 import pytest
 import torch
 
-from memscope.analysis.static.estimator import estimate_for_runtime
-from memscope.analysis.static.inrun import (
+from memscope.capture.parallel import ParallelInfo
+from memscope.demo.launcher import free_port
+from memscope.demo.tiny_gpt import TinyGPTConfig, build_model, destroy_process, init_process
+from memscope.demo.traced_training import MINIMAL_ARGS_DROP, megatron_like_args
+from memscope.inputs.inrun import (
     ARGS,
     MODEL,
     SETTINGS,
@@ -26,10 +29,7 @@ from memscope.analysis.static.inrun import (
     chunk_disagreements,
     inrun_inputs,
 )
-from memscope.capture.parallel import ParallelInfo
-from memscope.demo.launcher import free_port
-from memscope.demo.tiny_gpt import TinyGPTConfig, build_model, destroy_process, init_process
-from memscope.demo.traced_training import MINIMAL_ARGS_DROP, megatron_like_args
+from memscope.inputs.runtime_estimate import estimate_for_runtime
 from memscope.integrations.megatron.model_spec import _config_values, read_model_facts
 from memscope.integrations.torch.runtime import optimizer_settings
 

@@ -22,7 +22,7 @@ import sys
 import pytest
 from flagscale_trees import MEGATRON, pristine_tree
 
-from memscope.analysis.static.sources import spec_from_megatron_args
+from memscope.inputs.megatron_args import spec_from_megatron_args
 
 pytestmark = [pytest.mark.integration, pytest.mark.megatron_versions]
 

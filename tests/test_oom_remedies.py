@@ -12,9 +12,10 @@ from memscope.analysis.oom import OomAnalyzer
 from memscope.analysis.static.params import RankPosition
 from memscope.analysis.static.planner import ESTIMATE_UNCERTAINTY, CostModel
 from memscope.analysis.static.remedies import fitting_remedies, rank_remedies
-from memscope.analysis.static.sources import load_config
+from memscope.analysis.static.spec_checks import validate_spec
 from memscope.analysis.static_comparison import StaticEstimate
 from memscope.events.schema import OOM, MemoryEvent
+from memscope.inputs.config_files import load_config
 from memscope.reporters.oom_report import render_oom_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,8 +25,8 @@ GiB = 2**30
 def _spec():
     spec, _ = load_config(str(ROOT / "configs/static/llama3_8b_tp4_pp2.json"), None, None)
     # no recompute, micro-batch 2: every kind of remedy has something to offer
-    return dataclasses.replace(spec, recompute=None, micro_batch_size=2,
-                               num_microbatches=spec.num_microbatches // 2).validate()  # fmt: skip
+    return validate_spec(dataclasses.replace(spec, recompute=None, micro_batch_size=2,
+                               num_microbatches=spec.num_microbatches // 2))  # fmt: skip
 
 
 def test_remedies_are_ranked_by_the_planners_step_time_model():
@@ -42,8 +43,8 @@ def test_remedies_are_ranked_by_the_planners_step_time_model():
     names = [r.name for r in remedies]
     assert names[0] == "micro-batch size 1" and "full recompute, one layer per checkpoint" in names
     assert remedies[0].saving_bytes < remedies[-1].saving_bytes
-    full = dataclasses.replace(spec, recompute="full", recompute_method="uniform",
-                               recompute_num_layers=1).validate()  # fmt: skip
+    full = validate_spec(dataclasses.replace(spec, recompute="full", recompute_method="uniform",
+                               recompute_num_layers=1))  # fmt: skip
     by_name = {r.name: r for r in remedies}
     assert by_name["full recompute, one layer per checkpoint"].step_time == round(
         model.breakdown(full)["total"], 6)  # fmt: skip

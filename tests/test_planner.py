@@ -28,10 +28,12 @@ from memscope.analysis.static.planner import (
     stage_peaks,
     stage_transformer_layers,
 )
-from memscope.analysis.static.sources import load_config, spec_from_megatron_args
+from memscope.analysis.static.spec_checks import validate_spec
 from memscope.cli import main
 from memscope.demo.tiny_gpt import TinyGPTConfig
 from memscope.demo.traced_training import megatron_like_args
+from memscope.inputs.config_files import load_config
+from memscope.inputs.megatron_args import spec_from_megatron_args
 from memscope.reporters.plan_report import TERM_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,9 +44,9 @@ USER = TinyGPTConfig(num_layers=2, hidden_size=64, num_attention_heads=4, seq_le
 
 
 def _spec(cfg: TinyGPTConfig):
-    return dataclasses.replace(
-        spec_from_megatron_args(megatron_like_args(cfg, [])), device="cpu"
-    ).validate()
+    return validate_spec(
+        dataclasses.replace(spec_from_megatron_args(megatron_like_args(cfg, [])), device="cpu")
+    )
 
 
 def _train(cfg: TinyGPTConfig, tmp_path: Path, name: str, capacity: int) -> dict:
@@ -195,7 +197,7 @@ def test_a_70b_model_on_1024_gpus_plans_within_seconds():
     spec, _ = load_config(str(ROOT / "configs/static/llama3_8b_tp4_pp2.json"), None, None)
     m = dataclasses.replace(spec.model, num_layers=80, hidden_size=8192,
                             num_attention_heads=64, ffn_hidden_size=28672)  # fmt: skip
-    spec = dataclasses.replace(spec, model=m).validate()
+    spec = validate_spec(dataclasses.replace(spec, model=m))
     t0 = time.perf_counter()
     result = plan(spec, 1024, int(80 * 2**30 * 0.9))
     assert result["plans"] and result["searched"] > 100
@@ -247,7 +249,7 @@ def test_moe_models_search_expert_parallelism_and_pay_for_its_all_to_all():
     spec, _ = load_config(str(ROOT / "configs/static/llama3_8b_tp4_pp2.json"), None, None)
     moe = dataclasses.replace(spec.model, num_experts=8, moe_router_topk=2,
                               moe_ffn_hidden_size=2048)  # fmt: skip
-    spec = dataclasses.replace(spec, model=moe).validate()
+    spec = validate_spec(dataclasses.replace(spec, model=moe))
     eps = {lay.ep for lay in layouts(spec, 64)}
     assert eps == {1, 2, 4, 8}  # the divisors of 8 experts
     assert {lay.etp for lay in layouts(spec, 64) if lay.tp > 1} == {None, 1}
@@ -268,7 +270,7 @@ def test_a_layer_count_pp_does_not_divide_gets_a_lighter_first_or_last_stage():
     splits = {(lay.first_stage_layers, lay.last_stage_layers) for lay in layouts(spec, 64)
               if lay.pp == 2}  # fmt: skip
     assert splits == {(None, 15), (15, None)}  # 16 + 15 either way; 31 does not split evenly
-    result = plan(spec.validate(), 64, 80 * 2**30, top=200)
+    result = plan(validate_spec(spec), 64, 80 * 2**30, top=200)
     uneven = [p for p in result["plans"] if p["layout"]["pp"] == 2]
     assert uneven, "no PP=2 layout fits"
     for p in uneven:
@@ -381,7 +383,7 @@ def _llama70b(seq: int):
     m = dataclasses.replace(_llama8b().model, num_layers=80, hidden_size=8192,
                             num_attention_heads=64, ffn_hidden_size=28672,
                             seq_length=seq)  # fmt: skip
-    return dataclasses.replace(_llama8b(), model=m).validate()
+    return validate_spec(dataclasses.replace(_llama8b(), model=m))
 
 
 def test_context_parallelism_pays_only_the_exchange_its_attention_does_not_hide():
@@ -407,7 +409,7 @@ def test_at_4k_a_70b_on_1024_gpus_is_planned_with_tp_8_and_no_context_parallelis
 
 
 def test_cpu_plans_leave_out_the_cuda_only_savers(tmp_path, capsys):
-    spec = dataclasses.replace(_llama8b(), device="cpu").validate()
+    spec = validate_spec(dataclasses.replace(_llama8b(), device="cpu"))
     result = plan(spec, 2, 72 * 2**30, top=40)
     assert result["plans"]
     for p in result["plans"]:
@@ -478,7 +480,7 @@ _LAYOUT_ARGS = {"num_layers": 8, "hidden_size": 512, "ffn_hidden_size": 1408,
 def test_a_config_with_a_pipeline_layout_is_the_baseline_estimated_and_costed_with_it(
     tmp_path, capsys
 ):
-    spec = spec_from_megatron_args(_LAYOUT_ARGS).validate()
+    spec = validate_spec(spec_from_megatron_args(_LAYOUT_ARGS))
     # rank 0 builds chunks "Et" and "tt" (3 layers), rank 1 "tt" and "tttL" (5 and the loss)
     m, n = spec.model, spec.num_microbatches
     layer, logits = layer_flops(spec), 2 * 1 * 1024 * 512 * m.vocab_size
@@ -495,8 +497,8 @@ def test_a_config_with_a_pipeline_layout_is_the_baseline_estimated_and_costed_wi
     bubble = (n * (5 * layer + logits) + 3 * layer / 2) / (n * (8 * layer + logits) / 2) - 1
     assert cur["cost"]["bubble"] == pytest.approx(bubble)
     # block recompute of 2 layers per chunk: rank 1 re-runs 2 of "tt" and 2 of "tttL"
-    block = dataclasses.replace(spec, recompute="full", recompute_method="block",
-                                recompute_num_layers=2).validate()  # fmt: skip
+    block = validate_spec(dataclasses.replace(spec, recompute="full", recompute_method="block",
+                                recompute_num_layers=2))  # fmt: skip
     recompute = 4 / 3 * layer / ((8 * layer + logits) / 2)
     assert CostModel().breakdown(block)["recompute"] == pytest.approx(recompute)
     # the searched even split of the same sizes idles less, so it ranks above the layout

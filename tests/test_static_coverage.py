@@ -14,9 +14,10 @@ import yaml
 
 from memscope.analysis.static import coverage as cov
 from memscope.analysis.static.coverage import config_coverage, is_set
-from memscope.analysis.static.sources import load_config, load_config_file, spec_from_megatron_args
-from memscope.analysis.static.validation import READ_KEYS
+from memscope.analysis.static.read_keys import READ_KEYS
 from memscope.cli import main
+from memscope.inputs.config_files import load_config, load_config_file
+from memscope.inputs.megatron_args import spec_from_megatron_args
 from memscope.reporters.static_markdown import render_static_markdown
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -18,7 +18,7 @@ from memscope.analysis.static.activations import dims
 from memscope.analysis.static.coverage import config_coverage
 from memscope.analysis.static.estimator import estimate_rank
 from memscope.analysis.static.params import RankPosition, rank_param_count
-from memscope.analysis.static.sources import spec_from_megatron_args
+from memscope.inputs.megatron_args import spec_from_megatron_args
 
 ARGS = dict(num_layers=4, hidden_size=256, num_attention_heads=8, seq_length=512,
             vocab_size=8192, micro_batch_size=2, global_batch_size=8, bf16=True,

@@ -17,11 +17,13 @@ from memscope.analysis.static.config import (
     padded_vocab_size,
 )
 from memscope.analysis.static.params import RankPosition, rank_params
-from memscope.analysis.static.sources import spec_from_flagscale_yaml, spec_from_megatron_args
+from memscope.analysis.static.spec_checks import validate_spec
 from memscope.analysis.static.terms import persistent_terms
 from memscope.demo.launcher import free_port, spawn
 from memscope.demo.tiny_gpt import TinyGPTConfig, build_model, destroy_process, init_process
 from memscope.demo.traced_training import megatron_like_args
+from memscope.inputs.config_files import spec_from_flagscale_yaml
+from memscope.inputs.megatron_args import spec_from_megatron_args
 
 pytestmark = pytest.mark.integration
 
@@ -163,7 +165,7 @@ def test_contradictory_config_names_the_field(model, parallel, precision, needle
         ModelSpec(**{**BASE, **model}), ParallelSpec(**parallel), PrecisionSpec(**precision)
     )
     with pytest.raises(ValueError, match=needle.replace("(", r"\(").replace(")", r"\)")):
-        spec.validate()
+        validate_spec(spec)
 
 
 def test_flagscale_yaml_sections_are_merged_like_the_runner():

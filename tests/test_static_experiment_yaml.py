@@ -13,8 +13,8 @@ import shutil
 import pytest
 import yaml
 
-from memscope.analysis.static.flagscale_experiment import train_config_of
 from memscope.cli import main
+from memscope.inputs.flagscale_experiment import train_config_of
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(REPO, "configs", "flagscale")
@@ -158,8 +158,9 @@ def test_every_gpt_training_experiment_of_flagscale_0_8_0_matches_its_train_conf
     train YAML at the runner's world size (or the same one-line refusal, non-GPT examples)."""
     from flagscale_trees import pristine_tree
 
-    from memscope.analysis.static.flagscale_experiment import read_yaml, runner_world_size
-    from memscope.analysis.static.sources import load_config
+    from memscope.inputs.config_files import load_config
+    from memscope.inputs.config_text import read_yaml
+    from memscope.inputs.flagscale_experiment import runner_world_size
 
     checked = estimated = 0
     for path in sorted(glob.glob(os.path.join(pristine_tree(), "examples", "*", "conf", "*.yaml"))):

@@ -14,8 +14,8 @@ import pytest
 from memscope.analysis.static.activations import dims, layer_saved
 from memscope.analysis.static.estimator import estimate_rank
 from memscope.analysis.static.params import RankPosition, rank_params
-from memscope.analysis.static.sources import spec_from_megatron_args
 from memscope.analysis.static.validation import ConfigWarning
+from memscope.inputs.megatron_args import spec_from_megatron_args
 
 ARGS = dict(num_layers=4, hidden_size=256, num_attention_heads=8, seq_length=512,
             vocab_size=1024, micro_batch_size=2, global_batch_size=8, bf16=True,

@@ -17,7 +17,7 @@ import pytest
 
 from memscope.analysis.static.estimator import estimate_rank
 from memscope.analysis.static.params import RankPosition
-from memscope.analysis.static.sources import spec_from_megatron_args
+from memscope.inputs.megatron_args import spec_from_megatron_args
 
 ARGS = dict(num_layers=2, hidden_size=64, num_attention_heads=4, padded_vocab_size=192,
             seq_length=32, max_position_embeddings=32, micro_batch_size=1, num_microbatches=2,

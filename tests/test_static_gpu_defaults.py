@@ -26,7 +26,7 @@ from memscope.analysis.static.activations import (
 from memscope.analysis.static.estimator import estimate_rank
 from memscope.analysis.static.moe import moe_global_buffer, moe_layer_saved, routed_rows
 from memscope.analysis.static.params import RankPosition
-from memscope.analysis.static.sources import spec_from_megatron_args
+from memscope.analysis.static.spec_checks import validate_spec
 from memscope.analysis.static.workspaces import (
     MIB,
     te_workspace_bytes,
@@ -35,6 +35,7 @@ from memscope.analysis.static.workspaces import (
     workspace_terms,
 )
 from memscope.demo.launcher import free_port, spawn
+from memscope.inputs.megatron_args import spec_from_megatron_args
 
 # s=256 b=2 h=64 a=8 (g=2) f=256 V=1024, bf16, no dropout, 4 microbatches
 BASE: dict[str, Any] = dict(
@@ -177,7 +178,7 @@ def test_fixed_workspaces_by_gpu_config_and_transformer_impl():
     )
     assert "te_grouped_gemm_workspaces" not in workspace_terms(spec(num_experts=4))
     with pytest.raises(ValueError, match="gpu 'v100x' is unknown"):
-        dataclasses.replace(spec(), gpu="v100x").validate()
+        validate_spec(dataclasses.replace(spec(), gpu="v100x"))
 
 
 def test_fused_softmax_and_fp32_softmax_on_the_unfused_path():

@@ -21,9 +21,9 @@ from memscope.analysis.static.activations import (
 )
 from memscope.analysis.static.estimator import estimate_rank
 from memscope.analysis.static.params import RankPosition
-from memscope.analysis.static.sources import spec_from_megatron_args
 from memscope.demo.tiny_gpt import TinyGPTConfig
 from memscope.demo.traced_training import megatron_like_args
+from memscope.inputs.megatron_args import spec_from_megatron_args
 
 TOLERANCE = 0.03  # tests/test_static_accuracy.py's bound per rank
 # logits [s, b, V] fp32 = 64 x 2 x 8192 x 4 = 4 MiB per microbatch: far above a layer's tensors

@@ -11,8 +11,8 @@ import pytest
 from memscope.analysis.static.config import chunk_layer_counts, chunk_layer_offset
 from memscope.analysis.static.estimator import estimate_rank
 from memscope.analysis.static.params import RankPosition, rank_params
-from memscope.analysis.static.sources import spec_from_megatron_args
 from memscope.cli import main
+from memscope.inputs.megatron_args import spec_from_megatron_args
 
 pytestmark = pytest.mark.megatron_versions
 

@@ -19,8 +19,8 @@ from unittest import mock
 import pytest
 
 from memscope.analysis.static.mla import mla_saved, mla_up_proj_discarded
-from memscope.analysis.static.sources import spec_from_megatron_args
 from memscope.demo.launcher import free_port, spawn
+from memscope.inputs.megatron_args import spec_from_megatron_args
 
 pytestmark = [pytest.mark.integration, pytest.mark.multiprocess]
 

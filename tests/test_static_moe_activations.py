@@ -23,8 +23,8 @@ from memscope.analysis.static.moe import (
     moe_layer_saved,
     routed_rows,
 )
-from memscope.analysis.static.sources import spec_from_megatron_args
 from memscope.demo.launcher import free_port, spawn
+from memscope.inputs.megatron_args import spec_from_megatron_args
 
 pytestmark = [pytest.mark.integration, pytest.mark.multiprocess]
 

@@ -35,15 +35,13 @@ from memscope.analysis.static.config import (
     stage_spec,
 )
 from memscope.analysis.static.estimator import estimate_all_ranks, estimate_rank, position_of_rank
-from memscope.analysis.static.flagscale_checks import eval_layer_pattern
 from memscope.analysis.static.params import RankPosition, layer_params, rank_params
-from memscope.analysis.static.sources import (
-    load_config_file,
-    spec_from_flagscale_yaml,
-    spec_from_megatron_args,
-)
+from memscope.analysis.static.spec_checks import validate_spec
 from memscope.demo.launcher import free_port, spawn
 from memscope.demo.tiny_gpt import FUSIONS_OFF, TinyGPTConfig, destroy_process, init_process
+from memscope.inputs.config_files import load_config_file, spec_from_flagscale_yaml
+from memscope.inputs.flagscale_checks import eval_layer_pattern
+from memscope.inputs.megatron_args import spec_from_megatron_args
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "tools"))
 from flagscale_wheel import flagscale_tree
@@ -338,7 +336,7 @@ def test_expert_parallel_layout_by_hand():
     m = ModelSpec(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=128,
                   seq_length=16, num_experts=8, moe_ffn_hidden_size=96, gated_linear_unit=True,
                   add_bias_linear=False, moe_layer_pattern=(1, 0))  # fmt: skip
-    spec = TrainingSpec(m, ParallelSpec(tp=2, ep=4, etp=2, dp=4), PrecisionSpec()).validate()
+    spec = validate_spec(TrainingSpec(m, ParallelSpec(tp=2, ep=4, etp=2, dp=4), PrecisionSpec()))
     params = {t.name: t for t in rank_params(spec, RankPosition())}
     experts = [n for n in params if ".experts." in n]
     assert {n.split(".")[6] for n in experts} == {"0", "1"}  # local experts of this EP rank
@@ -374,7 +372,7 @@ def test_moe_contradictions_name_the_field(change, needle):
     )
     p = ParallelSpec(ep=change.get("ep", 2), etp=change.get("etp", 1), dp=change.get("dp", 8))
     with pytest.raises(ValueError, match=needle):
-        TrainingSpec(m, p, PrecisionSpec()).validate()  # fmt: skip
+        validate_spec(TrainingSpec(m, p, PrecisionSpec()))  # fmt: skip
 
 
 def test_moe_layer_freq_is_evaluated_like_megatron_without_eval():
@@ -500,7 +498,7 @@ def test_mixtral_total_matches_the_published_parameter_count():
     spec = load_config_file(path, vocab_size=32000)
     one = dataclasses.replace(spec, parallel=ParallelSpec())
     one = dataclasses.replace(one, model=dataclasses.replace(one.model, vocab_size=32000))
-    assert sum(t.numel for t in rank_params(one.validate(), RankPosition())) == 46_702_792_704
+    assert sum(t.numel for t in rank_params(validate_spec(one), RankPosition())) == 46_702_792_704
 
 
 def test_distributed_optimizer_shards_experts_over_expert_data_parallel():
@@ -511,7 +509,7 @@ def test_distributed_optimizer_shards_experts_over_expert_data_parallel():
                   seq_length=16, num_experts=8, add_bias_linear=False)  # fmt: skip
     precision = PrecisionSpec(params_dtype="bfloat16", grads_in_fp32=True)
     precision = dataclasses.replace(precision, distributed_optimizer=True)
-    spec = TrainingSpec(m, ParallelSpec(dp=4, ep=4), precision).validate()
+    spec = validate_spec(TrainingSpec(m, ParallelSpec(dp=4, ep=4), precision))
     params = rank_params(spec, RankPosition())
     expert = sum(t.numel for t in params if t.expert)
     dense = sum(t.numel for t in params) - expert

@@ -17,7 +17,7 @@ from memscope.analysis.static.estimator import estimate_all_ranks, estimate_rank
 from memscope.analysis.static.mla import mla_saved, mla_up_proj_discarded
 from memscope.analysis.static.moe import imbalance_bound, moe_layer_saved, routed_rows
 from memscope.analysis.static.report import build_static_report
-from memscope.analysis.static.sources import spec_from_megatron_args
+from memscope.inputs.megatron_args import spec_from_megatron_args
 
 S, B, H, E, K, TP = 64, 2, 64, 8, 2, 2
 T = S // TP * B  # tokens per rank under sequence parallelism

@@ -25,8 +25,8 @@ from memscope.analysis.static.activations import (
     mtp_saved,
     qk_layernorm_saved,
 )
-from memscope.analysis.static.sources import spec_from_megatron_args
 from memscope.demo.launcher import free_port, spawn
+from memscope.inputs.megatron_args import spec_from_megatron_args
 
 pytestmark = [pytest.mark.integration, pytest.mark.multiprocess]
 

@@ -20,7 +20,7 @@ import pytest
 from memscope.analysis.static.estimator import estimate_rank
 from memscope.analysis.static.muon import layer_wise_owned, muon_managed
 from memscope.analysis.static.params import RankPosition, rank_params
-from memscope.analysis.static.sources import spec_from_megatron_args
+from memscope.inputs.megatron_args import spec_from_megatron_args
 
 # h 64, vocab 160, 40 positions: no Muon tensor has the size of an Adam one (shard_params
 # orders equal sizes by parameter group)

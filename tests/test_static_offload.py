@@ -21,7 +21,7 @@ from memscope.analysis.static.activations import dims, layer_saved
 from memscope.analysis.static.estimator import estimate_rank
 from memscope.analysis.static.offload import fine_grained_moved
 from memscope.analysis.static.params import RankPosition
-from memscope.analysis.static.sources import spec_from_megatron_args
+from memscope.inputs.megatron_args import spec_from_megatron_args
 
 S, B, H, A = 128, 2, 64, 4
 ARGS = dict(num_layers=1, hidden_size=H, num_attention_heads=A, padded_vocab_size=256,

@@ -15,9 +15,9 @@ import pytest
 
 from memscope.analysis.static.config import stage_layer_counts
 from memscope.analysis.static.params import RankPosition, rank_params
-from memscope.analysis.static.sources import spec_from_megatron_args
 from memscope.demo.launcher import free_port
 from memscope.demo.tiny_gpt import FUSIONS_OFF, TinyGPTConfig, destroy_process, init_process
+from memscope.inputs.megatron_args import spec_from_megatron_args
 
 pytestmark = pytest.mark.integration
 

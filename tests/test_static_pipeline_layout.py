@@ -15,7 +15,7 @@ from memscope.analysis.static.estimator import estimate_rank
 from memscope.analysis.static.muon import muon_managed
 from memscope.analysis.static.params import RankPosition, rank_params
 from memscope.analysis.static.pipeline_layout import format_layout, parse_layout
-from memscope.analysis.static.sources import spec_from_megatron_args
+from memscope.inputs.megatron_args import spec_from_megatron_args
 
 BASE = dict(hidden_size=64, num_attention_heads=4, padded_vocab_size=128, seq_length=32,
             max_position_embeddings=32, position_embedding_type="rope", micro_batch_size=1,

@@ -25,7 +25,8 @@ from memscope.analysis.static.planner import (
     saver_variants,
     stage_peaks,
 )
-from memscope.analysis.static.sources import spec_from_flagscale_yaml, spec_from_megatron_args
+from memscope.inputs.config_files import spec_from_flagscale_yaml
+from memscope.inputs.megatron_args import spec_from_megatron_args
 
 ARGS = dict(num_layers=4, hidden_size=256, num_attention_heads=8, seq_length=512,
             vocab_size=1024, micro_batch_size=2, global_batch_size=16, bf16=True,

@@ -19,9 +19,10 @@ from memscope.analysis.static.activations import (
     paired_forward,
     schedule_states,
 )
-from memscope.analysis.static.sources import spec_from_megatron_args
+from memscope.analysis.static.spec_checks import validate_spec
 from memscope.demo.tiny_gpt import TinyGPTConfig
 from memscope.demo.traced_training import megatron_like_args
+from memscope.inputs.megatron_args import spec_from_megatron_args
 
 pytestmark = pytest.mark.megatron_versions
 
@@ -128,7 +129,9 @@ def test_moe_all_to_all_overlap_with_interleaving_prices_the_paired_forward_part
     assert act.saved_bytes < fully
 
     with pytest.raises(ValueError, match="needs a virtual pipeline"):
-        _moe_spec(overlap_moe_expert_parallel_comm=True, pipeline_model_parallel_size=2,
-                  world_size=4).validate()  # fmt: skip
+        validate_spec(_moe_spec(overlap_moe_expert_parallel_comm=True,
+                                pipeline_model_parallel_size=2, world_size=4))  # fmt: skip
     with pytest.raises(ValueError, match="expert parallelism > 1"):
-        _moe_spec(overlap_moe_expert_parallel_comm=True, expert_model_parallel_size=1).validate()
+        validate_spec(
+            _moe_spec(overlap_moe_expert_parallel_comm=True, expert_model_parallel_size=1)
+        )

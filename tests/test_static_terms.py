@@ -22,17 +22,17 @@ from memscope.analysis.static.config import ParallelSpec, PrecisionSpec
 from memscope.analysis.static.estimator import (
     SOURCE,
     estimate_all_ranks,
-    estimate_for_runtime,
     estimate_rank,
     position_of_rank,
 )
 from memscope.analysis.static.params import RankPosition, rank_params
-from memscope.analysis.static.sources import spec_from_megatron_args
 from memscope.analysis.static.terms import persistent_terms
 from memscope.capture.parallel import ParallelInfo
 from memscope.demo.launcher import free_port, spawn
 from memscope.demo.tiny_gpt import TinyGPTConfig
 from memscope.demo.traced_training import megatron_like_args
+from memscope.inputs.megatron_args import spec_from_megatron_args
+from memscope.inputs.runtime_estimate import estimate_for_runtime
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 from memscope.analysis.static.planner import plan
-from memscope.analysis.static.sources import load_config
+from memscope.analysis.static.spec_checks import validate_spec
+from memscope.inputs.config_files import load_config
 from memscope.units import format_bytes
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "static" / "llama3_8b_tp4_pp2.json"
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     spec, _ = load_config(str(CONFIG), None, None)
     model = dataclasses.replace(spec.model, num_layers=80, hidden_size=8192,
                                 num_attention_heads=64, ffn_hidden_size=28672)  # fmt: skip
-    spec = dataclasses.replace(spec, model=model).validate()
+    spec = validate_spec(dataclasses.replace(spec, model=model))
     budget = int(ns.gpu_memory_gib * 2**30 * 0.9)
     t0, c0 = time.perf_counter(), time.process_time()
     result = plan(spec, ns.world_size, budget)

@@ -26,7 +26,8 @@ from typing import Any
 
 from memscope.analysis.static.config import TrainingSpec
 from memscope.analysis.static.planner import COST_TERMS, CostModel, plan
-from memscope.analysis.static.sources import spec_from_megatron_args
+from memscope.analysis.static.spec_checks import validate_spec
+from memscope.inputs.megatron_args import spec_from_megatron_args
 from memscope.units import format_bytes
 
 BRIDGE = "NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/recipes/"
@@ -132,9 +133,11 @@ RECIPES = (
 
 def recipe_spec(recipe: Recipe) -> TrainingSpec:
     """The recipe as the estimator's spec, on H100s at its own GPU count."""
-    return dataclasses.replace(
-        spec_from_megatron_args({**recipe.args, "world_size": recipe.gpus}), gpu="h100"
-    ).validate()
+    return validate_spec(
+        dataclasses.replace(
+            spec_from_megatron_args({**recipe.args, "world_size": recipe.gpus}), gpu="h100"
+        )
+    )
 
 
 def judge(recipe: Recipe) -> dict[str, Any]:

@@ -36,10 +36,10 @@ from harness import instrumented_worker
 
 from memscope.analysis.static.estimator import estimate_rank
 from memscope.analysis.static.params import RankPosition
-from memscope.analysis.static.sources import spec_from_megatron_args
 from memscope.demo.launcher import free_port, spawn
 from memscope.demo.tiny_gpt import TinyGPTConfig
 from memscope.demo.traced_training import MINIMAL_ARGS_DROP, megatron_like_args
+from memscope.inputs.megatron_args import spec_from_megatron_args
 
 BASE: dict[str, Any] = dict(
     num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=128, micro_batch_size=2,

@@ -42,7 +42,7 @@ def _kd_terms(seq: int, mbs: int, vocab: int, tp: int) -> tuple[int, int, int]:
     the estimator's code for a matching spec."""
     from memscope.analysis.static.activations import dims
     from memscope.analysis.static.distillation import distillation_extras, distillation_moments
-    from memscope.analysis.static.sources import spec_from_megatron_args
+    from memscope.inputs.megatron_args import spec_from_megatron_args
 
     args = dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=seq,
                 padded_vocab_size=vocab * tp, micro_batch_size=mbs, global_batch_size=mbs,
@@ -175,8 +175,8 @@ def _step_estimate(kd: bool, cfg, teacher_cfg, pp_rank: int) -> tuple[int, int]:
 
     from memscope.analysis.static.estimator import estimate_rank
     from memscope.analysis.static.params import RankPosition
-    from memscope.analysis.static.sources import spec_from_megatron_args
     from memscope.demo.traced_training import megatron_like_args
+    from memscope.inputs.megatron_args import spec_from_megatron_args
 
     args = vars(megatron_like_args(cfg, []))
     args["world_size"] = cfg.pp

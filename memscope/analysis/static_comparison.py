@@ -68,7 +68,7 @@ def _static_parts(estimate: Mapping[str, Any]) -> dict[str, int]:
     return parts
 
 
-# What the in-run estimate says about its own inputs (analysis/static/inrun.py): passed on.
+# What the in-run estimate says about its own inputs (inputs/inrun.py): passed on.
 SPEC_KEYS = ("spec_inputs", "spec_sources", "spec_disagreements", "spec_notes")
 
 

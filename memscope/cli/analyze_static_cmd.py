@@ -82,8 +82,9 @@ def run(args: argparse.Namespace) -> int:
     from memscope.analysis.static.coverage import config_coverage, warning_lines
     from memscope.analysis.static.estimator import estimate_all_ranks, position_of_rank
     from memscope.analysis.static.report import build_static_report
-    from memscope.analysis.static.sources import load_config
+    from memscope.analysis.static.spec_checks import validate_spec
     from memscope.analysis.static.validation import ConfigWarning, peak_warnings
+    from memscope.inputs.config_files import load_config
     from memscope.reporters.static_markdown import render_static_markdown
     from memscope.units import format_bytes, printable
 
@@ -96,12 +97,14 @@ def run(args: argparse.Namespace) -> int:
         warnings.simplefilter("always", ConfigWarning)
         try:
             spec, keys = load_config(args.config, args.vocab_size, world)
-            spec = replace(
-                spec,
-                device=args.device,
-                gpu=args.gpu,
-                cublas_workspace_config=args.cublas_workspace_config,
-            ).validate()
+            spec = validate_spec(
+                replace(
+                    spec,
+                    device=args.device,
+                    gpu=args.gpu,
+                    cublas_workspace_config=args.cublas_workspace_config,
+                )
+            )
             estimates = estimate_all_ranks(spec)
             if args.rank is None:
                 selected = max(estimates, key=lambda e: e.peak_memory_bytes)

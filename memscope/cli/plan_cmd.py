@@ -126,7 +126,8 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Plan, write plan.json and plan.md, print the user's layout and the best plans."""
     from memscope.analysis.static.planner import MAX_WORLD_SIZE, plan
-    from memscope.analysis.static.sources import load_config
+    from memscope.analysis.static.spec_checks import validate_spec
+    from memscope.inputs.config_files import load_config
     from memscope.reporters.plan_report import (
         flagscale_yaml,
         plan_document,
@@ -152,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
         # the config's own layout (its world size may differ from the one planned for: the
         # global batch, micro-batch x microbatches x DP, is what carries over)
         spec, _keys = load_config(args.config, args.vocab_size, None)
-        spec = replace(spec, device=args.device, gpu=args.gpu).validate()
+        spec = validate_spec(replace(spec, device=args.device, gpu=args.gpu))
         budget = int(gpu_memory * (1 - headroom))
         result = plan(
             spec,

@@ -35,7 +35,8 @@ def add_world_size_args(parser: Any) -> None:
 def world_size_from_args(args: argparse.Namespace) -> tuple[int | None, str]:
     """The world size the options give (None: none does) and where it comes from; options
     that disagree are a one-line error."""
-    from memscope.analysis.static.sources import experiment_world_size, read_hostfile
+    from memscope.inputs.flagscale_experiment import experiment_world_size
+    from memscope.inputs.hostfile import read_hostfile
 
     given: list[tuple[int, str]] = []
     if args.world_size is not None:
@@ -78,7 +79,8 @@ def _config_runner(config: str | None) -> tuple[int, str] | None:
     ``experiment.runner``), and where from; ``None`` for any other config (one that cannot
     be read is left to the config loading to report) or a runner whose size is unknown
     before launch (said in a warning)."""
-    from memscope.analysis.static.flagscale_experiment import read_yaml, runner_world_size
+    from memscope.inputs.config_text import read_yaml
+    from memscope.inputs.flagscale_experiment import runner_world_size
 
     if config is None or not config.lower().endswith((".yaml", ".yml")):
         return None

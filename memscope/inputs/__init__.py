@@ -1,5 +1,7 @@
-"""Readers of what users hand MemScope: training logs (and, in time, configs and hostfiles).
+"""Readers of what users hand MemScope: Megatron args, config files (FlagScale YAML, MemScope
+JSON), FlagScale experiments, hostfiles, a run's model facts and training logs.
 
-Torch-free. Turns files into plain records and the estimator's typed spec; analysis never
-imports this layer (see docs/architecture.md).
+Torch-free. Turns them into plain records and the estimator's typed spec
+(:class:`memscope.analysis.static.config.TrainingSpec`); analysis never imports this layer
+and reads no file itself (see docs/architecture.md).
 """

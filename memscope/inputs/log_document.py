@@ -16,7 +16,7 @@ from memscope.inputs.training_log import LogRun, MemoryLine, OomMessage, log_fil
 
 MIB = 2**20
 #: What explaining a run may raise: the readers' and estimator's one-line ValueError, and a
-#: safety net for values no check foresaw (as analysis/static/sources.py keeps one).
+#: safety net for values no check foresaw (as inputs/megatron_args.py keeps one).
 UNEXPLAINED = (ValueError, ArithmeticError, LookupError, TypeError)
 
 

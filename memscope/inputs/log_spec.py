@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from memscope.analysis.static.config import TrainingSpec
-from memscope.analysis.static.sources import spec_from_flagscale_yaml
 from memscope.analysis.static.validation import ConfigWarning
+from memscope.inputs.config_files import spec_from_flagscale_yaml
 from memscope.inputs.training_log import LogRun
 
 _INT = re.compile(r"^[-+]?\d+$")

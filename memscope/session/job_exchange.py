@@ -37,7 +37,6 @@ from memscope.reporters.job_summary_json import JOB_SUMMARY_JSON, job_summary_do
 if TYPE_CHECKING:
     from memscope.capture.safety import FailureLog
     from memscope.config import RuntimeConfig
-    from memscope.session.run_identity import RunIdentity
 
 T = TypeVar("T")
 logger = logging.getLogger("memscope")
@@ -243,8 +242,9 @@ class JobSummaryShare:
         self.sent = False
         self.path: str | None = None  # job_summary.json, on the rank that wrote it
 
-    def share(self, summary: dict[str, Any] | None, run: RunIdentity) -> None:
-        """Send ``summary`` (the last report's) unless already sent or switched off."""
+    def share(self, summary: dict[str, Any] | None, run_id: str, start_time: str) -> None:
+        """Send ``summary`` (the last report's, of run ``run_id`` started at ``start_time``)
+        unless already sent or switched off."""
         cfg = self.config
         if not cfg.job_summary or summary is None or self.sent:
             return
@@ -256,8 +256,8 @@ class JobSummaryShare:
                 world_size=self.world_size,
                 expected=cfg.traced_ranks(self.world_size),
                 outdir=cfg.outdir,
-                run_id=run.run_id,
-                start_time=run.start_time,
+                run_id=run_id,
+                start_time=start_time,
                 timeout_s=cfg.job_summary_timeout,
             )
         except Exception as exc:

@@ -5,18 +5,44 @@ failure and at the end (:class:`~memscope.session.writers.ReportFiles`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from memscope.capture.safety import failure_row
+from memscope.capture.parallel import ParallelInfo
+from memscope.capture.safety import FailureLog, failure_row
+from memscope.config import RuntimeConfig
 from memscope.io.rank_folders import TRACE_NAME
 from memscope.report.builder import RunFacts
+from memscope.session.adapter_facts import AdapterFacts
+from memscope.session.recorders import Recorders
+from memscope.session.recording import Recording
 from memscope.session.report_assembly import runtime_metadata, trace_writer_facts
+from memscope.session.run_identity import RunIdentity
+from memscope.session.state import ReportStatus
+from memscope.session.writers import ReportFiles
 
-if TYPE_CHECKING:
-    from memscope.session.session import TracingSession
+
+class ReportedSession(Protocol):
+    """What a report reads of its session (:class:`~memscope.session.session.TracingSession`)."""
+
+    recording: Recording | None
+    parallel: ParallelInfo
+    config: RuntimeConfig
+    backend_name: str
+    hook_counts: dict[str, int]
+    adapter: AdapterFacts
+    run: RunIdentity
+    failures: FailureLog
+    recorders: Recorders
+    files: ReportFiles
+    status: ReportStatus
+    status_reason: str
+    warnings: list[str]
+
+    @property
+    def report_dir(self) -> str: ...
 
 
-def session_metadata(session: TracingSession) -> dict[str, Any]:
+def session_metadata(session: ReportedSession) -> dict[str, Any]:
     """Typed facts about this rank and run."""
     rec = session.recording
     return runtime_metadata(
@@ -31,7 +57,7 @@ def session_metadata(session: TracingSession) -> dict[str, Any]:
     )
 
 
-def build_session_report(session: TracingSession) -> dict[str, Any]:
+def build_session_report(session: ReportedSession) -> dict[str, Any]:
     """The current runtime report of ``session`` as a dict (what it writes)."""
     rec = session.recording
     assert rec is not None and rec.tracer is not None

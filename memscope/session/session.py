@@ -278,7 +278,7 @@ class TracingSession:
     def _write_final_report(self) -> None:
         if self.state is SessionState.STOPPING:
             self.write_report()
-            self.job.share(self.files.summary, self.run)
+            self.job.share(self.files.summary, self.run.run_id, self.run.start_time)
 
     # -- training-loop callbacks -----------------------------------------------------------
     @_isolated("on_train_step_start")
@@ -342,7 +342,7 @@ class TracingSession:
             self.recorders.dump_oom_snapshot()
         self.write_report()
         if final:
-            self.job.share(self.files.summary, self.run)
+            self.job.share(self.files.summary, self.run.run_id, self.run.start_time)
 
     def _on_process_exit(self, reason: str) -> None:
         """atexit / SIGTERM: close tracing and write what was recorded, marked incomplete."""

@@ -4,8 +4,7 @@ from memscope.analysis.static.estimator import (
     SOURCE,
     RankEstimate,
     estimate_all_ranks,
-    estimate_for_runtime,
     estimate_rank,
 )
 
-__all__ = ["SOURCE", "RankEstimate", "estimate_all_ranks", "estimate_for_runtime", "estimate_rank"]
+__all__ = ["SOURCE", "RankEstimate", "estimate_all_ranks", "estimate_rank"]

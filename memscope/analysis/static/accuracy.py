@@ -1,20 +1,19 @@
 """The estimator's measured accuracy, read from the GPU benchmark's committed summary.
 
 ``tools/bench_static_gpu_golden.py --write`` regenerates ``benchmarks/static_gpu_golden.*``
-and this package's ``gpu_benchmark_summary.json`` (its last line's figures: worst signed
-error, median absolute error, case counts). Code that quotes the estimator's accuracy (the
-planner's band) reads it here; ``tests/test_gpu_benchmark_fresh.py`` re-runs the benchmark
-and fails when the committed files, or a figure in the docs, differ from a fresh run.
+and the generated module :mod:`.gpu_benchmark_summary` (its last line's figures: worst
+signed error, median absolute error, case counts), so no file is read here. Code that
+quotes the estimator's accuracy (the planner's band) reads it here;
+``tests/test_gpu_benchmark_fresh.py`` re-runs the benchmark and fails when the committed
+files, or a figure in the docs, differ from a fresh run.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 
-SUMMARY_FILE = "gpu_benchmark_summary.json"
+from memscope.analysis.static.gpu_benchmark_summary import SUMMARY
 
 
 @dataclass(frozen=True)
@@ -46,8 +45,7 @@ class BenchmarkSummary:
 @lru_cache(maxsize=1)
 def gpu_benchmark_summary() -> BenchmarkSummary:
     """The committed summary of ``benchmarks/static_gpu_golden.txt``."""
-    text = resources.files(__package__).joinpath(SUMMARY_FILE).read_text(encoding="utf-8")
-    data = json.loads(text)
+    data = SUMMARY
     return BenchmarkSummary(
         cases=int(data["cases"]),
         worst_error=float(data["worst_error"]),

@@ -1,9 +1,9 @@
 """What the static estimate of a config rests on: its assumptions, which config keys it read,
 and which memory-relevant Megatron features the config turns on that it does not model.
 
-:func:`.sources.load_config` gives the merged key mapping of a config file as the
-estimator's readers build it; :func:`config_coverage` compares it with what the estimator
-reads (:data:`.validation.READ_KEYS`) and with :data:`NOT_MODELLED`, and states the
+:func:`memscope.inputs.config_files.load_config` gives the merged key mapping of a config
+file as the estimator's readers build it; :func:`config_coverage` compares it with what
+the estimator reads (:data:`.read_keys.READ_KEYS`) and with :data:`NOT_MODELLED`, and states the
 assumptions the spec carries. Pure functions, no torch.
 """
 
@@ -16,7 +16,8 @@ from typing import Any
 from memscope.analysis.static.config import TrainingSpec
 from memscope.analysis.static.moe import imbalance_bound
 from memscope.analysis.static.pipeline_layout import mtp_chunk
-from memscope.analysis.static.validation import READ_KEYS, memscope_keys, show
+from memscope.analysis.static.read_keys import READ_KEYS, memscope_keys
+from memscope.analysis.static.validation import show
 
 # Memory-relevant Megatron / FlagScale arguments the estimator does not model: key -> what
 # memory effect the estimate misses when the config sets it. A key the estimator reads
@@ -431,9 +432,9 @@ def approximated_features(spec: TrainingSpec) -> tuple[str, ...]:
 def config_coverage(
     merged: Mapping[str, Any], spec: TrainingSpec, world_source: str | None = None
 ) -> ConfigCoverage:
-    """Coverage of the config keys ``merged`` (as :func:`.sources.load_config` gives them) by the
-    estimate of ``spec``; ``world_source`` says where the world size came from (``None`` or
-    empty: the config)."""
+    """Coverage of the config keys ``merged`` (as
+    :func:`memscope.inputs.config_files.load_config` gives them) by the estimate of ``spec``;
+    ``world_source`` says where the world size came from (``None`` or empty: the config)."""
     read = READ_KEYS | EXTRA_READ_KEYS | memscope_keys()  # MemScope's own: the tracer's
     missing = not_modelled(merged, spec)
     features = [

@@ -35,6 +35,7 @@ names: ``kd_teacher_num_layers``, ``kd_teacher_hidden_size`` ...) win; else the 
 ``model_config.yaml`` when it can be read. The KD settings come from the ``export_kd_cfg``
 YAML (ModelOpt's ``DistillationConfig``: ``skip_lm_loss``, ``logit_kl_topk``,
 ``intermediate_layer_pairs``) or ModelOpt's defaults when it is not given.
+They are read by :mod:`memscope.inputs.distillation_args`; this module costs the result.
 
 Checked on CPU by ``tools/measure_kd_cpu.py`` (ModelOpt is not a MemScope dependency, so the
 test suite does not run it): a tiny real megatron-core student and teacher joined by
@@ -48,14 +49,34 @@ two-stage run's peaks). Not run here: loading a teacher checkpoint (Megatron-LM'
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Protocol
+
+from memscope.analysis.static.config import DistillationSpec
+from memscope.analysis.static.spec_checks import validate_spec
 
 if TYPE_CHECKING:
-    from memscope.analysis.static.activations import Dims
     from memscope.analysis.static.config import TrainingSpec
     from memscope.analysis.static.params import RankPosition
+
+
+class Dims(Protocol):
+    """The sizes of one microbatch this module reads, as :class:`.activations.Dims` gives
+    them (the activation model passes its own in; it imports this module, not back)."""
+
+    @property
+    def s(self) -> int: ...  # sequence length
+    @property
+    def b(self) -> int: ...  # micro-batch size
+    @property
+    def h(self) -> int: ...  # hidden size
+    @property
+    def e(self) -> int: ...  # bytes per activation element
+    @property
+    def hidden(self) -> int: ...  # one [s/sp, b, h] activation in bytes
+    @property
+    def logits(self) -> int: ...  # one [s, b, V/t] logits tensor in bytes
+
 
 FP32 = 4
 INT64 = 8
@@ -78,132 +99,6 @@ KD_KEYS = frozenset(
     | {TEACHER_PREFIX + f for f in TEACHER_FIELDS}
     | set(KD_SETTINGS)
 )
-_GIVE = ", ".join(TEACHER_PREFIX + f for f in REQUIRED_TEACHER_FIELDS)
-
-
-@dataclass(frozen=True)
-class DistillationSpec:
-    """The teacher and the KD loss of a ModelOpt distillation run."""
-
-    teacher: TrainingSpec  # the teacher as a spec with the student's parallel sizes
-    teacher_source: str  # where its config came from
-    skip_lm_loss: bool = True
-    logit_topk: int | None = None
-    intermediate_pairs: int = 0
-
-
-def _get(src: Any, name: str, default: Any = None) -> Any:
-    value = src.get(name, default) if isinstance(src, dict) else getattr(src, name, default)
-    return default if value is None else value
-
-
-def _nemo_to_megatron(config: dict[str, Any]) -> dict[str, Any]:
-    """The NeMo field names of a teacher ``model_config.yaml`` as Megatron-LM's
-    ``_load_teacher_model_config`` translates them."""
-    out = dict(config)
-    if "encoder_seq_length" in out:
-        out["seq_length"] = out["encoder_seq_length"]
-    if "bias" in out:
-        out["disable_bias_linear"] = not out["bias"]
-    if out.get("activation") == "swiglu":
-        out["swiglu"] = True
-    if "share_embeddings_and_output_weights" in out:
-        out["untie_embeddings_and_output_weights"] = not out["share_embeddings_and_output_weights"]
-    if "precision" in out:
-        out[str(out["precision"])] = True
-    return out
-
-
-def _checkpoint_config(path: str) -> dict[str, Any] | None:
-    """The teacher checkpoint's ``model_config.yaml`` (a mapping), or ``None`` when absent."""
-    import yaml
-
-    file = os.path.join(str(path), "model_config.yaml")
-    if not os.path.isfile(file):
-        return None
-    try:
-        with open(file, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise ValueError(f"export_kd_teacher_load: {file} is not readable ({exc})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"export_kd_teacher_load: {file} is not a mapping")
-    return _nemo_to_megatron(data)
-
-
-def teacher_config(args: Any) -> tuple[dict[str, Any], str]:
-    """(the teacher's fields, where they came from); refused with one line naming what to
-    give when the architecture is not known."""
-    load = _get(args, "export_kd_teacher_load")
-    given = {f: _get(args, TEACHER_PREFIX + f) for f in TEACHER_FIELDS}
-    given = {k: v for k, v in given.items() if v is not None}
-    from_ckpt = _checkpoint_config(load) or {}
-    fields = {**from_ckpt, **given}
-    missing = [f for f in REQUIRED_TEACHER_FIELDS if f not in fields]
-    if missing:
-        raise ValueError(
-            f"export_kd_teacher_load: the teacher's {', '.join(missing)} not known (no readable "
-            f"{os.path.join(str(load), 'model_config.yaml')}); give {_GIVE}"
-        )
-    source = (
-        "kd_teacher_* keys" if not from_ckpt
-        else f"{load}/model_config.yaml" + (" and kd_teacher_* keys" if given else "")
-    )  # fmt: skip
-    return fields, source
-
-
-def _kd_settings(args: Any) -> tuple[bool, int | None, int]:
-    """(skip_lm_loss, logit_kl_topk, intermediate pairs) from ``kd_*`` keys, else the
-    ``export_kd_cfg`` YAML, else ModelOpt's ``DistillationConfig`` defaults."""
-    import yaml
-
-    cfg: dict[str, Any] = {}
-    path = _get(args, "export_kd_cfg")
-    overridden = any(_get(args, k) is not None for k in KD_SETTINGS)
-    if path is not None and not overridden:
-        try:
-            with open(str(path), encoding="utf-8") as f:
-                cfg = yaml.safe_load(f) or {}
-        except (OSError, yaml.YAMLError, UnicodeDecodeError):
-            raise ValueError(
-                f"export_kd_cfg: {path} is not readable here; give {', '.join(KD_SETTINGS)} "
-                "(skip_lm_loss, logit_kl_topk, number of intermediate_layer_pairs)"
-            ) from None
-        if not isinstance(cfg, dict):
-            raise ValueError(f"export_kd_cfg: {path} is not a mapping")
-    skip = _get(args, "kd_skip_lm_loss", cfg.get("skip_lm_loss", True))
-    topk = _get(args, "kd_logit_kl_topk", cfg.get("logit_kl_topk"))
-    pairs = _get(args, "kd_intermediate_layer_pairs", cfg.get("intermediate_layer_pairs") or [])
-    count = len(pairs) if isinstance(pairs, (list, tuple)) else int(pairs)
-    return bool(skip), (None if topk is None else int(topk)), count
-
-
-def distillation_from_args(args: Any, student: TrainingSpec) -> DistillationSpec | None:
-    """The :class:`DistillationSpec` of Megatron args (``None`` without
-    ``export_kd_teacher_load``); the teacher is built by :func:`.sources.spec_from_megatron_args`
-    from the student's arguments with the teacher's fields in place (as Megatron-LM does)."""
-    if _get(args, "export_kd_teacher_load") is None:
-        stray = sorted(k for k in KD_KEYS - {"export_kd_teacher_load"} if _get(args, k) is not None)
-        if stray:
-            raise ValueError(f"{stray[0]} needs export_kd_teacher_load (ModelOpt distillation)")
-        return None
-    p = student.parallel
-    if p.pp > 1 and p.vpp is not None:  # megatron/post_training/model_provider.py
-        raise ValueError("ModelOpt distillation does not support the interleaved pipeline (vpp)")
-    from memscope.analysis.static.sources import spec_from_megatron_args
-
-    fields, source = teacher_config(args)
-    base = dict(args) if isinstance(args, dict) else dict(vars(args))
-    base.pop("kv_channels", None)  # Megatron: not recalculated if present
-    for key in KD_KEYS:
-        base.pop(key, None)
-    base.update(fields)
-    try:
-        teacher = spec_from_megatron_args(base)
-    except ValueError as exc:
-        raise ValueError(f"kd teacher ({source}): {exc}") from None
-    skip, topk, pairs = _kd_settings(args)
-    return DistillationSpec(teacher, source, skip, topk, pairs)
 
 
 def teacher_terms(spec: TrainingSpec, position: RankPosition, compute_major: int) -> dict[str, int]:
@@ -221,7 +116,7 @@ def teacher_terms(spec: TrainingSpec, position: RankPosition, compute_major: int
     # as the planner changed the student's parallel sizes after reading the config
     teacher = replace(kd.teacher, parallel=spec.parallel)
     try:
-        teacher.validate()
+        validate_spec(teacher)
     except ValueError as exc:
         raise ValueError(f"kd teacher ({kd.teacher_source}): {exc}") from None
     params = rank_params(teacher, position)

@@ -10,7 +10,7 @@ rounding and fragmentation) is a separate allowance (:mod:`.allowance`), never a
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -25,7 +25,6 @@ from memscope.analysis.static.config import TrainingSpec, stage_spec
 from memscope.analysis.static.distillation import teacher_terms
 from memscope.analysis.static.fp8 import quantized_weight_terms
 from memscope.analysis.static.fsdp import unsharded_bytes
-from memscope.analysis.static.inrun import ModelFacts, chunk_disagreements, inrun_inputs
 from memscope.analysis.static.muon import is_muon, muon_step_bytes
 from memscope.analysis.static.params import (
     ParamTensor,
@@ -33,7 +32,6 @@ from memscope.analysis.static.params import (
     layers_per_chunk,
     rank_params,
 )
-from memscope.analysis.static.sources import spec_from_megatron_args
 from memscope.analysis.static.terms import PersistentTerms, fp32_grad_copies, persistent_terms
 from memscope.analysis.static.workspaces import compute_major, workspace_terms
 
@@ -225,56 +223,3 @@ def ranks_by_position(spec: TrainingSpec) -> dict[RankPosition, list[int]]:
         for local in range(size):
             out.setdefault(RankPosition(local % tp, stage), []).append(first + local)
     return out
-
-
-def estimate_for_runtime(
-    args: Any,
-    parallel: Any,
-    device: str = "cuda",
-    model: ModelFacts | None = None,
-    settings: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The ``StaticEstimateProvider`` for the runtime tracer (``compare_with_static`` input).
-
-    ``parallel`` is the rank's :class:`~memscope.capture.parallel.ParallelInfo`; its data-
-    parallel size overrides the one in ``args``. ``device`` is where the run's tensors live.
-    ``model`` (what the attached model says) wins over ``args`` key by key, ``settings`` (a
-    trainer's batch sizes and optimizer) fill in what neither gives (:mod:`.inrun`); the
-    result says where each input came from and where the model and the args disagree.
-    Raises ``ValueError`` when the inputs describe a model the estimator does not support.
-    """
-    inputs = inrun_inputs(model, args, settings)
-    spec = spec_from_megatron_args(inputs.values)
-    sizes = replace(
-        spec.parallel,
-        dp=max(1, int(getattr(parallel, "dp_size", spec.parallel.dp) or 1)),
-    )
-    spec = replace(spec, parallel=sizes, device=device)
-    position = RankPosition(
-        tp_rank=int(getattr(parallel, "tp_rank", None) or 0),
-        pp_rank=int(getattr(parallel, "pp_rank", None) or 0),
-    )
-    if model is not None:
-        stage = position.pp_rank
-        extra = chunk_disagreements(
-            model, tuple(layers_per_chunk(spec, stage)), stage == 0, stage == spec.parallel.pp - 1
-        )
-        inputs = replace(inputs, disagreements=inputs.disagreements + extra)
-    est = estimate_rank(spec, position)
-    from memscope.analysis.static.remedies import rank_remedies  # remedies builds on this
-
-    return {
-        "peak_memory_bytes": est.peak_memory_bytes,
-        "components": est.components(),
-        "source": SOURCE,
-        "peak_stage": est.peak_stage,
-        "peak_moment": est.activations.peak_moment,
-        # the pipeline schedule's arithmetic (activations.py): (chunk-)microbatches whose
-        # saved tensors coexist at the peak, and per virtual chunk
-        "in_flight_microbatches": est.activations.in_flight,
-        "in_flight_per_chunk": list(est.activations.in_flight_per_chunk),
-        # megatron's global memory buffer (activations.py buffer_bytes), inside "activations"
-        "buffer_bytes": est.activations.buffer_bytes,
-        "remedies": [r.to_dict() for r in rank_remedies(spec, position)],
-        **inputs.to_dict(),
-    }

@@ -58,6 +58,7 @@ from memscope.analysis.static.config import TrainingSpec, chunk_layer_counts, ch
 from memscope.analysis.static.estimator import RankEstimate, estimate_rank
 from memscope.analysis.static.params import RankPosition, rank_param_count
 from memscope.analysis.static.pipeline_layout import format_layout
+from memscope.analysis.static.spec_checks import validate_spec
 from memscope.analysis.static.terms import optimizer_shards
 
 #: The estimator's worst relative error against the GPU memory NVIDIA's Megatron-LM functional
@@ -832,12 +833,12 @@ def apply(spec: TrainingSpec, layout: Layout) -> TrainingSpec:
         extra = {"recompute_method": layout.recompute_method,
                  "recompute_num_layers": layout.recompute_num_layers}  # fmt: skip
     offloading = layout.cpu_offloading_num_layers
-    return r(spec, parallel=parallel, precision=precision, recompute=layout.recompute,
+    return validate_spec(r(spec, parallel=parallel, precision=precision, recompute=layout.recompute,
              recompute_modules=layout.recompute_modules,
              cpu_offloading=offloading is not None,
              cpu_offloading_num_layers=offloading or 0,
              micro_batch_size=layout.micro_batch_size,
-             num_microbatches=layout.num_microbatches, **extra).validate()  # fmt: skip
+             num_microbatches=layout.num_microbatches, **extra))  # fmt: skip
 
 
 def calibration(comparisons: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

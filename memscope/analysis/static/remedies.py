@@ -24,6 +24,7 @@ from memscope.analysis.static.config import TrainingSpec
 from memscope.analysis.static.estimator import estimate_all_ranks, estimate_rank
 from memscope.analysis.static.params import RankPosition
 from memscope.analysis.static.planner import ESTIMATE_UNCERTAINTY, CostModel
+from memscope.analysis.static.spec_checks import validate_spec
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,7 @@ def rank_remedies(
     for name, flags, args, changed, relayout in _candidates(spec):
         try:
             after = _worst(changed) if relayout else peak(changed, position)
-            step_time = round(cost.breakdown(changed.validate())["total"], 6)
+            step_time = round(cost.breakdown(validate_spec(changed))["total"], 6)
         except ValueError:
             continue  # a combination the estimator does not support
         if after < now:

@@ -27,7 +27,8 @@ from typing import Any
 from memscope.analysis.job import RankEntry, job_mixups
 from memscope.analysis.static.config import TrainingSpec
 from memscope.analysis.static.planner import stage_peaks
-from memscope.analysis.static.sources import spec_from_flagscale_yaml
+from memscope.analysis.static.spec_checks import validate_spec
+from memscope.inputs.config_files import spec_from_flagscale_yaml
 from memscope.io.rank_folders import REPORT_NAME, rank_folders
 from memscope.io.report_reader import ReportError, load_report
 
@@ -91,7 +92,7 @@ def strategy_spec(strategy: Mapping[str, Any], config: Any) -> TrainingSpec:
                 "context_parallel_size", "data_parallel_size"):  # fmt: skip
         world *= int(system.get(key) or 1)
     yaml = {"system": system, "model": model, "data": dict(train.get("data") or {})}
-    return spec_from_flagscale_yaml(yaml, world_size=world).validate()
+    return validate_spec(spec_from_flagscale_yaml(yaml, world_size=world))
 
 
 def memory_model(strategy: Mapping[str, Any], config: Any) -> float:

@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from memscope.analysis.static.inrun import ModelFacts
 from memscope.capture.hooks import unwrap_module
 from memscope.capture.safety import FailureLog
+from memscope.inputs.inrun import ModelFacts
 from memscope.integrations.megatron.layer_numbers import global_layer_numbers
 from memscope.integrations.megatron.model_spec import read_model_facts
 

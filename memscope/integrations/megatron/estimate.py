@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from memscope.analysis.static.inrun import ModelFacts
 from memscope.capture.device import device_type
 from memscope.capture.parallel import ParallelInfo
+from memscope.inputs.inrun import ModelFacts
 from memscope.integrations.megatron.training_settings import SPEC_FROM_ARGS, SPEC_FROM_MODEL
 
 #: ``provider(args, parallel)``: a caller's own estimate for this rank, or ``None``.
@@ -21,7 +21,7 @@ def default_static_estimate(
 ) -> dict[str, Any]:
     """MemScope's own per-rank estimate: the attached model's own settings
     (:func:`.model_spec.read_model_facts`), this run's Megatron args for the rest."""
-    from memscope.analysis.static.estimator import estimate_for_runtime
+    from memscope.inputs.runtime_estimate import estimate_for_runtime
 
     if args is None and model is None:
         raise ValueError(

@@ -7,7 +7,7 @@ softmax precision, recompute, MoE, MLA, MTP, normalization, dropout and parallel
 classes of the linear layers (Transformer Engine or local) and of the core attention
 (``DotProductAttention`` or ``TEDotProductAttention``); the model's padded vocabulary, maximum
 sequence length, decoder layers per chunk and which chunk holds the embedding and the output
-layer -- under Megatron's argument names, so :mod:`memscope.analysis.static.inrun` can merge
+layer -- under Megatron's argument names, so :mod:`memscope.inputs.inrun` can merge
 them with the args (torch stays on this side).
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from memscope.analysis.static.inrun import ModelFacts
+from memscope.inputs.inrun import ModelFacts
 
 # TransformerConfig fields read under the same name as Megatron-LM's argument
 # (megatron/training/arguments.py core_transformer_config_from_args copies them by name).

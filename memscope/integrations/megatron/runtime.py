@@ -26,9 +26,9 @@ from typing import Any
 
 import torch
 
-from memscope.analysis.static.inrun import ModelFacts
 from memscope.capture.tracer import MemoryTracer
 from memscope.config import RuntimeConfig
+from memscope.inputs.inrun import ModelFacts
 from memscope.integrations.megatron.chunks import read_chunks, unwrap_chunks
 from memscope.integrations.megatron.dashboards import dashboard_sink
 from memscope.integrations.megatron.estimate import (

@@ -38,10 +38,10 @@ from typing import Any
 
 import torch
 
-from memscope.analysis.static.inrun import ModelFacts
 from memscope.capture.device import device_type
 from memscope.capture.parallel import ParallelInfo
 from memscope.config import RuntimeConfig, runtime_settings
+from memscope.inputs.inrun import ModelFacts
 from memscope.integrations.megatron.model_spec import read_model_facts
 from memscope.integrations.megatron.parallel import megatron_parallel_info
 from memscope.integrations.megatron.training_settings import training_settings
@@ -133,7 +133,7 @@ class MemScopeTorchRuntime:
         self._optimizer_phase = False
 
     def _static_estimate(self) -> dict[str, Any]:
-        from memscope.analysis.static.estimator import estimate_for_runtime
+        from memscope.inputs.runtime_estimate import estimate_for_runtime
 
         missing = [k for k in TRAINER_KEYS if self.training.get(k) is None]
         if missing:

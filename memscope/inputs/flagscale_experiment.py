@@ -16,13 +16,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from memscope.analysis.static.validation import (
-    YamlRefusal,
-    as_int,
-    load_yaml,
-    read_config_text,
-    show,
-)
+from memscope.analysis.static.validation import show
+from memscope.inputs.config_text import read_yaml
+from memscope.inputs.hostfile import read_hostfile
+from memscope.inputs.values import as_int
 
 TRAIN_SECTIONS = ("system", "model", "data")
 # What an experiment YAML holds besides its train config; none of it changes the training
@@ -88,8 +85,6 @@ def runner_world_size(data: Any, path: str) -> tuple[int, str] | None:
     ``hostfile`` when that names a readable file (relative to the YAML's folder or the working
     directory), else ``nnodes`` x ``nproc_per_node``; ``None`` when neither is given or the
     YAML has no runner."""
-    from memscope.analysis.static.sources import read_hostfile
-
     experiment = data.get("experiment") if isinstance(data, dict) else None
     runner = experiment.get("runner") if isinstance(experiment, dict) else None
     if not isinstance(runner, dict):
@@ -142,18 +137,6 @@ def _composes_train(path: str) -> bool:
         return False
 
 
-def read_yaml(path: str) -> Any:
-    """The YAML at ``path`` with the estimator's limits; one-line ``ValueError`` naming it."""
-    import yaml
-
-    try:
-        return load_yaml(read_config_text(path))
-    except YamlRefusal as exc:
-        raise ValueError(f"{path}: {exc}") from None
-    except (yaml.YAMLError, RecursionError) as exc:
-        raise ValueError(f"{path}: invalid YAML ({type(exc).__name__})") from None
-
-
 def _apply_overrides(experiment: dict[str, Any], train: dict[str, Any]) -> tuple[dict, list[str]]:
     """The train config with the experiment's own ``train:`` node merged in: it wins when
     ``_self_`` comes after the train entry in ``defaults:`` (Hydra's order), else the train
@@ -200,3 +183,13 @@ def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
         else:
             out[key] = copy.deepcopy(value)
     return out
+
+
+def experiment_world_size(path: str) -> tuple[int, str] | None:
+    """(world size, where from) of a FlagScale experiment YAML's ``experiment.runner`` (see
+    :func:`runner_world_size`); a YAML without a runner is refused."""
+    data = read_yaml(path)
+    experiment = data.get("experiment") if isinstance(data, dict) else None
+    if not isinstance(experiment, dict) or not isinstance(experiment.get("runner"), dict):
+        raise ValueError(f"{path}: experiment.runner: missing (not a FlagScale experiment YAML)")
+    return runner_world_size(data, path)

@@ -19,14 +19,9 @@ import os
 import re
 from typing import Any
 
-from memscope.analysis.static.validation import (
-    as_bool,
-    as_float,
-    as_int,
-    load_yaml,
-    read_config_text,
-    show,
-)
+from memscope.analysis.static.validation import show
+from memscope.inputs.config_text import load_yaml, read_config_text
+from memscope.inputs.values import as_bool, as_float, as_int
 
 # Keys that only multimodal (vision-language / robotics VLA) training scripts read.
 VISION_KEYS = (

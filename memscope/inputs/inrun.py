@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from memscope.analysis.static.validation import READ_KEYS
+from memscope.analysis.static.read_keys import READ_KEYS
 
 MODEL = "model"
 ARGS = "args"
