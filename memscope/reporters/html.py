@@ -30,6 +30,7 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
+from memscope.reporters.html_payload import MAX_ROWS, page_sections
 from memscope.units import NUMBER_RULES, printable
 
 _SCRIPT_ESCAPES = {
@@ -110,6 +111,8 @@ def _render(template: str, payload: dict[str, Any], title: str) -> str:
 
 def render_runtime_html(payload: dict[str, Any]) -> str:
     """One rank's page from :func:`memscope.reporters.html_payload.runtime_payload`."""
+    if "sections" not in payload:  # a payload made by hand: the built-in sections, in order
+        payload = {**payload, "sections": page_sections({}, MAX_ROWS)}
     title = f"MemScope — rank {payload.get('rank')} of {payload.get('world_size')}"
     if payload.get("grid"):
         title += f" ({payload['grid']})"
