@@ -150,12 +150,12 @@ const RANK_SECTIONS = {
   },
 };
 
-// [renderer, section] for each section of the index that `registry` has a renderer of, in
-// the index's order (a section without one is drawn by its markup alone).
-function sectionCalls(sections, registry) {
-  return (sections || []).filter(s => s.renderer && Object.hasOwn(registry, s.renderer)).map(s => [registry[s.renderer], s]);
+// The entries of the index that `registry` has a renderer of, in the index's order (a section
+// without one is drawn by its markup alone).
+function sectionsToDraw(sections, registry) {
+  return (sections || []).filter(s => typeof s.renderer === "string" && Object.hasOwn(registry, s.renderer));
 }
 
 function drawSections(P, registry) {
-  sectionCalls(P.sections, registry).forEach(([draw, section]) => draw(P, section));
+  sectionsToDraw(P.sections, registry).forEach(section => registry[section.renderer](P, section));
 }
