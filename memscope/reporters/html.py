@@ -16,6 +16,9 @@ Strings from the data reach the page in three ways, each with one rule:
 The pages' script lives in ``templates/js/`` (formatting, tables, charts, then one view and one
 wiring file per page); :func:`page_js` inlines the files a template names, in that order, into
 one ``<script>`` element, so a page stays one file. ``tests/js/`` unit-tests the files under node.
+The rank page's sections are drawn in the order of the report's index: each by its partial in
+``templates/sections/`` and its function in ``RANK_SECTIONS`` (``js/runtime_sections.js``),
+or by the generic partial (see :func:`memscope.reporters.html_payload.page_sections`).
 """
 
 from __future__ import annotations
