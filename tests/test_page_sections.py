@@ -146,3 +146,20 @@ def test_a_reordered_page_in_chromium_draws_its_charts_in_the_new_order(tmp_path
     steps = dom.split('id="section-steps"')[1].split("</section>")[0]
     assert steps.count('class="main-svg"') >= 2  # the step timeline and the within-step chart
     assert 'class="peak-row"' in dom and "Peak allocated" in dom  # top events, cards drawn
+
+
+def test_a_built_in_renderer_draws_only_its_own_section_once():
+    """The built-in renderers draw what runtime_payload laid out for their own section (fixed
+    element ids): an index naming one for another section, or twice, gets the generic view."""
+    report = _example()
+    peak = next(s for s in PRE_INDEX_SECTIONS if s.name == "peak")
+    other = SectionSpec("borrowed", "Borrowed", SectionLayout.KEY_VALUES, renderer="peak")
+    report["sections"] = [peak.to_dict(), other.to_dict(), peak.to_dict()]
+    report["borrowed"] = {"a": 1}
+    entries = page_sections(report, MAX_ROWS)
+    assert [(e["name"], e.get("renderer")) for e in entries] == [
+        ("peak", "peak"), ("borrowed", None), ("peak", None)
+    ]  # fmt: skip
+    assert entries[1]["rows"] == [["a", "1"]]
+    html = render_runtime_html(runtime_payload(report))
+    assert html.count('id="cards"') == 1 and html.count('id="composition"') == 1

@@ -13,7 +13,7 @@ from typing import Any
 
 from memscope.downsample import downsample_indices
 from memscope.events.schema import HOOK_EVENTS
-from memscope.events.sections import PRE_INDEX_SECTIONS, report_sections
+from memscope.events.sections import PRE_INDEX_SECTIONS, SectionSpec, report_sections
 from memscope.reporters.layer_labels import label_modules
 from memscope.reporters.section_views import section_view
 from memscope.reporters.views import (
@@ -156,12 +156,15 @@ def page_sections(
     renderer}`` for a section the page has the renderer of (plus ``value`` where
     :func:`runtime_payload` does not lay its data out), else its generic view
     (:func:`memscope.reporters.section_views.section_view`, module names labelled as everywhere
-    on the page); sections with nothing to show on a page are left out."""
+    on the page); sections with nothing to show on a page are left out. A built-in renderer
+    draws what :func:`runtime_payload` laid out for its own section, so it draws only the
+    section of its own name, once (an index naming it elsewhere gets the generic view)."""
     layers = (report.get("metadata") or {}).get("layer_numbers")
     out: list[dict[str, Any]] = []
+    drawn: set[str] = set()
     for spec in report_sections(report):
         value = report.get(spec.name)
-        if spec.renderer in renderers:
+        if _page_draws(spec, renderers, drawn):
             entry: dict[str, Any] = {
                 "name": spec.name,
                 "title": spec.title,
@@ -169,12 +172,23 @@ def page_sections(
             }
             if spec.renderer not in BUILTIN_RENDERERS:
                 entry["value"] = value  # labelled with the whole payload
+            drawn.add(spec.name)
             out.append(entry)
             continue
         view = section_view(spec, label_modules(value, layers), max_rows)
         if view is not None:
             out.append(view.to_dict())
     return out
+
+
+def _page_draws(spec: SectionSpec, renderers: frozenset[str], drawn: set[str]) -> bool:
+    """Whether the page's own renderer draws ``spec``: one it has, and for a built-in one,
+    the section of its own name, not yet drawn."""
+    if spec.renderer not in renderers:
+        return False
+    return spec.renderer not in BUILTIN_RENDERERS or (
+        spec.name == spec.renderer and spec.name not in drawn
+    )
 
 
 #: The parallel dimensions of a rank's grid position, in Megatron's order of the title.
