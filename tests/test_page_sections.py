@@ -46,7 +46,7 @@ def test_every_page_renderer_has_its_partial_and_every_partial_a_renderer():
     assert len(BUILTIN_RENDERERS) == 9
 
 
-def test_the_scripts_registry_names_only_page_renderers():
+def test_the_scripts_registry_has_the_built_in_renderers_and_only_page_renderers():
     if NODE is None:
         pytest.skip("no node binary: the registry is read by running the page's script")
     js = ROOT / "memscope" / "reporters" / "templates" / "js"
@@ -56,7 +56,9 @@ def test_the_scripts_registry_names_only_page_renderers():
     script = f'"use strict";\nconst RULES = {{}};\n{source}\n{keys}'
     res = subprocess.run([NODE, "-e", script], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert set(json.loads(res.stdout)) == set(PAGE_RENDERERS)
+    scripted = set(json.loads(res.stdout))
+    # every built-in renderer draws charts or tables; a new one may be its partial alone
+    assert BUILTIN_RENDERERS <= scripted <= PAGE_RENDERERS
 
 
 def test_the_example_page_draws_the_built_in_sections_in_the_index_order():
