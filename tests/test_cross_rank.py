@@ -80,3 +80,27 @@ def test_a_job_without_peaks_or_with_one_stage_explains_nothing_it_cannot():
     one_stage = [_row(r, 0, r, 0, 10 * MiB) for r in range(2)]
     explained = explain_job(one_stage)
     assert explained["imbalance_by_term"] == {} and explained["outliers"] == []
+
+
+def test_terms_that_differ_equally_are_said_in_name_order_under_any_hash_seed():
+    """Equal deltas are ranked by name, so the sentence and the committed example pages do not
+    change with the process's string hashing (set order)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import json\nfrom memscope.analysis.cross_rank import explain_job\n"
+        "rows = [{'rank': r, 'status': 'complete', 'pp_rank': r, 'tp_rank': 0, 'dp_rank': 0,"
+        " 'peak_allocated': 10 - r, 'terms': {k: (5 - 4 * r) for k in 'edcbaf'}} for r in (0, 1)]\n"
+        "print(json.dumps(list(explain_job(rows)['imbalance_by_term']['term_deltas'])))"
+    )
+    seen = set()
+    for seed in range(6):
+        env = {**os.environ, "PYTHONHASHSEED": str(seed)}
+        command = [sys.executable, "-c", script]
+        res = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr[-2000:]
+        seen.add(tuple(json.loads(res.stdout)))
+    assert seen == {("a", "b", "c", "d", "e", "f")}

@@ -112,7 +112,7 @@ def _imbalance(stages: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     lo = min(stages, key=lambda s: s["peak_max"])
     names = set(hi["max_terms"]) | set(lo["max_terms"])
     deltas = {k: hi["max_terms"].get(k, 0) - lo["max_terms"].get(k, 0) for k in names}
-    ranked = sorted((k for k in deltas if deltas[k]), key=lambda k: -abs(deltas[k]))
+    ranked = sorted((k for k in deltas if deltas[k]), key=lambda k: (-abs(deltas[k]), k))
     parts = []
     for k in ranked[:3]:
         part = f"{k} {format_bytes(deltas[k], signed=True)}"

@@ -16,6 +16,9 @@ Strings from the data reach the page in three ways, each with one rule:
 The pages' script lives in ``templates/js/`` (formatting, tables, charts, then one view and one
 wiring file per page); :func:`page_js` inlines the files a template names, in that order, into
 one ``<script>`` element, so a page stays one file. ``tests/js/`` unit-tests the files under node.
+The rank page's sections are drawn in the order of the report's index: each by its partial in
+``templates/sections/`` and its function in ``RANK_SECTIONS`` (``js/runtime_sections.js``),
+or by the generic partial (see :func:`memscope.reporters.html_payload.page_sections`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
+from memscope.reporters.html_payload import MAX_ROWS, page_sections
 from memscope.units import NUMBER_RULES, printable
 
 _SCRIPT_ESCAPES = {
@@ -110,6 +114,8 @@ def _render(template: str, payload: dict[str, Any], title: str) -> str:
 
 def render_runtime_html(payload: dict[str, Any]) -> str:
     """One rank's page from :func:`memscope.reporters.html_payload.runtime_payload`."""
+    if "sections" not in payload:  # a payload made by hand: the built-in sections, in order
+        payload = {**payload, "sections": page_sections({}, MAX_ROWS)}
     title = f"MemScope — rank {payload.get('rank')} of {payload.get('world_size')}"
     if payload.get("grid"):
         title += f" ({payload['grid']})"

@@ -13,7 +13,7 @@ from typing import Any
 
 from memscope.downsample import downsample_indices
 from memscope.events.schema import HOOK_EVENTS
-from memscope.events.sections import report_sections
+from memscope.events.sections import PRE_INDEX_SECTIONS, SectionSpec, report_sections
 from memscope.reporters.layer_labels import label_modules
 from memscope.reporters.section_views import section_view
 from memscope.reporters.views import (
@@ -30,14 +30,14 @@ MAX_ROWS = 500
 MAX_DETAIL_STEPS = 10
 #: Ranks whose step timeline the job page plots (a chart of thousands of lines helps nobody).
 MAX_TIMELINES = 16
-#: The sections the rank page draws with its own charts and tables, by renderer name; the page
-#: draws any other section generically (:func:`generic_sections`).
-PAGE_RENDERERS = frozenset(
-    {
-        "oom", "peak", "allocator_timeline", "comparisons", "phase_summary", "top_events",
-        "module_summary", "step_transitions", "steps",
-    }
-)  # fmt: skip
+#: The renderers whose data :func:`runtime_payload` lays out itself: the built-in sections'.
+BUILTIN_RENDERERS = frozenset(s.renderer for s in PRE_INDEX_SECTIONS if s.renderer)
+#: The rank page's own section renderers, by name: each is a partial,
+#: ``templates/sections/<name>.html.j2``, and (where it draws charts or tables) a function of
+#: ``RANK_SECTIONS`` in ``templates/js/runtime_sections.js``. A section whose spec names one of
+#: them is drawn by it; any other by its layout (:func:`page_sections`). A new renderer adds its
+#: name here (``BUILTIN_RENDERERS | {"name"}``) and gets its section's value as ``value``.
+PAGE_RENDERERS: frozenset[str] = BUILTIN_RENDERERS
 
 
 def _pick(rows: list[dict[str, Any]], keys: Sequence[str]) -> dict[str, list[Any]]:
@@ -149,15 +149,46 @@ def _transitions(section: dict[str, Any] | None, max_rows: int) -> dict[str, Any
     return {**section, "transitions": rows[:max_rows], "transitions_total": len(rows)}
 
 
-def generic_sections(report: Mapping[str, Any], max_rows: int) -> list[dict[str, Any]]:
-    """The sections of the report's index that the page has no renderer of, each laid out by
-    its layout (:func:`memscope.reporters.section_views.section_view`), in index order, with
-    module names labelled as everywhere on the page."""
-    specs = [s for s in report_sections(report) if s.renderer not in PAGE_RENDERERS]
+def page_sections(
+    report: Mapping[str, Any], max_rows: int, renderers: frozenset[str] = PAGE_RENDERERS
+) -> list[dict[str, Any]]:
+    """The rank page's sections, in the order of the report's index: ``{name, title,
+    renderer}`` for a section the page has the renderer of (plus ``value`` where
+    :func:`runtime_payload` does not lay its data out), else its generic view
+    (:func:`memscope.reporters.section_views.section_view`, module names labelled as everywhere
+    on the page); sections with nothing to show on a page are left out. A built-in renderer
+    draws what :func:`runtime_payload` laid out for its own section, so it draws only the
+    section of its own name, once (an index naming it elsewhere gets the generic view)."""
     layers = (report.get("metadata") or {}).get("layer_numbers")
-    values = label_modules({s.name: report.get(s.name) for s in specs}, layers)
-    views = (section_view(s, values[s.name], max_rows) for s in specs)
-    return [view.to_dict() for view in views if view is not None]
+    out: list[dict[str, Any]] = []
+    drawn: set[str] = set()
+    for spec in report_sections(report):
+        value = report.get(spec.name)
+        if _page_draws(spec, renderers, drawn):
+            entry: dict[str, Any] = {
+                "name": spec.name,
+                "title": spec.title,
+                "renderer": spec.renderer,
+            }
+            if spec.renderer not in BUILTIN_RENDERERS:
+                entry["value"] = value  # labelled with the whole payload
+            drawn.add(spec.name)
+            out.append(entry)
+            continue
+        view = section_view(spec, label_modules(value, layers), max_rows)
+        if view is not None:
+            out.append(view.to_dict())
+    return out
+
+
+def _page_draws(spec: SectionSpec, renderers: frozenset[str], drawn: set[str]) -> bool:
+    """Whether the page's own renderer draws ``spec``: one it has, and for a built-in one,
+    the section of its own name, not yet drawn."""
+    if spec.renderer not in renderers:
+        return False
+    return spec.renderer not in BUILTIN_RENDERERS or (
+        spec.name == spec.renderer and spec.name not in drawn
+    )
 
 
 #: The parallel dimensions of a rank's grid position, in Megatron's order of the title.
@@ -234,7 +265,7 @@ def runtime_payload(
         "errors": (report.get("errors") or [])[:max_rows],
         "warnings": (report.get("warnings") or [])[:max_rows],
         "trace": report.get("trace") or {},
-        "sections": generic_sections(report, max_rows),
+        "sections": page_sections(report, max_rows),
     }
     return label_modules(payload, meta.get("layer_numbers"))
 
