@@ -8,8 +8,8 @@ test, and a unit test must not use what makes a test an integration test:
 - a process started by ``multiprocessing`` (the launcher's multi-rank gloo trainings),
 - a subprocess that trains, parses with Megatron-LM's own code or drives a browser: a script
   of ``tests/``, ``memscope demo``, torchrun, chromium, or one given a FlagScale tree,
-- a file or folder of a FlagScale tree (a folder named ``flag_scale``, as the cached tree and
-  its copies are).
+- a file of a FlagScale tree, or a copy of one (a folder named ``flag_scale``, as the cached
+  tree and its copies are).
 
 Those uses are seen as they happen (a Python audit hook for files and subprocesses; call-through
 wrappers on ``init_process_group`` and ``BaseProcess.start`` that only record and then call the
@@ -36,16 +36,18 @@ INTEGRATION_MARKS = (INTEGRATION, "multiprocess")
 _TREE_DIR = "flag_scale"  # the FlagScale tree's root folder (cache and copies alike)
 _BROWSERS = ("chromium", "chromium-browser", "chrome", "google-chrome")
 _INSTALLED = False
-_FILE_EVENTS = frozenset({"open", "os.listdir", "os.scandir", "shutil.copytree"})
 
 
-def in_flagscale_tree(path: object) -> bool:
-    """Whether ``path`` lies in a FlagScale source tree (a folder named ``flag_scale``)."""
+def in_flagscale_tree(path: object, root_too: bool = False) -> bool:
+    """Whether ``path`` lies inside a FlagScale source tree (a folder named ``flag_scale``),
+    or with ``root_too`` is also the tree's folder itself. Opening the folder alone is not
+    using the tree: ``shutil.rmtree`` opens each folder it removes by its bare name."""
     if isinstance(path, bytes):
         path = os.fsdecode(path)
     if not isinstance(path, str) or _TREE_DIR not in path:
         return False
-    return _TREE_DIR in os.path.normpath(path).split(os.sep)
+    parts = os.path.normpath(path).split(os.sep)
+    return _TREE_DIR in (parts if root_too else parts[:-1])
 
 
 def integration_command(argv: Sequence[object]) -> str | None:
@@ -64,7 +66,7 @@ def integration_command(argv: Sequence[object]) -> str | None:
         full = os.path.abspath(arg)
         if arg.endswith(".py") and os.path.dirname(full) == TESTS_DIR:
             return f"the worker script tests/{os.path.basename(full)} in a subprocess"
-        if in_flagscale_tree(arg):
+        if in_flagscale_tree(arg, root_too=True):
             return "a subprocess given a FlagScale tree"
     return None
 
@@ -85,14 +87,14 @@ class LayerGuard:
     def audit(self, event: str, args: tuple[Any, ...]) -> None:
         """sys.addaudithook callback: must be cheap and must never raise."""
         try:
-            if event in _FILE_EVENTS:
-                if args and in_flagscale_tree(args[0]):
+            if event in ("open", "shutil.copytree"):  # a file in a tree; a tree copied
+                if in_flagscale_tree(args[0], root_too=event != "open"):
                     self.note("the FlagScale tree")
             elif event == "subprocess.Popen":
                 argv = args[1]
                 argv = [argv] if isinstance(argv, str | bytes) else list(argv or [])
                 why = integration_command(argv)
-                if why is None and len(args) > 2 and in_flagscale_tree(args[2]):
+                if why is None and len(args) > 2 and in_flagscale_tree(args[2], root_too=True):
                     why = "a subprocess run in a FlagScale tree"
                 if why:
                     self.note(why)
