@@ -101,8 +101,9 @@ class LayerGuard:
         except Exception:  # an audit hook that raises would break the audited call
             pass
 
-    def install(self) -> None:
-        """Start watching (audit hooks cannot be removed: one guard per process)."""
+    def install(self, process_groups: bool = True) -> None:
+        """Start watching (audit hooks cannot be removed: one guard per process);
+        ``process_groups=False`` leaves torch unimported (the guard's own toy runs)."""
         global _INSTALLED
         assert not _INSTALLED, "one layer guard per process"
         _INSTALLED = True
@@ -115,6 +116,8 @@ class LayerGuard:
             start(process)
 
         multiprocessing.process.BaseProcess.start = recording_start  # type: ignore[method-assign]
+        if not process_groups:
+            return
         import torch.distributed as dist
 
         init = dist.init_process_group

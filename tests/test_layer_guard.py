@@ -17,7 +17,7 @@ from layer_guard import LayerGuard
 
 def pytest_configure(config):
     guard = LayerGuard()
-    guard.install()
+    guard.install(process_groups=False)
     config.pluginmanager.register(guard, "memscope-layer-guard")
 """
 
