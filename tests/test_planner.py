@@ -216,7 +216,7 @@ def test_calibration_scales_each_term_by_what_real_runs_measured():
     assert cal["factors"] == {"activations": 1.2, "parameters": 1.0}
     assert cal["residual_bytes"] == {"activations": 400, "parameters": 0}
     spec, _ = load_config(str(ROOT / "configs/static/llama3_8b_tp4_pp2.json"), None, None)
-    # 16 GPUs: a smaller search than 64 (a quarter of the time), where fewer still fit calibrated
+    # 16 GPUs: a smaller search than 64 (half the time), where fewer still fit calibrated
     plain = plan(spec, 16, 40 * 2**30, top=3)
     fixed = plan(spec, 16, 40 * 2**30, top=3, calibrated=cal)
     assert fixed["calibration"] == cal and plain["calibration"] is None
