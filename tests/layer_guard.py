@@ -136,6 +136,9 @@ class LayerGuard:
             if item.get_closest_marker("multiprocess") and not item.get_closest_marker(INTEGRATION):
                 item.add_marker(INTEGRATION)
 
+    def pytest_runtest_logstart(self) -> None:
+        self.used = []  # what ran between tests (collection: imports) is no test's use
+
     @pytest.hookimpl(hookwrapper=True)
     def pytest_fixture_setup(self, fixturedef: Any) -> Generator[None, None, None]:
         before = len(self.used)
