@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from harness import InstrumentedResult, instrumented_worker
+from layer_guard import LayerGuard
 
 from memscope.demo.launcher import free_port
 from memscope.demo.tiny_gpt import TinyGPTConfig
@@ -23,6 +24,15 @@ from memscope.demo.tiny_gpt import TinyGPTConfig
 _INDUCTOR_CACHE = tempfile.mkdtemp(prefix="memscope-tests-inductor-")
 atexit.register(shutil.rmtree, _INDUCTOR_CACHE, True)
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", _INDUCTOR_CACHE)
+
+
+#: Small real fixtures, each with the command that made it or its source (tests/data/README.md).
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+#: A 2-rank job of `memscope demo --steps 2 --microbatches 2`: job_summary.json and each rank's
+#: runtime_report.json and trace.jsonl.
+DEMO_JOB = os.path.join(DATA, "demo_pp2")
+#: A CUDA allocator snapshot (torch.cuda.memory._dump_snapshot) of a public training benchmark.
+PUBLIC_SNAPSHOT = os.path.join(DATA, "cuda_snapshot", "memory_forward_fp32_128.pickle")
 
 
 def session_basetemp(given: str | None) -> str:
@@ -37,6 +47,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if getattr(config.option, "basetemp", None) is None:
         config.option.basetemp = session_basetemp(None)
         config.add_cleanup(lambda: shutil.rmtree(config.option.basetemp, True))
+    # the unit / integration split, checked while the tests run (tests/layer_guard.py)
+    guard = LayerGuard()
+    guard.install()
+    config.pluginmanager.register(guard, "memscope-layer-guard")
 
 
 def run_in_process(
@@ -59,6 +73,18 @@ def load_json(path: str) -> dict[str, Any]:
 def read_jsonl(path: str) -> list[dict[str, Any]]:
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+@pytest.fixture
+def demo_job(tmp_path) -> str:
+    """A private copy of the committed 2-rank demo job (commands may write pages beside it)."""
+    return shutil.copytree(DEMO_JOB, os.path.join(tmp_path, "demo_pp2"))
+
+
+@pytest.fixture
+def demo_rank0(demo_job) -> tuple[dict[str, Any], str]:
+    """(rank 0's report, the job directory) of the committed demo: a real report, no training."""
+    return load_json(os.path.join(demo_job, "rank00000", "runtime_report.json")), demo_job
 
 
 @pytest.fixture(scope="session")

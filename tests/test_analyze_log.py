@@ -220,6 +220,7 @@ def test_plan_calibrate_accepts_a_log(tmp_path, capsys):
         rel=1e-3)  # fmt: skip
 
 
+@pytest.mark.integration  # a real browser
 def test_the_page_renders_in_chromium(tmp_path, capsys):
     if CHROMIUM is None:
         pytest.skip("no chromium binary")

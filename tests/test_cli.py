@@ -76,6 +76,7 @@ def test_module_entry_point_passes_the_exit_code_and_one_line(tmp_path):
     assert "no such file" in lines[0]
 
 
+@pytest.mark.integration  # trains megatron-core in this process (the traced_run fixture)
 def test_summarize_prints_the_markdown(traced_run, capsys):
     _, _, outdir = traced_run
     rc = main(["summarize", "--report", os.path.join(outdir, "rank00000", "runtime_report.json")])

@@ -328,6 +328,7 @@ def test_yaml_typo_near_a_key_we_read_warns_but_megatron_keys_do_not(tmp_path, c
     assert "did you mean 'ffn_hidden_size'" in lines[1]
 
 
+@pytest.mark.integration  # reads the FlagScale tree's example YAMLs
 def test_flagscale_example_yamls_give_no_warning():
     import sys
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
+import pytest
 from conftest import load_json
 
 from memscope.cli import main
@@ -44,6 +45,7 @@ def _valid_chrome_trace(events: list[dict]) -> dict[tuple, list[dict]]:
     return slices
 
 
+@pytest.mark.integration  # trains: a 4-step single-rank trace (traced_run)
 def test_export_of_a_traced_run_is_a_valid_chrome_trace(traced_run, tmp_path, capsys):
     _, report, outdir = traced_run
     out = str(tmp_path / "trace.json")
@@ -60,6 +62,7 @@ def test_export_of_a_traced_run_is_a_valid_chrome_trace(traced_run, tmp_path, ca
     assert peak["args"]["bytes"] == report["peak"]["memory_bytes"]
 
 
+@pytest.mark.integration  # trains: a 4-step single-rank trace (traced_run)
 def test_a_large_export_is_split_into_files_of_whole_steps(traced_run, tmp_path, capsys):
     _, report, outdir = traced_run
     whole = tmp_path / "whole.json"
@@ -95,8 +98,8 @@ def test_step_windows_group_whole_steps_within_the_limit():
     assert step_windows([], 8) == []
 
 
-def test_export_keeps_a_step_window_and_refuses_bad_input(traced_run, tmp_path, capsys):
-    _, _, outdir = traced_run
+def test_export_keeps_a_step_window_and_refuses_bad_input(demo_rank0, tmp_path, capsys):
+    _, outdir = demo_rank0
     out = str(tmp_path / "window.json")
     assert main(["export", "--trace", outdir, "--out", out, "--steps", "1:2"]) == 0
     events = load_json(out)["traceEvents"]

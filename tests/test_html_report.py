@@ -47,8 +47,8 @@ def test_detail_steps_keep_first_last_and_peak():
     assert len(set(chosen)) == len(chosen) and chosen == sorted(chosen)
 
 
-def test_caps_bound_tables_and_steps(traced_run):
-    _, report, _ = traced_run
+def test_caps_bound_tables_and_steps(demo_rank0):
+    report, _ = demo_rank0
     big = copy.deepcopy(report)
     big["top_events"] = [dict(report["top_events"][0], count=i) for i in range(5000)]
     big["module_summary"] = [dict(report["module_summary"][0], module=f"m{i}") for i in range(5000)]
@@ -62,8 +62,8 @@ def test_caps_bound_tables_and_steps(traced_run):
     assert {"0", "99"} <= set(payload["within_step"])
 
 
-def test_runtime_payload_from_a_real_report(traced_run):
-    _, report, _ = traced_run
+def test_runtime_payload_from_a_real_report(demo_rank0):
+    report, _ = demo_rank0
     payload = runtime_payload(report)
     assert payload["peak"]["memory_bytes"] == report["peak"]["memory_bytes"]
     assert payload["steps"]["step"] == [s["step"] for s in report["steps"]]
@@ -76,8 +76,8 @@ def test_runtime_payload_from_a_real_report(traced_run):
     assert "config" not in payload["metadata"] and payload["config"]
 
 
-def test_big_trace_is_downsampled_without_losing_its_peak(traced_run):
-    _, report, _ = traced_run
+def test_big_trace_is_downsampled_without_losing_its_peak(demo_rank0):
+    report, _ = demo_rank0
     big = copy.deepcopy(report)
     template = next(e for e in report["runtime_trace"] if e["event_type"] == "module_forward")
     big["runtime_trace"] = [
@@ -94,8 +94,8 @@ def test_big_trace_is_downsampled_without_losing_its_peak(traced_run):
     assert payload["steps_total"] == 20_000
 
 
-def test_job_payload_lists_missing_and_incomplete_ranks(traced_run):
-    _, report, _ = traced_run
+def test_job_payload_lists_missing_and_incomplete_ranks(demo_rank0):
+    report, _ = demo_rank0
     r0 = dict(report, rank=0, world_size=4)
     r2 = dict(report, rank=2, world_size=4, status="oom", status_reason="CUDA out of memory")
     r2["peak"] = dict(report["peak"], memory_bytes=report["peak"]["memory_bytes"] * 2)
@@ -121,8 +121,8 @@ def test_script_safe_json_round_trips_and_cannot_close_the_script():
     assert json.loads(text) == data
 
 
-def test_hostile_module_names_stay_text(traced_run):
-    _, report, _ = traced_run
+def test_hostile_module_names_stay_text(demo_rank0):
+    report, _ = demo_rank0
     evil = copy.deepcopy(report)
     evil["top_events"][0]["module"] = EVIL
     evil["peak"]["module"] = EVIL
@@ -138,8 +138,8 @@ def test_hostile_module_names_stay_text(traced_run):
     assert EVIL not in job
 
 
-def test_pages_are_self_contained(traced_run):
-    _, report, _ = traced_run
+def test_pages_are_self_contained(demo_rank0):
+    report, _ = demo_rank0
     html = render_runtime_html(runtime_payload(report))
     assert plotly_js() in html  # inlined, not loaded
     own_markup = html.replace(plotly_js(), "")  # the bundle's code mentions URLs it never loads

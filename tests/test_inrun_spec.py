@@ -36,6 +36,7 @@ from memscope.integrations.torch.runtime import optimizer_settings
 CFG = TinyGPTConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2,
                     swiglu=True, seq_length=64, num_microbatches=2)  # fmt: skip
 ONE_RANK = ParallelInfo(world_size=1, dp_size=1)
+pytestmark = pytest.mark.integration  # builds a real megatron-core GPT in a process group
 
 
 @pytest.fixture(scope="module")

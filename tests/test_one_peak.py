@@ -16,6 +16,8 @@ from memscope.reporters.html_payload import runtime_payload
 from memscope.reporters.markdown import render_runtime_markdown
 from memscope.units import format_bytes
 
+pytestmark = pytest.mark.integration  # trains megatron-core in this process
+
 WHERE = ("step", "phase", "module", "microbatch")
 
 

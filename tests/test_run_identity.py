@@ -54,6 +54,7 @@ def test_without_a_process_group_the_process_keeps_its_own_id(no_launcher_id):
     assert (run.source, note) == ("process", "")
 
 
+@pytest.mark.integration  # trains megatron-core in this process (the traced_run fixture)
 def test_the_report_records_run_host_world_size_and_training_settings(traced_run, small_cfg):
     _, report, _ = traced_run
     meta = report["metadata"]

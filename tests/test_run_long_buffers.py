@@ -5,6 +5,7 @@ transitions, never a microbatch's activation nor a leak."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from memscope.capture.backends.storage import StorageLedgerBackend
@@ -37,6 +38,7 @@ def test_the_ledger_moves_a_run_long_buffer_out_of_the_microbatch_that_made_it()
     assert (item.category, item.phase, item.module, item.microbatch) == ("buffers", "", LABEL, None)
 
 
+@pytest.mark.integration  # trains megatron-core in this process (history_run)
 def test_megatrons_global_memory_buffer_is_a_run_long_buffer_in_every_view(history_run, small_cfg):
     _, report, _ = history_run
     expected = _buffer_bytes(small_cfg)

@@ -6,13 +6,13 @@ exit code 2 through the CLI), never a hang, a ``MemoryError`` or a traceback."""
 from __future__ import annotations
 
 import collections
-import glob
 import os
 import pickle
 import struct
 from datetime import timedelta
 
 import pytest
+from conftest import PUBLIC_SNAPSHOT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -66,9 +66,9 @@ FUZZ = settings(
 
 
 @pytest.fixture(scope="module")
-def real_snapshot(history_run) -> bytes:
-    """The allocator history a real traced run wrote (storage backend, steps 1-2)."""
-    (path,) = glob.glob(os.path.join(history_run[2], "rank00000", "*.pickle"))
+def real_snapshot() -> bytes:
+    """A real CUDA allocator snapshot (a public one, tests/data/README.md)."""
+    path = PUBLIC_SNAPSHOT
     with open(path, "rb") as f:
         data = f.read()
     assert read_snapshot(path)["segments"]

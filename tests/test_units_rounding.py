@@ -32,10 +32,10 @@ def test_a_value_that_rounds_to_zero_has_no_sign():
     assert format_bytes(-0.4, signed=True) == "0 B" and format_bytes(0, signed=True) == "0 B"
 
 
-def test_the_page_script_gets_the_same_rules(traced_run):
+def test_the_page_script_gets_the_same_rules(demo_rank0):
     from memscope.reporters.html_payload import runtime_payload
 
-    _, report, _ = traced_run
+    report, _ = demo_rank0
     html = render_runtime_html(runtime_payload(report))
     rules = re.search(r"const RULES = (\{[^}]*\});", html)
     assert rules and json.loads(rules.group(1)) == NUMBER_RULES

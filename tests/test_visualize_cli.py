@@ -32,8 +32,8 @@ def _job_dir(tmp_path, report_path, ranks=(0, 1)):
     return job
 
 
-def test_rank_report_gives_html_next_to_it_and_prints_only_the_path(tmp_path, capsys, traced_run):
-    _, _, outdir = traced_run
+def test_rank_report_gives_html_next_to_it_and_prints_only_the_path(tmp_path, capsys, demo_rank0):
+    _, outdir = demo_rank0
     src = tmp_path / "runtime_report.json"
     shutil.copy(f"{outdir}/rank00000/runtime_report.json", src)
     rc, out, err = _cli(capsys, "--report", str(src))
@@ -44,8 +44,8 @@ def test_rank_report_gives_html_next_to_it_and_prints_only_the_path(tmp_path, ca
     assert _cli(capsys, "--report", str(src), "--out", str(page))[0] == 0 and page.exists()
 
 
-def test_job_dir_page_survives_a_broken_rank(tmp_path, capsys, traced_run):
-    _, _, outdir = traced_run
+def test_job_dir_page_survives_a_broken_rank(tmp_path, capsys, demo_rank0):
+    _, outdir = demo_rank0
     job = _job_dir(tmp_path, f"{outdir}/rank00000/runtime_report.json")
     (job / "rank00002").mkdir()
     (job / "rank00002" / "runtime_report.json").write_text('{"schema_version": "1.0", "pe')
@@ -69,8 +69,8 @@ def test_help(capsys):
     assert exc.value.code == 0 and "--report" in capsys.readouterr().out
 
 
-def test_bad_rank_reports_fail_with_one_line(tmp_path, capsys, traced_run):
-    _, report, _ = traced_run
+def test_bad_rank_reports_fail_with_one_line(tmp_path, capsys, demo_rank0):
+    report, _ = demo_rank0
     truncated = tmp_path / "truncated.json"
     truncated.write_text(json.dumps(report)[:500])
     newer = tmp_path / "newer.json"
@@ -91,8 +91,8 @@ def test_bad_rank_reports_fail_with_one_line(tmp_path, capsys, traced_run):
     assert not list(tmp_path.glob("*.html"))
 
 
-def test_job_dir_with_a_malformed_and_an_incomplete_rank(tmp_path, capsys, traced_run):
-    _, report, _ = traced_run
+def test_job_dir_with_a_malformed_and_an_incomplete_rank(tmp_path, capsys, demo_rank0):
+    report, _ = demo_rank0
     job = tmp_path / "job"
     ranks = {
         0: dict(report, rank=0, world_size=4),
