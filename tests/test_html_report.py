@@ -148,9 +148,9 @@ def test_pages_are_self_contained(demo_rank0):
     assert "Plotly.newPlot" in html and html.count('id="memscope-data"') == 1
 
 
-def test_each_page_inlines_its_script_files_once(traced_run):
+def test_each_page_inlines_its_script_files_once(demo_rank0):
     """The script files are inlined (no <script src>), each once, after the data and plotly.js."""
-    _, report, _ = traced_run
+    report, _ = demo_rank0
     pages = {
         "runtime": render_runtime_html(runtime_payload(report)),
         "job": render_job_html(_job_payload([RankEntry(0, report)])),
