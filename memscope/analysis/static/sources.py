@@ -459,6 +459,7 @@ def spec_from_megatron_args(
         account_for_loss=_flag(args, "account_for_loss_in_pipeline_split"),
         microbatch_group_size=_int(args, "microbatch_group_size_per_vp_stage"),
         moe_a2a_overlap=_flag(args, "overlap_moe_expert_parallel_comm"),
+        overlap_p2p_comm=_flag(args, "overlap_p2p_comm", True),  # Megatron-LM's default
         cp_comm_type=_cp_comm_type(args) if cp > 1 else "p2p",
         dp_assumed=dp_assumed,
     )
@@ -604,7 +605,8 @@ def _fsdp(args: Any) -> dict[str, Any]:
     ``--use-torch-fsdp2``)."""
     megatron = _flag(args, "use_megatron_fsdp") or _flag(args, "use_custom_fsdp")
     strategy = _name(args, "data_parallel_sharding_strategy", "no_shard") if megatron else None
-    return {"fsdp": strategy, "torch_fsdp2": _flag(args, "use_torch_fsdp2")}
+    return {"fsdp": strategy, "torch_fsdp2": _flag(args, "use_torch_fsdp2"),
+            "fsdp_overlap_param_gather": _flag(args, "overlap_param_gather")}  # fmt: skip
 
 
 def _activation_offload(args: Any) -> dict[str, Any]:
