@@ -206,3 +206,41 @@ def test_report_footer_lists_fsdp_as_modelled_and_its_buffers_as_approximated():
     assert result.not_modelled == ()
     assert any(m.startswith("Megatron-FSDP (optim_grads_params)") for m in result.modelled)
     assert any("FSDP's unsharded buffers" in a for a in result.approximated)
+
+
+def test_megatron_fsdp_holds_only_its_non_unit_groups_at_the_loss():
+    """At the loss no TransformerLayer unit is gathered (each is released after its forward,
+    and its backward all-gather waits for its output's gradient); the embedding, output
+    layer and final norm (non-unit groups) stay gathered. The layers' backward holds the
+    whole prefetch window and the first unit's gradient, as before."""
+    from memscope.analysis.static.fsdp import in_flight, unsharded_bytes
+    from memscope.analysis.static.params import rank_params
+
+    kw = dict(use_megatron_fsdp=True, data_parallel_sharding_strategy="optim_grads_params")
+    spec = spec_from_megatron_args(dict(ARGS, world_size=2, **kw))
+    params = rank_params(spec, RankPosition(0, 0))
+    flight = in_flight(spec, params)
+    root = sum(t.numel for t in params if ".layers." not in t.name)
+    assert flight.loss == root * 2  # bf16, the embedding / output layer / final norm whole
+    assert flight.layers == unsharded_bytes(spec, params) > flight.loss
+    output = sum(t.numel for t in params if "output_layer" in t.name)
+    assert flight.output_layer - flight.loss == output * 4  # its fp32 gradient bucket
+    est = estimate_rank(spec, RankPosition(0, 0))
+    held = est.activations.detail["fsdp_unsharded"]
+    assert held == (flight.layers if "layer " in est.activations.peak_moment else flight.loss)
+
+
+def test_megatron_fsdp_overlap_param_gather_prefetches_the_next_forward_after_the_step():
+    from memscope.analysis.static.fsdp import in_flight
+    from memscope.analysis.static.params import rank_params
+
+    kw = dict(use_megatron_fsdp=True, data_parallel_sharding_strategy="optim_grads_params")
+    plain_spec = spec_from_megatron_args(dict(ARGS, world_size=2, **kw))
+    plain = estimate_rank(plain_spec, RankPosition(0, 0))
+    spec = spec_from_megatron_args(dict(ARGS, world_size=2, overlap_param_gather=True, **kw))
+    overlapped = estimate_rank(spec, RankPosition(0, 0))
+    count = plain.persistent.param_count  # every bucket fits the 5e8-element window
+    assert overlapped.steady_bytes - plain.steady_bytes == 2 * count  # bf16, unsharded
+    params = rank_params(spec, RankPosition(0, 0))
+    assert overlapped.prefetched_bytes == in_flight(spec, params).after_step
+    assert overlapped.peak_memory_bytes == plain.peak_memory_bytes  # not at the step's peak

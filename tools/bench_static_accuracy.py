@@ -51,6 +51,10 @@ MATRIX: list[tuple[str, int, dict[str, Any]]] = [
     ("gqa+swiglu", 1, dict(num_query_groups=2, swiglu=True)),
     ("selective", 1, dict(recompute="selective")),
     ("full-recompute", 1, dict(recompute="full")),
+    # core_attn recompute with grouped keys: the query copy and the repeated key (g = 1 / g > 1)
+    ("selective-mqa", 1, dict(recompute="selective", num_query_groups=1)),
+    ("selective-gqa-h8g2", 1, dict(recompute="selective", num_attention_heads=8,
+                                   num_query_groups=2)),
     ("seq256-b1", 1, dict(seq_length=256, micro_batch_size=1)),
     ("seq64-b4-h128", 1, dict(seq_length=64, micro_batch_size=4, hidden_size=128)),
     ("vocab4096", 1, dict(vocab_size=4096, seq_length=64)),

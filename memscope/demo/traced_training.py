@@ -129,6 +129,7 @@ def megatron_like_args(cfg: TinyGPTConfig, memscope_argv: list[str]) -> argparse
     args.masked_softmax_fusion = FUSIONS_OFF["masked_softmax_fusion"]
     args.gradient_accumulation_fusion = FUSIONS_OFF["gradient_accumulation_fusion"]
     args.apply_rope_fusion = FUSIONS_OFF["apply_rope_fusion"]
+    args.overlap_p2p_comm = False  # the model's TransformerConfig default (megatron-core's)
     return args
 
 

@@ -350,7 +350,11 @@ def _fsdp(args: Any) -> dict[str, Any]:
     ``--use-torch-fsdp2``)."""
     megatron = get_flag(args, "use_megatron_fsdp") or get_flag(args, "use_custom_fsdp")
     strategy = get_name(args, "data_parallel_sharding_strategy", "no_shard") if megatron else None
-    return {"fsdp": strategy, "torch_fsdp2": get_flag(args, "use_torch_fsdp2")}
+    return {
+        "fsdp": strategy,
+        "torch_fsdp2": get_flag(args, "use_torch_fsdp2"),
+        "fsdp_overlap_param_gather": get_flag(args, "overlap_param_gather"),
+    }
 
 
 def _activation_offload(args: Any) -> dict[str, Any]:

@@ -42,6 +42,7 @@ def parallel_spec(args: Any, tp: int, num_layers: int) -> ParallelSpec:
         account_for_loss=get_flag(args, "account_for_loss_in_pipeline_split"),
         microbatch_group_size=get_int(args, "microbatch_group_size_per_vp_stage"),
         moe_a2a_overlap=get_flag(args, "overlap_moe_expert_parallel_comm"),
+        overlap_p2p_comm=get_flag(args, "overlap_p2p_comm", True),  # Megatron-LM's default
         cp_comm_type=_cp_comm_type(args) if cp > 1 else "p2p",
         dp_assumed=_dp_assumed(args),
     )

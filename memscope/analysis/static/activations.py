@@ -26,6 +26,7 @@ from functools import lru_cache
 from memscope.analysis.static.config import TrainingSpec, chunk_roles
 from memscope.analysis.static.distillation import distillation_extras, distillation_moments
 from memscope.analysis.static.fp8 import quantized_saved
+from memscope.analysis.static.fsdp import InFlight
 from memscope.analysis.static.mla import mla_saved, mla_up_proj_discarded
 from memscope.analysis.static.moe import (
     moe_act_discarded,
@@ -169,6 +170,8 @@ def layer_saved(spec: TrainingSpec, x: Dims) -> dict[str, int]:
     # flash/fused attention (TE's FusedAttention / FlashAttention, megatron's flash path)
     # keeps key and value at num_query_groups heads; the unfused path repeats them to ``a``
     qkv = x.heads + 2 * x.kv_heads if spec.flash_attention else 3 * x.heads
+    if not spec.flash_attention and spec.recomputes("core_attn") and x.a != x.g:
+        qkv = gqa_checkpoint_inputs(spec, x)
     items = {
         "norm_outputs": 2 * x.hidden,  # inputs of linear_qkv and linear_fc1
         "norm_statistics": 2 * x.stats,
@@ -367,8 +370,42 @@ def attention_backward_work(
         return x.hidden + 2 * x.heads + x.scores - released
     work = x.hidden + x.heads + 4 * x.scores - saved.get("attention_scores", 0)
     if spec.recomputes("core_attn"):
-        work += 2 * x.heads  # the recomputed query/key copies
+        # megatron/core/tensor_parallel/random.py CheckpointFunction.backward holds the
+        # output gradient it was handed (``args``) and the recomputed output (``outputs``)
+        # until ``torch.autograd.backward`` returns
+        work += 2 * x.heads
+        work += gqa_recomputed_copies(spec, x)
     return work - released
+
+
+def gqa_checkpoint_inputs(spec: TrainingSpec, x: Dims) -> int:
+    """What ``core_attn`` recompute's checkpoint keeps of query, key and value (unfused
+    attention) when the model groups its keys and values (``num_query_groups`` < heads).
+
+    megatron/core/transformer/attention.py ``SelfAttention.get_query_key_value_tensors``
+    splits the fused ``linear_qkv`` output into views and reshapes the query from
+    ``[s, b, g, a/g d]`` to ``[s, b, a, d]``: a copy when ``g > 1`` (the grouped layout's
+    strides cannot merge), a view when ``g == 1``. ``tensor_parallel.checkpoint`` saves its
+    inputs (random.py ``CheckpointFunction.forward``): the key and value views keep the whole
+    fused ``[s, b, (a + 2g) d]`` output, and the query its copy. Without recompute the core
+    attention keeps the query and the key and value repeated to ``a`` heads instead."""
+    fused = x.heads + 2 * x.kv_heads
+    return fused + (x.heads if x.g > 1 else 0)
+
+
+def gqa_recomputed_copies(spec: TrainingSpec, x: Dims) -> int:
+    """What the recomputed core attention of a grouped-query model (unfused) adds at its
+    backward's high-water mark beside the checkpoint's tensors.
+
+    megatron/core/transformer/dot_product_attention.py ``DotProductAttention.forward``:
+    ``key.repeat_interleave`` to ``a`` heads (kept by ``baddbmm`` until its backward; the
+    repeated value is kept by ``bmm`` and freed by its backward, before the score
+    gradient's high-water mark) and, when ``g == 1``, ``query.reshape(sq, b * np, hn)`` on
+    the query view (a copy, kept by ``baddbmm``; with ``g > 1`` the query arrives as a
+    contiguous copy and the reshape is a view)."""
+    if x.a == x.g or spec.model.multi_latent_attention:
+        return 0
+    return x.heads + (x.heads if x.g == 1 else 0)
 
 
 def cp_attention_backward(spec: TrainingSpec, x: Dims) -> int:
@@ -394,9 +431,20 @@ def cp_attention_backward(spec: TrainingSpec, x: Dims) -> int:
 
 
 def mlp_backward_work(
-    spec: TrainingSpec, x: Dims, saved: dict[str, int], output_stored: bool
+    spec: TrainingSpec,
+    x: Dims,
+    saved: dict[str, int],
+    output_stored: bool,
+    incoming_held: bool = False,
 ) -> int:
     """Working set at the MLP backward of a layer, relative to its saved set.
+
+    ``incoming_held``: the gradient of the layer's output is a tensor counted elsewhere, not
+    a new one: on a stage's last layer (its output sent and freed by schedules.py
+    ``deallocate_output_tensor``) the received output gradient that ``backward_step``'s
+    ``output_tensor_grad`` holds through the backward (the layer's ``layer_output`` slot,
+    not released then); on the last layer of a full-recompute group the gradient
+    tensor_parallel/random.py ``CheckpointFunction.backward`` was handed (``args``).
 
     Two moments compete: fc2's weight gradient (next to the incoming gradient and fc2's input
     gradient) and the activation backward (its one or two gradients, fc2's input released).
@@ -409,6 +457,8 @@ def mlp_backward_work(
     released = saved.get("residual_dropout_masks", 0) // 2
     released += saved["layer_output"] if output_stored else 0
     incoming = x.hidden * (2 if "residual_dropout_masks" in saved else 1)  # (+ masked copy)
+    if incoming_held:  # the residual add hands that very tensor to the MLP's backward
+        incoming -= x.hidden
     gathered = x.s * x.b * x.h * x.e if x.sp > 1 else 0  # sequence parallel, full sequence
     m = spec.model
     if m.num_experts is not None:
@@ -466,6 +516,49 @@ def _schedule_states(
     the chunk-microbatches per chunk whose saved tensors are alive, its own included, and
     the chunk whose forward runs paired with that backward, or None).
 
+    :func:`_schedule_moments` with its last field dropped."""
+    moments = _schedule_moments(pp, pp_rank, chunks, microbatches, group, a2a_overlap, False)
+    return tuple(dict.fromkeys(m[:3] for m in moments))
+
+
+@lru_cache(maxsize=256)
+def _schedule_moments(
+    pp: int,
+    pp_rank: int,
+    chunks: int,
+    microbatches: int,
+    group: int,
+    a2a_overlap: bool = False,
+    overlap_p2p: bool = False,
+) -> tuple[tuple[int, tuple[int, ...], int | None, int], ...]:
+    """Every distinct moment a backward starts on stage ``pp_rank``: (the chunk running it,
+    the chunk-microbatches per chunk whose saved tensors are alive, its own included, the
+    chunk whose forward runs paired with that backward, or None, and how many
+    ``[s/sp, b, h]`` tensors the pipeline schedule holds then besides the saved ones).
+
+    What the schedule holds (megatron/core/pipeline_parallel/schedules.py):
+
+    * the previous backward's input gradient, just sent upstream: the schedule's
+      ``input_tensor_grad`` keeps it until the next ``backward_step`` returns (none before
+      the step's first backward, none from the model's first chunk, whose input is the
+      embedding's output);
+    * per chunk that receives its input and has no microbatch in flight: its last input and
+      that input's gradient (``TransformerBlock.set_input_tensor`` keeps the tensor,
+      ``backward_step``'s ``retain_grad()`` its ``.grad``; a chunk with a microbatch in
+      flight holds its newest input among the saved ones, without a gradient yet);
+    * interleaved only: the output of the forward run just before this backward, unsent:
+      the steady phase runs forward ``k + warmup`` and backward ``k`` in one
+      ``forward_backward_helper_wrapper`` call and sends that output (then
+      ``deallocate_output_tensor``) after the backward (with ``overlap_p2p_comm``, in the
+      next forward's ``pp_pre_forward``); the model's last chunk sends nothing (its output
+      is the loss). The non-interleaved schedule sends and frees each output before its
+      backward (``send_forward_recv_backward``);
+    * interleaved with ``overlap_p2p`` (``overlap_p2p_comm``): the next forward's input,
+      whose receive ``pp_post_forward`` posts (``send_forward_recv_forward`` into
+      ``fwd_recv_buffer``) before this backward, unless that forward's chunk is the model's
+      first or this is the last steady iteration (``recv_prev`` False). Without it the
+      input is received after the backward (``send_forward_backward_recv_forward_backward``).
+
     Replays megatron-core's schedules (megatron/core/pipeline_parallel/schedules.py):
     ``get_pp_rank_microbatches`` gives the warm-up forwards (``pp - rank - 1`` without
     interleaving; ``2 (pp - rank - 1) + (chunks - 1) group`` with it, ``group`` being
@@ -487,7 +580,7 @@ def _schedule_states(
     :func:`chunk_activations` prices what it holds at each moment of the backward.
     """
     if pp == 1:  # forward_backward_no_pipelining: forward then backward, per microbatch
-        return ((0, (2,), 0),) if a2a_overlap and microbatches > 1 else ((0, (1,), None),)
+        return ((0, (2,), 0, 0),) if a2a_overlap and microbatches > 1 else ((0, (1,), None, 0),)
     table: list[int] = []  # forward order: the chunk of each chunk-microbatch
     for start in range(0, microbatches, group):
         size = microbatches - start if start + group >= microbatches else group
@@ -501,15 +594,25 @@ def _schedule_states(
     alive = [0] * chunks
     for k in range(warmup):
         alive[table[k]] += 1
-    states: dict[tuple[int, tuple[int, ...], int | None], None] = {}
+    receives = [pp_rank > 0 or c > 0 for c in range(chunks)]
+    states: dict[tuple[int, tuple[int, ...], int | None, int], None] = {}
+    previous: int | None = None  # the chunk of the previous backward
     for k in range(total):  # backward k, after (or, overlapped, with) forward k + warmup
-        paired = None
+        paired, held = None, 0
         if k + warmup < total:
-            alive[table[k + warmup]] += 1
-            paired = table[k + warmup] if a2a_overlap else None
+            forward = table[k + warmup]
+            alive[forward] += 1
+            paired = forward if a2a_overlap else None
+            sends = not (forward == chunks - 1 and pp_rank == pp - 1)
+            held += int(chunks > 1 and not a2a_overlap and sends)  # its unsent output
+            ahead = k + warmup + 1 < total and receives[table[k + warmup + 1]]
+            held += int(chunks > 1 and overlap_p2p and not a2a_overlap and ahead)
         chunk = chunks - 1 - table[k]
-        states.setdefault((chunk, tuple(alive), paired), None)
+        held += int(previous is not None and receives[previous])  # the last input gradient
+        held += 2 * sum(1 for c in range(chunks) if receives[c] and alive[c] == 0)
+        states.setdefault((chunk, tuple(alive), paired, held), None)
         alive[chunk] -= 1
+        previous = chunk
     return tuple(states)
 
 
@@ -521,6 +624,18 @@ def schedule_states(
     chunks = p.vpp if p.vpp is not None and p.pp > 1 else 1
     group = p.microbatch_group_size or p.pp
     return _schedule_states(p.pp, pp_rank, chunks, spec.num_microbatches, group, p.moe_a2a_overlap)
+
+
+def schedule_moments(
+    spec: TrainingSpec, pp_rank: int
+) -> tuple[tuple[int, tuple[int, ...], int | None, int], ...]:
+    """:func:`_schedule_moments` for ``spec``'s stage ``pp_rank``."""
+    p = spec.parallel
+    chunks = p.vpp if p.vpp is not None and p.pp > 1 else 1
+    group = p.microbatch_group_size or p.pp
+    return _schedule_moments(
+        p.pp, pp_rank, chunks, spec.num_microbatches, group, p.moe_a2a_overlap, p.overlap_p2p_comm
+    )
 
 
 def in_flight_microbatches(spec: TrainingSpec, pp_rank: int) -> int:
@@ -613,8 +728,12 @@ def chunk_activations(
     last: bool,
     partner: PairedForward | None = None,
     roles: ChunkRoles | None = None,
+    fsdp: InFlight | None = None,
 ) -> tuple[int, int, str, dict[str, int]]:
     """(saved bytes, peak working bytes above them, peak moment, detail) of one chunk.
+
+    ``fsdp``: FSDP's unsharded buffers at each moment (:func:`.fsdp.in_flight`), added to
+    the loss moments and to the layers' backward moments.
 
     With ``partner``, the forward running paired with this backward is priced in the
     working bytes (MoE all-to-all overlap, :class:`PairedForward`). ``roles``
@@ -671,6 +790,9 @@ def chunk_activations(
         loss_saved = extras["cross_entropy_softmax"] + extras.get("kd_loss_saved", 0)
         moments = loss_moments(spec, x, loss_saved)
         distillation_moments(spec, x, moments)
+        if fsdp is not None:
+            for name in moments:
+                moments[name] += fsdp.output_layer if name == "output_layer_backward" else fsdp.loss
         best, moment = max((w, name) for name, w in moments.items())
         if partner is not None:
             # the loss backward runs beside the partner's embedding output; the partner's
@@ -710,13 +832,20 @@ def chunk_activations(
             own = layer_total * sum(1 for j in range(i + 1) if groups[j] == group)
             own += 2 * x.hidden
         base = below + own + hold - saved
-        output_stored = i + 1 < n_layers or last or roles.final_norm
+        # a recomputed group's last output is the recomputed one (random.py
+        # CheckpointFunction.backward's ``outputs``, in ``own`` above) whether or not the
+        # stage kept its forward output, so its ``layer_output`` slot is released like a kept one
+        output_stored = i + 1 < n_layers or last or roles.final_norm or group is not None
+        ends_group = i + 1 == n_layers or groups[i + 1] != group
+        held = ends_group if group is not None else not output_stored
         for name, work in (
             ("attention_backward", attention_backward_work(spec, x, full, output_stored)),
-            ("mlp_backward", mlp_backward_work(spec, x, full, output_stored)),
+            ("mlp_backward", mlp_backward_work(spec, x, full, output_stored, held)),
         ):
             if partner is not None:
                 work += partner.held(n_layers - 1 - i, name)
+            if fsdp is not None:
+                work += fsdp.layers
             if base + work > best:
                 best, moment = base + work, f"layer {i} {name}"
     detail = dict(extras)
@@ -797,27 +926,17 @@ def buffer_bytes(spec: TrainingSpec, last: bool = False) -> int:
 
 
 def activation_estimate(
-    spec: TrainingSpec, pp_rank: int, layer_counts: list[int]
+    spec: TrainingSpec, pp_rank: int, layer_counts: list[int], fsdp: InFlight | None = None
 ) -> ActivationEstimate:
-    """Activation terms of stage ``pp_rank``; ``layer_counts`` are its chunks' layers."""
+    """Activation terms of stage ``pp_rank``; ``layer_counts`` are its chunks' layers;
+    ``fsdp``: FSDP's unsharded buffers by moment (:func:`.fsdp.in_flight`)."""
     p = spec.parallel
     chunks, chunk_role = [], []
     for c, n in enumerate(layer_counts):
         roles = chunk_roles(spec.model, p, pp_rank, c)
         chunk_role.append(roles)
-        chunks.append(chunk_activations(spec, n, roles.first, roles.loss, roles=roles))
+        chunks.append(chunk_activations(spec, n, roles.first, roles.loss, roles=roles, fsdp=fsdp))
     x = dims(spec)
-    extra_work = 0
-    if p.vpp is not None:
-        extra_work += x.hidden  # the interleaved schedule holds one more p2p receive buffer
-    if spec.num_microbatches > 1:
-        # the schedule still holds the previous microbatch's input gradient (just sent
-        # upstream) while the next backward runs: one per chunk of this stage that has an
-        # input gradient, i.e. all but the model's first chunk (it starts at the embedding).
-        # Interleaved (schedules.py forward_backward_pipelining_with_interleaving): the peak
-        # composition of the CPU matrix's pp2-vpp2-m4 run shows one per such chunk alive (one
-        # on stage 0, two on stage 1)
-        extra_work += x.hidden * (len(layer_counts) - (1 if pp_rank == 0 else 0))
     # one microbatch's saved bytes per chunk while it waits for its backward: under
     # fine-grained offloading every layer is on the host then (offload.py); the chunk whose
     # backward runs keeps its last layer (priced in the working bytes below)
@@ -826,17 +945,20 @@ def activation_estimate(
     # (the last chunk's logits/loss only for its own microbatches) plus the working set of
     # the chunk whose backward runs
     best: (
-        tuple[int, int, tuple[int, ...], tuple[int, int, str, dict[str, int]], tuple[int, ...]]
+        tuple[int, int, tuple[int, ...], tuple[int, int, str, dict[str, int]], tuple[int, ...], int]
         | None
     ) = None
-    for chunk, alive, paired in schedule_states(spec, pp_rank):
+    for chunk, alive, paired, held_by_schedule in schedule_moments(spec, pp_rank):
         result = chunks[chunk]
         total = sum(n * b for n, b in zip(alive, saved_each, strict=False))
+        # input gradients, idle chunks' inputs, an unsent output (_schedule_moments)
+        schedule_held = held_by_schedule * x.hidden
+        total += schedule_held
         if paired is not None:  # MoE all-to-all overlap: that forward is only partly built
             partner = paired_forward(spec, layer_counts[paired], chunk_role[paired].first)
             roles = chunk_role[chunk]
             result = chunk_activations(
-                spec, layer_counts[chunk], roles.first, roles.loss, partner, roles
+                spec, layer_counts[chunk], roles.first, roles.loss, partner, roles, fsdp
             )
             total -= saved_each[paired]
         total += result[1] + result[0] - saved_each[chunk]
@@ -844,9 +966,11 @@ def activation_estimate(
             held = list(alive)
             if paired is not None:  # priced in the working bytes, not as saved
                 held[paired] -= 1
-            best = (total, chunk, alive, result, tuple(held))
+            best = (total, chunk, alive, result, tuple(held), schedule_held)
     assert best is not None
-    _, peak_chunk, alive, (saved, work, moment, detail), held_per_chunk = best
+    _, peak_chunk, alive, (saved, work, moment, detail), held_per_chunk, schedule_held = best
+    if schedule_held:
+        detail = {**detail, "pipeline_schedule_held": schedule_held}
     if len(chunks) > 1:
         moment = f"chunk {peak_chunk} {moment}"
     logits = cross_entropy_saved(spec, x) if pp_rank == p.pp - 1 else 0
@@ -854,7 +978,7 @@ def activation_estimate(
         per_layer=layer_saved(spec, x),
         chunk_saved_bytes=saved,
         in_flight=sum(alive),
-        backward_working_bytes=work + extra_work + saved - saved_each[peak_chunk],
+        backward_working_bytes=work + schedule_held + saved - saved_each[peak_chunk],
         peak_moment=moment,
         buffer_bytes=buffer_bytes(spec, last=pp_rank == p.pp - 1),
         logits_bytes=logits,

@@ -144,6 +144,9 @@ class ParallelSpec:
     # --overlap-moe-expert-parallel-comm: the combined 1F1B schedules co-run one microbatch's
     # forward with another's backward (megatron/core/pipeline_parallel/combined_1f1b.py)
     moe_a2a_overlap: bool = False
+    # overlap_p2p_comm (interleaved schedule): receives posted ahead of the backward
+    # (megatron-core's default False; Megatron-LM's --no-overlap-p2p-communication: True)
+    overlap_p2p_comm: bool = False
     # nothing gave the world size or dp: dp is the least the grid allows (1 without experts)
     dp_assumed: bool = False
     # pipeline_model_parallel_layout, its flat stages unrolled (:mod:`.pipeline_layout`)
@@ -273,6 +276,9 @@ class TrainingSpec:
     # Megatron-FSDP's data_parallel_sharding_strategy (None: Megatron DDP) and torch FSDP2
     # (:mod:`.fsdp`)
     fsdp: str | None = None
+    # Megatron-FSDP with overlap_param_gather: the next forward's all-gather is issued after
+    # the optimizer step (fsdp.in_flight)
+    fsdp_overlap_param_gather: bool = False
     torch_fsdp2: bool = False
     # fine-grained activation offloading (megatron/core/transformer/transformer_config.py;
     # :mod:`.offload`)

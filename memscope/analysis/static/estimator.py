@@ -24,7 +24,7 @@ from memscope.analysis.static.activations import (
 from memscope.analysis.static.config import TrainingSpec, stage_spec
 from memscope.analysis.static.distillation import teacher_terms
 from memscope.analysis.static.fp8 import quantized_weight_terms
-from memscope.analysis.static.fsdp import unsharded_bytes
+from memscope.analysis.static.fsdp import in_flight
 from memscope.analysis.static.muon import is_muon, muon_step_bytes
 from memscope.analysis.static.params import (
     ParamTensor,
@@ -55,6 +55,9 @@ class RankEstimate:
     # persistent terms of FP8/FP4 (fp8.py) and distillation (distillation.py), by name; they
     # are already in ``persistent.weight_bytes``
     weight_terms: dict[str, int] = field(default_factory=dict)
+    # Megatron-FSDP's parameter all-gather for the next forward, issued after the optimizer
+    # step (fsdp.in_flight ``after_step``): between steps only, not at the step's peak
+    prefetched_bytes: int = 0
 
     @property
     def workspace_bytes(self) -> int:
@@ -70,6 +73,7 @@ class RankEstimate:
             + self.activations.buffer_bytes
             + self.post_step_bytes
             + self.retained_input_bytes
+            + self.prefetched_bytes
         )
 
     @property
@@ -125,6 +129,7 @@ class RankEstimate:
             "steady_bytes": self.steady_bytes,
             "post_step_bytes": self.post_step_bytes,
             "retained_input_bytes": self.retained_input_bytes,
+            "prefetched_bytes": self.prefetched_bytes,
             "weight_terms": dict(self.weight_terms),
             "peak_memory_bytes": self.peak_memory_bytes,
             "peak_stage": self.peak_stage,
@@ -147,13 +152,17 @@ def estimate_rank(spec: TrainingSpec, position: RankPosition) -> RankEstimate:
     extra = weight_terms(spec, params, position)
     persistent = persistent_terms(spec, params)
     persistent = replace(persistent, weight_bytes=persistent.weight_bytes + sum(extra.values()))
-    activations = activation_estimate(spec, position.pp_rank, per_chunk)
-    in_flight = unsharded_bytes(spec, params)  # FSDP's all-gathered units (fsdp.py)
-    if in_flight:
+    fsdp = in_flight(spec, params)  # FSDP's all-gathered units by moment (fsdp.py)
+    activations = activation_estimate(spec, position.pp_rank, per_chunk, fsdp)
+    if fsdp.layers or fsdp.loss:
+        moment = activations.peak_moment.split()[-1]
+        unsharded = fsdp.loss  # the loss's moments (cross entropy, KD loss, wgrad drain)
+        if moment in ("attention_backward", "mlp_backward"):
+            unsharded = fsdp.layers
+        elif moment == "output_layer_backward":
+            unsharded = fsdp.output_layer
         activations = replace(
-            activations,
-            backward_working_bytes=activations.backward_working_bytes + in_flight,
-            detail={**activations.detail, "fsdp_unsharded": in_flight},
+            activations, detail={**activations.detail, "fsdp_unsharded": unsharded}
         )
     return RankEstimate(
         position=position,
@@ -168,6 +177,7 @@ def estimate_rank(spec: TrainingSpec, position: RankPosition) -> RankEstimate:
         post_step_bytes=fp32_grad_copies(spec, params),
         retained_input_bytes=retained_inputs_bytes(spec, position.pp_rank, len(per_chunk)),
         weight_terms=extra,
+        prefetched_bytes=fsdp.after_step,
     )
 
 

@@ -72,6 +72,12 @@ def _units(spec: TrainingSpec, params: list[ParamTensor]) -> list[int]:
     """Elements of each FSDP unit on this rank: one per decoder/MTP layer, the rest (the
     embedding, the output layer, norms) as Megatron-FSDP's non-unit groups or FSDP2's
     embedding/output units."""
+    layers, rest = _split_units(spec, params)
+    return layers + list(rest.values())
+
+
+def _split_units(spec: TrainingSpec, params: list[ParamTensor]) -> tuple[list[int], dict[str, int]]:
+    """:func:`_units` as (the decoder/MTP layers' units, the rest by name)."""
     layers: dict[str, int] = {}
     rest: dict[str, int] = {}
     for t in params:
@@ -85,7 +91,52 @@ def _units(spec: TrainingSpec, params: list[ParamTensor]) -> list[int]:
             if spec.model.transformer_impl == "local" and spec.torch_fsdp2:
                 key = "root"  # the local spec's output layer is not wrapped: the root unit
             rest[key] = rest.get(key, 0) + t.numel
-    return list(layers.values()) + list(rest.values())
+    return list(layers.values()), rest
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """Unsharded FSDP buffers beyond the shards :func:`.terms.persistent_terms` counts, by
+    moment of the step."""
+
+    layers: int = 0  # at the decoder layers' backward
+    loss: int = 0  # at the last stage's loss (cross entropy), before any unit's backward
+    output_layer: int = 0  # at the output layer's backward
+    after_step: int = 0  # between steps (the next forward's parameter prefetch)
+
+
+def in_flight(spec: TrainingSpec, params: list[ParamTensor]) -> InFlight:
+    """FSDP's unsharded parameters and gradients at each moment (see the module docstring).
+
+    Megatron-FSDP (megatron_fsdp.py, megatron-core 0.16.1): the decoder layers' backward
+    holds every bucket in the backward prefetch window and the first unit's gradient
+    (:func:`unsharded_bytes`). Before that, at the loss, no unit is gathered: each
+    ``TransformerLayer`` unit's ``_post_forward`` releases its bucket after its forward
+    (``release_module_parameters``, not lazy outside recompute), and the backward's
+    all-gather of a unit is its ``_pre_backward_param_unshard``, a grad hook on the unit's
+    output (``create_custom_backward_hook``) that fires only once the loss and the output
+    layer have back-propagated; the non-unit groups (embedding, output layer, final norm)
+    have no release hook and stay gathered. At the output layer's backward its gradient
+    bucket comes beside them. Between steps, with ``overlap_param_gather``,
+    ``start_param_sync`` all-gathers the first bucket with forward prefetch
+    (``all_gather_and_wait_parameters_ready(prefetch=True)``), i.e. every bucket in the
+    window, for the next forward. torch FSDP2: its units' in-flight set at every moment."""
+    shard = sharding(spec)
+    if shard is None or spec.parallel.dp * spec.parallel.cp == 1:
+        return InFlight()
+    layers = unsharded_bytes(spec, params)
+    if spec.torch_fsdp2:
+        return InFlight(layers=layers, loss=layers, output_layer=layers)
+    prec = spec.precision
+    _, rest = _split_units(spec, params)
+    units = _units(spec, params)
+    root = sum(rest.values()) * prec.param_bytes if shard.params else 0
+    grad_bytes = 4 if prec.grads_in_fp32 else prec.param_bytes
+    output_grad = rest.get("output_layer", 0) * grad_bytes if shard.grads else 0
+    gathered = min(sum(units), AG_PREFETCH_ELEMENTS + max(units)) * prec.param_bytes
+    prefetched = gathered if shard.params and spec.fsdp_overlap_param_gather else 0
+    return InFlight(layers=layers, loss=root, output_layer=root + output_grad,
+                    after_step=prefetched)  # fmt: skip
 
 
 def unsharded_bytes(spec: TrainingSpec, params: list[ParamTensor]) -> int:

@@ -20,6 +20,7 @@ NEGATED_FLAGS = {
     "no_bias_swiglu_fusion": "bias_swiglu_fusion",
     "no_gradient_accumulation_fusion": "gradient_accumulation_fusion",
     "no_rope_fusion": "apply_rope_fusion",
+    "no_overlap_p2p_communication": "overlap_p2p_comm",
 }
 # Megatron argument names (and the JSON config's own) that the estimator reads.
 READ_KEYS = frozenset(NEGATED_FLAGS) | frozenset(
@@ -113,6 +114,8 @@ READ_KEYS = frozenset(NEGATED_FLAGS) | frozenset(
         "multi_latent_attention",
         "multiple_of",
         "overlap_moe_expert_parallel_comm",
+        "overlap_p2p_comm",
+        "overlap_param_gather",
         "no_position_embedding",
         "normalization",
         "num_attention_heads",

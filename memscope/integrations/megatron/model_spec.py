@@ -38,6 +38,7 @@ SAME_NAME = (
     "account_for_loss_in_pipeline_split", "cpu_offloading", "cpu_offloading_num_layers",
     "cpu_offloading_activations", "cpu_offloading_weights", "fp16", "bf16", "mtp_num_layers",
     "multi_latent_attention", "overlap_moe_expert_parallel_comm", "cp_comm_type",
+    "overlap_p2p_comm",
     "moe_layer_recompute", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
     "moe_layer_freq", "moe_router_topk", "moe_grouped_gemm", "moe_use_legacy_grouped_gemm",
     "moe_router_enable_expert_bias", "moe_token_dispatcher_type", "moe_router_dtype",
