@@ -111,6 +111,9 @@ class ModelSpec:
     masked_softmax_fusion: bool = True  # unfused attention: fused scale-mask-softmax kernel
     attention_softmax_in_fp32: bool = False  # unfused softmax computed (and kept) in fp32
     rope_fusion: bool = True  # apply_rope_fusion: fused RoPE keeps no per-layer cos/sin
+    # the megatron-core building the model (where releases differ: megatron_versions.py);
+    # None: unknown, estimated as 0.16
+    megatron_core_version: str | None = None
 
     @property
     def query_groups(self) -> int:

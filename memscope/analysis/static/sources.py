@@ -8,6 +8,7 @@ aliases. Every problem is a ``ValueError`` that names the field.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import math
 import os
@@ -232,6 +233,15 @@ def _moe_pattern(args: Any, num_layers: int) -> tuple[int, ...] | None:
     return tuple(1 if i % n == 0 else 0 for i in range(num_layers))
 
 
+def _installed_megatron_core() -> str | None:
+    """The installed megatron-core's version: the one that builds the model where the spec is
+    read in the run (memscope/analysis/static/megatron_versions.py); None when absent."""
+    try:
+        return importlib.metadata.version("megatron-core")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def _expert_fields(args: Any, num_layers: int) -> dict[str, Any]:
     """ModelSpec's MoE, MLA and MTP fields from Megatron's argument names."""
     experts = _int(args, "num_experts", None, "model.num_experts")
@@ -394,6 +404,7 @@ def spec_from_megatron_args(
         and _flag(args, "add_bias_linear", True),
         masked_softmax_fusion=_flag(args, "masked_softmax_fusion", True),
         rope_fusion=_flag(args, "apply_rope_fusion", True),
+        megatron_core_version=_installed_megatron_core(),
         attention_softmax_in_fp32=_flag(args, "attention_softmax_in_fp32")
         or _flag(args, "apply_query_key_layer_scaling"),
         attention_dropout=_float(args, "attention_dropout", 0.1, 0.0, 1.0),
