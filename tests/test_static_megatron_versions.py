@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from memscope.analysis.static.estimator import estimate_rank
 from memscope.analysis.static.megatron_versions import (
     at_least,
     grouped_gemm_experts,
@@ -113,3 +114,23 @@ def test_mtp_layer_is_named_mtp_model_layer_from_0_17():
         names = [t.name for t in rank_params(spec, RankPosition())]
         assert any(n.startswith(f"mtp.layers.0.{inner}.") for n in names)
     assert at_least(_spec("0.17.0").model, (0, 17)) and not at_least(_spec(None).model, (0, 0))
+
+
+def test_megatron_fsdp_gradients_take_the_named_dtype_from_0_19():
+    fsdp = dict(use_megatron_fsdp=True, data_parallel_sharding_strategy="no_shard",
+                use_distributed_optimizer=True, num_experts=None, world_size=2,
+                global_batch_size=2 * B)  # fmt: skip
+
+    def grads(version: str, **kw: Any) -> int:
+        spec = _spec(version, **fsdp, **kw)
+        return estimate_rank(spec, RankPosition()).persistent.grad_bytes
+
+    count = sum(t.numel for t in rank_params(_spec("0.16.1", **fsdp), RankPosition()))
+    # up to 0.18 bf16 training's grad_reduce_in_fp32 makes the buffer fp32; 0.19 reads only
+    # megatron_fsdp_main_grads_dtype ("auto": the bf16 parameters')
+    assert grads("0.16.1") == grads("0.18.0") == 4 * count
+    assert grads("0.19.2") == 2 * count
+    assert grads("0.19.2", megatron_fsdp_main_grads_dtype="fp32") == 4 * count
+    assert grads("0.19.2", megatron_fsdp_main_grads_dtype="auto") == 2 * count
+    with pytest.raises(ValueError, match="megatron_fsdp_main_grads_dtype"):
+        _spec("0.19.2", **fsdp, megatron_fsdp_main_grads_dtype="fp8")

@@ -209,6 +209,8 @@ class PrecisionSpec:
     # FusedAdam holds the master weights and the Adam moments in these dtypes
     precision_aware: bool = False
     main_grads_dtype: str = "fp32"  # the DDP gradient buffer under bf16 (arguments.py)
+    # --megatron-fsdp-main-grads-dtype (Megatron-LM 0.19); None: "auto", the parameters'
+    megatron_fsdp_main_grads_dtype: str | None = None
     main_params_dtype: str = "fp32"
     exp_avg_dtype: str = "fp32"
     exp_avg_sq_dtype: str = "fp32"

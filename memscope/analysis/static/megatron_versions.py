@@ -18,6 +18,10 @@ release that changed it. Each change, with where it is in megatron-core's source
   multi_token_prediction.py`` ``MultiTokenPredictionLayer`` holds its transformer layer as
   ``mtp_model_layer`` (it may be a Mamba stack), before as ``transformer_layer``: the
   parameters' names change, not their sizes.
+- **0.19: Megatron-FSDP's gradient dtype** (:data:`MEGATRON_FSDP_GRADS_DTYPE`).
+  ``distributed/fsdp/mcore_fsdp_adapter.py`` takes the main-gradient dtype from
+  ``megatron_fsdp_main_grads_dtype`` alone (Megatron-LM's ``--megatron-fsdp-main-grads-dtype``,
+  default ``auto``: the parameters' dtype); up to 0.18 ``grad_reduce_in_fp32`` made it fp32.
 
 An unknown version (no megatron-core installed where the spec was read) follows 0.16.
 """
@@ -28,13 +32,14 @@ import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # (config imports the checks that import this module)
-    from memscope.analysis.static.config import ModelSpec
+    from memscope.analysis.static.config import ModelSpec, TrainingSpec
 
 Release = tuple[int, int]
 
 ARGSORT_PERMUTE: Release = (0, 17)
 NO_LEGACY_GROUPED_MLP: Release = (0, 17)
 MTP_MODEL_LAYER: Release = (0, 17)
+MEGATRON_FSDP_GRADS_DTYPE: Release = (0, 19)
 
 _RELEASE = re.compile(r"^\s*(\d+)\.(\d+)")
 
@@ -71,3 +76,15 @@ def grouped_gemm_experts(model: ModelSpec) -> bool:
 def mtp_inner_layer(model: ModelSpec) -> str:
     """The attribute name of an MTP layer's transformer layer (:data:`MTP_MODEL_LAYER`)."""
     return "mtp_model_layer" if at_least(model, MTP_MODEL_LAYER) else "transformer_layer"
+
+
+def megatron_fsdp_grad_bytes(spec: TrainingSpec) -> int:
+    """Bytes per element of Megatron-FSDP's main-gradient buffer
+    (:data:`MEGATRON_FSDP_GRADS_DTYPE`)."""
+    from memscope.analysis.static.config import STATE_DTYPE_BYTES  # (import circle)
+
+    prec = spec.precision
+    if at_least(spec.model, MEGATRON_FSDP_GRADS_DTYPE):
+        named = prec.megatron_fsdp_main_grads_dtype
+        return STATE_DTYPE_BYTES[named] if named else prec.param_bytes
+    return 4 if prec.grads_in_fp32 else prec.param_bytes

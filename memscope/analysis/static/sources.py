@@ -233,6 +233,18 @@ def _moe_pattern(args: Any, num_layers: int) -> tuple[int, ...] | None:
     return tuple(1 if i % n == 0 else 0 for i in range(num_layers))
 
 
+def _fsdp_grads_dtype(args: Any) -> str | None:
+    """``megatron_fsdp_main_grads_dtype`` (Megatron-LM 0.19 arguments.py): None for ``auto``."""
+    value = _get(args, "megatron_fsdp_main_grads_dtype")
+    if value is None or str(value) == "auto":
+        return None
+    if str(value) not in ("fp32", "bf16", "fp16"):
+        raise ValueError(
+            f"megatron_fsdp_main_grads_dtype: one of fp32, bf16, fp16, auto; got {value!r}"
+        )
+    return str(value)
+
+
 def _installed_megatron_core() -> str | None:
     """The installed megatron-core's version: the one that builds the model where the spec is
     read in the run (memscope/analysis/static/megatron_versions.py); None when absent."""
@@ -477,6 +489,7 @@ def spec_from_megatron_args(
     precision = PrecisionSpec(
         params_dtype=dtype,
         grads_in_fp32=_grads_in_fp32(args, bf16, savers["main_grads_dtype"]),
+        megatron_fsdp_main_grads_dtype=_fsdp_grads_dtype(args),
         **savers,
         optimizer=_name(args, "optimizer", "adam"),
         distributed_optimizer=_flag(args, "use_distributed_optimizer"),
