@@ -104,3 +104,46 @@ def test_another_release_gets_its_own_patch_or_one_line(tmp_path, minor, patch_n
     os.remove(info)
     missing = run_tool("check", "--tree", str(root))
     assert missing.returncode == 2 and "cannot read the Megatron-LM version" in missing.stderr
+
+
+def _installed_training_py() -> Path:
+    """The installed megatron-core's own ``megatron/training/training.py`` when it is the
+    core_r0.19.0 file (the megatron-core 0.19.2 wheel ships it), else skip (fail under
+    ``MEMSCOPE_REQUIRE_MEGATRON_VERSIONS=1``, as in CI's 0.19 run)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("megatron.core")
+    path = Path(spec.origin).parent.parent / "training" / "training.py" if spec else None
+    if path is None or not path.is_file() or path.read_bytes() != _stored("training.py.gz"):
+        reason = "no installed megatron-core ships core_r0.19.0's megatron/training/training.py"
+        if os.environ.get("MEMSCOPE_REQUIRE_MEGATRON_VERSIONS") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return path
+
+
+@pytest.mark.megatron_versions
+def test_the_patched_training_py_imports_with_megatron_core_019_and_binds_the_hooks(tmp_path):
+    import importlib.util
+    import sys
+
+    from memscope.integrations.megatron.training_hooks import memscope_hooks
+
+    installed = _installed_training_py()
+    root = tmp_path / "tree"
+    (root / "megatron/training").mkdir(parents=True)
+    (root / "megatron/training/training.py").write_bytes(installed.read_bytes())
+    (root / "pretrain_gpt.py").write_bytes(_stored("pretrain_gpt.py.gz"))
+    assert _patch(root, "megatron-lm-0.19.patch").returncode == 0
+    # named inside the installed megatron.training, where its relative imports resolve
+    name = "megatron.training._memscope_patched_training"
+    spec = importlib.util.spec_from_file_location(name, root / "megatron/training/training.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[name]
+    assert module.memscope_hooks is memscope_hooks  # the one the patched calls reach
+    assert callable(module.train_step) and callable(module.train)
