@@ -1,7 +1,8 @@
 """patches/megatron-lm-0.19.patch on the real Megatron-LM 0.19 training.py and pretrain_gpt.py
 (tests/data/megatron-lm-0.19/, unmodified copies of core_r0.19.0 at f8837c0, checked by their
 git blob ids): the patch tool picks it by the tree's version, applies, checks and reverts it,
-and the patched loop calls every hook where the 0.15 patch does."""
+the patched loop calls every hook where the 0.15 patch does, and (CI's megatron-core 0.19
+run, whose wheel ships the same training.py) the patched ``train_step`` traces real steps."""
 
 from __future__ import annotations
 
@@ -123,11 +124,13 @@ def _installed_training_py() -> Path:
 
 
 @pytest.mark.megatron_versions
-def test_the_patched_training_py_imports_with_megatron_core_019_and_binds_the_hooks(tmp_path):
-    import importlib.util
+@pytest.mark.multiprocess  # a training script in a subprocess
+def test_the_patched_train_step_traces_every_step_on_megatron_core_019(tmp_path):
+    import json
+    import subprocess
     import sys
 
-    from memscope.integrations.megatron.training_hooks import memscope_hooks
+    from memscope.demo.launcher import free_port
 
     installed = _installed_training_py()
     root = tmp_path / "tree"
@@ -135,15 +138,25 @@ def test_the_patched_training_py_imports_with_megatron_core_019_and_binds_the_ho
     (root / "megatron/training/training.py").write_bytes(installed.read_bytes())
     (root / "pretrain_gpt.py").write_bytes(_stored("pretrain_gpt.py.gz"))
     assert _patch(root, "megatron-lm-0.19.patch").returncode == 0
-    # named inside the installed megatron.training, where its relative imports resolve
-    name = "megatron.training._memscope_patched_training"
-    spec = importlib.util.spec_from_file_location(name, root / "megatron/training/training.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules[name]
-    assert module.memscope_hooks is memscope_hooks  # the one the patched calls reach
-    assert callable(module.train_step) and callable(module.train)
+    out = tmp_path / "out"
+    out.mkdir()
+    worker = Path(__file__).parent / "megatron_lm_019_train_step_worker.py"
+    env = dict(os.environ, MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [sys.executable, str(worker), str(root / "megatron/training/training.py"), str(out)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = json.loads((out / "result.json").read_text(encoding="utf-8"))
+    assert [s["skipped"] for s in steps] == [0, 0, 0]
+    assert all(s["loss"] is not None and 0 < s["loss"] < 20 for s in steps)
+    report = json.loads((out / "memscope/rank00000/runtime_report.json").read_text())
+    assert report["status"] == "complete", report["status_reason"]
+    phases = [(e["step"], e["phase"], e["notes"]) for e in report["runtime_trace"]
+              if e["event_type"] == "step_phase"]  # fmt: skip
+    # each patched call: forward_backward_end, optimizer_step_start/_end, step_end
+    for step in range(3):
+        assert [p[1:] for p in phases if p[0] == step] == [
+            ("forward_backward", ""), ("pre_optimizer", ""), ("optimizer", ""),
+            ("step", "last pipeline stage"),
+        ]  # fmt: skip
