@@ -17,7 +17,6 @@ STUBS (GPU only), as in ``flagscale_train_step_worker.py``: the modules in ``STU
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import json
 import os
@@ -73,7 +72,8 @@ def _args() -> Any:
 
 def main() -> None:
     training = _load_patched()
-    from harness.megatron_ddp_cpu import CpuTorch  # tests/ is this script's sys.path[0]
+    from harness.gpt_step import forward_step
+    from harness.megatron_ddp_cpu import redirect_torch  # tests/ is sys.path[0] here
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.num_microbatches_calculator import init_num_microbatches_calculator
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -88,10 +88,7 @@ def main() -> None:
     from memscope.demo.tiny_gpt import TinyGPTConfig, build_model, init_process
     from memscope.demo.tiny_gpt_training import make_data_iterators
 
-    stub = CpuTorch()
-    for name in STUBBED:
-        importlib.import_module(name).torch = stub  # type: ignore[attr-defined]
-    training.torch = stub
+    redirect_torch([*STUBBED, training])
     assert training.memscope_hooks is not None
 
     cfg = TinyGPTConfig(num_layers=2, hidden_size=32, num_attention_heads=4)
@@ -121,7 +118,7 @@ def main() -> None:
     for step in range(3):
         args.curr_iteration = step
         out = training.train_step(
-            _forward_step, data, model, optimizer, scheduler, config, fb_func, iteration=step
+            forward_step, data, model, optimizer, scheduler, config, fb_func, iteration=step
         )
         loss = out[0].get("lm loss")
         results.append({"loss": float(loss) if loss is not None else None, "skipped": out[1]})
@@ -129,24 +126,6 @@ def main() -> None:
     with open(os.path.join(OUTDIR, "result.json"), "w", encoding="utf-8") as f:
         json.dump(results, f)
     torch.distributed.destroy_process_group()
-
-
-def _forward_step(data_iterator: Any, model: Any) -> Any:
-    from functools import partial
-
-    batch = next(data_iterator)
-    output = model(
-        batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"]
-    )
-    return output, partial(_loss_func, batch["loss_mask"])
-
-
-def _loss_func(loss_mask: torch.Tensor, output: torch.Tensor) -> Any:
-    """As pretrain_gpt's: (sum, tokens, report)."""
-    loss = torch.sum(output.float().view(-1) * loss_mask.view(-1))
-    num_tokens = loss_mask.sum().to(torch.int)
-    report = torch.cat([loss.detach().view(1), num_tokens.view(1)])
-    return loss, num_tokens, {"lm loss": report}
 
 
 if __name__ == "__main__":
