@@ -37,7 +37,6 @@ import json
 import os
 import sys
 import warnings
-from functools import partial
 from typing import Any
 
 TREE, VARIANT, OUTDIR = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -99,27 +98,6 @@ def _args(world: int, pp: int) -> Any:
     return args
 
 
-def _forward_step(data_iterator: Any, model: Any) -> Any:
-    batch = next(data_iterator)
-    output = model(
-        batch["tokens"], batch["position_ids"], batch["attention_mask"], labels=batch["labels"]
-    )
-    return output, partial(_loss_func, batch["loss_mask"])
-
-
-def _loss_func(loss_mask: torch.Tensor, output: torch.Tensor) -> Any:
-    """As pretrain_gpt's: validated by the rerun state machine, (sum, tokens, report)."""
-    from megatron.core.rerun_state_machine import get_rerun_state_machine
-
-    loss = torch.sum(output.float().view(-1) * loss_mask.view(-1))
-    num_tokens = loss_mask.sum().to(torch.int)
-    get_rerun_state_machine().validate_result(
-        result=loss, rejection_func=torch.isnan, message="NaN loss", tolerance=0.0, fatal=True
-    )
-    report = torch.cat([loss.detach().view(1), num_tokens.view(1)])
-    return loss, num_tokens, {"lm loss": report}
-
-
 def _plain(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.tolist()
@@ -137,7 +115,8 @@ def main() -> None:
         sys.meta_path.insert(0, _BlockHooks())  # type: ignore[arg-type]
     training = importlib.import_module(TRAINING_MODULE[TARGET])
     from flagscale.train.global_vars import get_spiky_loss_detector, set_get_spiky_loss_detector
-    from harness.megatron_ddp_cpu import CpuTorch  # tests/ is this script's sys.path[0]
+    from harness.gpt_step import forward_step
+    from harness.megatron_ddp_cpu import redirect_torch  # tests/ is sys.path[0] here
     from megatron.core import mpu
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.num_microbatches_calculator import init_num_microbatches_calculator
@@ -156,9 +135,7 @@ def main() -> None:
     from memscope.demo.tiny_gpt import TinyGPTConfig, build_model, init_process
     from memscope.demo.tiny_gpt_training import make_data_iterators
 
-    stub = CpuTorch()
-    for name in STUBBED:
-        importlib.import_module(name).torch = stub  # type: ignore[attr-defined]
+    redirect_torch(STUBBED)
     assert (training.__dict__.get("memscope_hooks") is None) == (VARIANT in ("missing", "pristine"))
 
     cfg = TinyGPTConfig(num_layers=2, hidden_size=32, num_attention_heads=4, pp=pp)
@@ -202,7 +179,7 @@ def main() -> None:
             get_rerun_state_machine().error_injector = RerunErrorInjector(
                 1, RerunDiagnostic.PERSISTENT_ERROR
             )
-        out = training.train_step(_forward_step, data, model, optimizer, scheduler, config, fb_func)
+        out = training.train_step(forward_step, data, model, optimizer, scheduler, config, fb_func)
         results.append(_plain(out))
         args.consumed_train_samples += 4
     if hooks is not None:

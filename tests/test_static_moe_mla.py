@@ -35,6 +35,7 @@ from memscope.analysis.static.config import (
     stage_spec,
 )
 from memscope.analysis.static.estimator import estimate_all_ranks, estimate_rank, position_of_rank
+from memscope.analysis.static.megatron_versions import mtp_inner_layer
 from memscope.analysis.static.params import RankPosition, layer_params, rank_params
 from memscope.analysis.static.spec_checks import validate_spec
 from memscope.demo.launcher import free_port, spawn
@@ -159,8 +160,7 @@ def _build(args: dict[str, Any]) -> dict[str, int]:
             mtp_from = spec if layer_specs else _layer_spec(config)
             mtp_spec = specs.get_gpt_mtp_block_spec(config, mtp_from, use_transformer_engine=False)
             if mtp_spec is not None:
-                layer_specs = [*layer_specs, *(s.submodules.transformer_layer for s in
-                                               mtp_spec.layer_specs)]  # fmt: skip
+                layer_specs = [*layer_specs, *map(_mtp_inner_layer, mtp_spec.layer_specs)]
         if mla:
             for layer in layer_specs:
                 layer.submodules.self_attention.submodules.core_attention = MLACoreAttention
@@ -189,6 +189,14 @@ def _build(args: dict[str, Any]) -> dict[str, int]:
         if ".router." in name:
             out["buffer:" + global_name(name)] = buf.numel()
     return out
+
+
+def _mtp_inner_layer(mtp_layer_spec: Any) -> Any:
+    """The transformer layer inside an MTP layer's spec: ``mtp_model_layer`` from
+    megatron-core 0.17 (multi_token_prediction.py ``MultiTokenPredictionLayerSubmodules``),
+    ``transformer_layer`` before."""
+    sub = mtp_layer_spec.submodules
+    return sub.mtp_model_layer if hasattr(sub, "mtp_model_layer") else sub.transformer_layer
 
 
 def _layer_spec(config: Any) -> Any:
@@ -255,7 +263,18 @@ SINGLE = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("overrides", list(SINGLE.values()), ids=list(SINGLE))
+# Also run on the newest megatron-core (CI's `-m megatron_versions` run): 0.17 builds local
+# grouped-GEMM experts as SequentialMLP and renames MTP's inner layer (megatron_versions.py).
+NEWEST = {"moe-grouped-gemm", "mla-moe-mtp2", "dense-mtp-learned-absolute"}
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        pytest.param(v, id=k, marks=[pytest.mark.megatron_versions] if k in NEWEST else [])
+        for k, v in SINGLE.items()
+    ],
+)
 def test_inventory_matches_real_model_on_one_rank(overrides):
     args = _args(**overrides)
     assert _estimated(args) == _real_single(args)
@@ -488,7 +507,8 @@ def test_wheel_moe_mla_mtp_yamls_read_every_expert_field():
     assert (p.ep, p.expert_tp, p.dp, p.first_stage_layers) == (4, 1, 4, 13)
     last = [t.name for t in rank_params(ds, RankPosition(pp_rank=1))]
     assert "embedding.word_embeddings.weight" in last and "output_layer.weight" in last
-    assert any(n.startswith("mtp.layers.0.transformer_layer.mlp.experts.") for n in last)
+    inner = mtp_inner_layer(m)  # named as the installed megatron-core names it
+    assert any(n.startswith(f"mtp.layers.0.{inner}.mlp.experts.") for n in last)
 
 
 def test_mixtral_total_matches_the_published_parameter_count():

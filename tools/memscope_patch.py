@@ -7,8 +7,11 @@
 
 ``PATH`` is the repository root the patch is applied from with ``patch -p1``: the directory
 holding ``flagscale/`` for FlagScale, the one holding ``megatron/`` and ``pretrain_gpt.py``
-for Megatron-LM. Every change is tried with ``patch --dry-run`` first; a tree the patch does
-not match exactly (another version, local edits, half applied) is refused with one line.
+for Megatron-LM. The patch is chosen by the tree's release: FlagScale 0.8.0; Megatron-LM
+0.15 (0.15.0rc5, bundled with FlagScale 0.8.0) or 0.19 (core_r0.19.0), read from
+``megatron/core/package_info.py``. Every change is tried with ``patch --dry-run`` first; a
+tree the patch does not match exactly (another version, local edits, half applied) is
+refused with one line.
 
 ``apply`` and ``revert`` are atomic. Before changing anything they check that every file the
 patch touches is a regular file that can be written, in a directory that can be written
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import signal
 import stat
@@ -46,7 +50,7 @@ APPLIED, NOT_APPLIED, MISMATCH = "applied", "not applied", "does not match"
 
 @dataclass(frozen=True)
 class Target:
-    """One supported framework: its patch file and the files that identify its tree."""
+    """One supported framework release: its patch file and the files that identify its tree."""
 
     name: str
     patch: str
@@ -54,20 +58,44 @@ class Target:
     description: str
 
 
+@dataclass(frozen=True)
+class Framework:
+    """A framework the tool recognises, with one patch per supported release.
+
+    ``releases`` maps ``major.minor`` to (patch file, the release it was written against);
+    the tree's release is read from ``version_file`` (megatron-core's ``package_info.py``
+    for Megatron-LM), or is the only one listed when there is none.
+    """
+
+    name: str
+    label: str
+    markers: tuple[str, ...]
+    releases: dict[str, tuple[str, str]]
+    version_file: str | None = None
+
+
 TARGETS = {
-    "flagscale": Target(
+    "flagscale": Framework(
         "flagscale",
-        "flagscale-0.8.0.patch",
+        "FlagScale",
         ("flagscale/train/train.py", "flagscale/train/train_gpt.py"),
-        "FlagScale 0.8.0",
+        {"0.8": ("flagscale-0.8.0.patch", "0.8.0")},
     ),
-    "megatron-lm": Target(
+    "megatron-lm": Framework(
         "megatron-lm",
-        "megatron-lm-0.15.0rc5.patch",
+        "Megatron-LM",
         ("megatron/training/training.py", "pretrain_gpt.py"),
-        "Megatron-LM 0.15.0rc5",
+        {
+            "0.15": ("megatron-lm-0.15.0rc5.patch", "0.15.0rc5"),
+            "0.19": ("megatron-lm-0.19.patch", "0.19"),
+        },
+        "megatron/core/package_info.py",
     ),
 }
+# megatron/core/package_info.py: MAJOR = 0 / MINOR = 19 / PATCH = 1 / PRE_RELEASE = "rc5"
+_VERSION_PART = re.compile(
+    r"^(MAJOR|MINOR|PATCH|PRE_RELEASE)\s*=\s*['\"]?([0-9A-Za-z]*)['\"]?", re.M
+)
 
 
 class Refused(Exception):
@@ -83,17 +111,18 @@ class RolledBack(Refused):
 
 
 def detect_target(tree: str, wanted: str) -> Target:
-    """The target for ``tree``: ``wanted`` checked against the tree, or found (``auto``)."""
+    """The target for ``tree``: ``wanted`` checked against the tree, or found (``auto``),
+    with the patch of the tree's release."""
     if not os.path.isdir(tree):
         raise Refused(f"{tree}: not a directory")
     present = [t for t in TARGETS.values() if _has_markers(tree, t)]
     if wanted != "auto":
-        target = TARGETS[wanted]
-        if target not in present:
-            raise Refused(f"{tree} is not a {target.description} tree: {_why_not(tree, target)}")
-        return target
+        framework = TARGETS[wanted]
+        if framework not in present:
+            raise Refused(f"{tree} is not a {framework.label} tree: {_why_not(tree, framework)}")
+        return _release_target(tree, framework)
     if len(present) == 1:
-        return present[0]
+        return _release_target(tree, present[0])
     if not present:
         hint = _nested_hint(tree)
         raise Refused(
@@ -103,11 +132,47 @@ def detect_target(tree: str, wanted: str) -> Target:
     raise Refused(f"{tree} looks like both FlagScale and Megatron-LM: pass --target")
 
 
-def _has_markers(tree: str, target: Target) -> bool:
+def tree_version(tree: str, framework: Framework) -> str | None:
+    """The release written in the tree's version file (``0.19.1``, ``0.15.0rc5``), or None
+    when the framework has none; refused when the file is missing or unreadable."""
+    if framework.version_file is None:
+        return None
+    path = os.path.join(tree, framework.version_file)
+    try:
+        with open(path, encoding="utf-8") as f:
+            parts = dict(_VERSION_PART.findall(f.read()))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise Refused(f"{path}: cannot read the {framework.label} version ({_why(exc)})") from None
+    if "MAJOR" not in parts or "MINOR" not in parts:
+        raise Refused(f"{path}: no MAJOR/MINOR version in it")
+    version = f"{parts['MAJOR']}.{parts['MINOR']}"
+    if parts.get("PATCH"):
+        version += f".{parts['PATCH']}{parts.get('PRE_RELEASE', '')}"
+    return version
+
+
+def _release_target(tree: str, framework: Framework) -> Target:
+    """The patch for the tree's release (:func:`tree_version`)."""
+    version = tree_version(tree, framework)
+    if version is None:
+        ((patch, written_for),) = framework.releases.values()
+        return Target(framework.name, patch, framework.markers, f"{framework.label} {written_for}")
+    release = ".".join(version.split(".")[:2])
+    if release not in framework.releases:
+        known = ", ".join(written for _, written in framework.releases.values())
+        raise Refused(
+            f"{tree} is {framework.label} {version}; MemScope has patches for {known} only "
+            "(wire the hooks by hand: docs/tracing.md)"
+        )
+    patch = framework.releases[release][0]
+    return Target(framework.name, patch, framework.markers, f"{framework.label} {version}")
+
+
+def _has_markers(tree: str, target: Framework) -> bool:
     return all(os.path.isfile(os.path.join(tree, m)) for m in target.markers)
 
 
-def _why_not(tree: str, target: Target) -> str:
+def _why_not(tree: str, target: Framework) -> str:
     missing = [m for m in target.markers if not os.path.isfile(os.path.join(tree, m))]
     return "missing " + ", ".join(missing) + _nested_hint(tree)
 

@@ -11,6 +11,7 @@ precision and optimizer, and the batch and memory-saving settings, each in its o
 
 from __future__ import annotations
 
+import importlib.metadata
 import math
 from dataclasses import replace
 from typing import Any
@@ -173,11 +174,21 @@ def _model_spec(args: Any, num_layers: int, seq: int, vocab: int) -> ModelSpec:
         bias_activation_fusion=_bias_activation_fusion(args),
         masked_softmax_fusion=get_flag(args, "masked_softmax_fusion", True),
         rope_fusion=get_flag(args, "apply_rope_fusion", True),
+        megatron_core_version=_installed_megatron_core(),
         attention_softmax_in_fp32=get_flag(args, "attention_softmax_in_fp32")
         or get_flag(args, "apply_query_key_layer_scaling"),
         attention_dropout=get_float(args, "attention_dropout", 0.1, 0.0, 1.0),
         **expert_fields(args, num_layers),
     )
+
+
+def _installed_megatron_core() -> str | None:
+    """The installed megatron-core's version: the one that builds the model where the spec is
+    read in the run (analysis/static/megatron_versions.py); None when absent."""
+    try:
+        return importlib.metadata.version("megatron-core")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _query_groups(args: Any) -> int | None:
@@ -206,6 +217,7 @@ def _precision_spec(args: Any, dtype: str) -> PrecisionSpec:
     return PrecisionSpec(
         params_dtype=dtype,
         grads_in_fp32=_grads_in_fp32(args, dtype == "bfloat16", savers["main_grads_dtype"]),
+        megatron_fsdp_main_grads_dtype=_fsdp_grads_dtype(args),
         **savers,
         optimizer=get_name(args, "optimizer", "adam"),
         distributed_optimizer=get_flag(args, "use_distributed_optimizer"),
@@ -288,6 +300,18 @@ def _optimizer_savers(args: Any) -> dict[str, Any]:
         optimizer_cpu_offload=get_flag(args, "optimizer_cpu_offload"),
         optimizer_offload_fraction=get_float(args, "optimizer_offload_fraction", 1.0, 0.0, 1.0),
     )
+
+
+def _fsdp_grads_dtype(args: Any) -> str | None:
+    """``megatron_fsdp_main_grads_dtype`` (Megatron-LM 0.19 arguments.py): None for ``auto``."""
+    value = get(args, "megatron_fsdp_main_grads_dtype")
+    if value is None or str(value) == "auto":
+        return None
+    if str(value) not in ("fp32", "bf16", "fp16"):
+        raise ValueError(
+            f"megatron_fsdp_main_grads_dtype: one of fp32, bf16, fp16, auto; got {value!r}"
+        )
+    return str(value)
 
 
 def _grads_in_fp32(args: Any, bf16: bool, main_grads_dtype: str) -> bool:

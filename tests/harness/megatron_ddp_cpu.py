@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import types
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -61,11 +62,17 @@ class CpuTorch(types.ModuleType):
         return getattr(torch, name)
 
 
+def redirect_torch(modules: Iterable[str | types.ModuleType]) -> None:
+    """The given modules (or module names) see ``torch`` through one :class:`CpuTorch`."""
+    stub = CpuTorch()
+    for module in modules:
+        target = importlib.import_module(module) if isinstance(module, str) else module
+        target.torch = stub  # type: ignore[attr-defined]
+
+
 def install_ddp_cpu_stand_ins() -> None:
     """Apply the redirections listed in the module docstring."""
-    stub = CpuTorch()
-    for name in STUBBED:
-        importlib.import_module(name).torch = stub  # type: ignore[attr-defined]
+    redirect_torch(STUBBED)
     plain = torch.Tensor.type
 
     def cuda_type_name(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:

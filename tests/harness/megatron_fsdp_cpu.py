@@ -1,5 +1,5 @@
-"""Test helper: megatron-core 0.16.1's Megatron-FSDP (``FullyShardedDataParallel`` of
-``distributed/fsdp/mcore_fsdp_adapter.py``) built on CPU with gloo.
+"""Test helper: megatron-core's Megatron-FSDP (0.16.1 or 0.19.x; ``FullyShardedDataParallel``
+of ``distributed/fsdp/mcore_fsdp_adapter.py``) built on CPU with gloo.
 
 Redirected here, and only here (none of it holds or shapes a buffer the tests count):
 

@@ -1,4 +1,4 @@
-"""Test helper: run a real megatron-core 0.16.1 ``MoELayer`` on CPU (gloo).
+"""Test helper: run a real megatron-core ``MoELayer`` on CPU (gloo), 0.16.1 or 0.19.x.
 
 CUDA-only calls are redirected here, and only here; none of them holds or shapes an
 activation:

@@ -93,6 +93,9 @@ class ModelSpec:
     masked_softmax_fusion: bool = True  # unfused attention: fused scale-mask-softmax kernel
     attention_softmax_in_fp32: bool = False  # unfused softmax computed (and kept) in fp32
     rope_fusion: bool = True  # apply_rope_fusion: fused RoPE keeps no per-layer cos/sin
+    # the megatron-core building the model (where releases differ: megatron_versions.py);
+    # None: unknown, estimated as 0.16
+    megatron_core_version: str | None = None
 
     @property
     def query_groups(self) -> int:
@@ -191,6 +194,8 @@ class PrecisionSpec:
     # FusedAdam holds the master weights and the Adam moments in these dtypes
     precision_aware: bool = False
     main_grads_dtype: str = "fp32"  # the DDP gradient buffer under bf16 (arguments.py)
+    # --megatron-fsdp-main-grads-dtype (Megatron-LM 0.19); None: "auto", the parameters'
+    megatron_fsdp_main_grads_dtype: str | None = None
     main_params_dtype: str = "fp32"
     exp_avg_dtype: str = "fp32"
     exp_avg_sq_dtype: str = "fp32"

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from memscope.analysis.static.megatron_versions import legacy_grouped_mlp
+
 if TYPE_CHECKING:
     from memscope.analysis.static.config import ModelSpec, ParallelSpec, TrainingSpec
 
@@ -52,7 +54,7 @@ def validate_moe(m: ModelSpec, p: ParallelSpec) -> None:
         )
     if m.add_bias_linear and p.expert_tp > 1:
         raise ValueError("model.add_bias_linear with MoE needs parallel.etp == 1 (megatron-core)")
-    if m.add_bias_linear and m.moe_grouped_gemm and m.transformer_impl == "local":
+    if m.add_bias_linear and m.transformer_impl == "local" and legacy_grouped_mlp(m):
         raise ValueError("model.moe_grouped_gemm (local GroupedMLP) needs add_bias_linear off")
     shared = m.moe_shared_expert_intermediate_size
     if shared is not None:

@@ -31,6 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from memscope.analysis.static.megatron_versions import megatron_fsdp_grad_bytes
+
 if TYPE_CHECKING:
     from memscope.analysis.static.config import TrainingSpec
     from memscope.analysis.static.params import ParamTensor
@@ -147,7 +149,9 @@ def unsharded_bytes(spec: TrainingSpec, params: list[ParamTensor]) -> int:
         return 0
     prec = spec.precision
     units = _units(spec, params)
-    grad_bytes = 4 if prec.grads_in_fp32 else prec.param_bytes
+    grad_bytes = 4 if prec.grads_in_fp32 else prec.param_bytes  # torch FSDP2's bucket
+    if not spec.torch_fsdp2:
+        grad_bytes = megatron_fsdp_grad_bytes(spec)
     gathered = 0
     if shard.params and spec.torch_fsdp2:  # the unit in use and the prefetched next one
         gathered = sum(sorted(units)[-2:]) * prec.param_bytes

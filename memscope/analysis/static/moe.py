@@ -34,7 +34,8 @@ rank's experts.
   sort indices of its ``n`` rows, the transposed probabilities and routing mask that
   ``masked_select`` saves over the gathered ``T G`` tokens, and holds the local routing map;
   alltoall keeps the sort indices of its ``T k`` local rows, the transposed probabilities and
-  mask over ``T`` tokens, and holds ``probs``, ``routing_map`` and (``E_l > 1``) the per-expert
+  mask over ``T`` tokens (from megatron-core 0.17 the int64 ``[E, T]`` argsort instead:
+  megatron_versions.py), and holds ``probs``, ``routing_map`` and (``E_l > 1``) the per-expert
   token counts as attributes; padded to capacity it keeps two int64 index vectors of
   ``C E`` instead of the transposed copies. With ``moe_permute_fusion`` (Transformer Engine)
   the fused permute keeps one int32 ``[E, T]`` row map instead of the sort indices and the
@@ -63,6 +64,11 @@ import math
 from collections.abc import Callable
 
 from memscope.analysis.static.config import TrainingSpec
+from memscope.analysis.static.megatron_versions import (
+    ARGSORT_PERMUTE,
+    at_least,
+    legacy_grouped_mlp,
+)
 
 FP32 = 4
 INT32 = 4
@@ -132,8 +138,19 @@ def _expert_rows(spec: TrainingSpec) -> tuple[bool, int]:
     """(legacy ``GroupedMLP``, f-wide rows an expert keeps per routed row): 3 not gated, with
     the fused weighted SwiGLU or the compiled legacy activation, else 6."""
     m = spec.model
-    legacy = m.moe_grouped_gemm and (m.transformer_impl == "local" or m.moe_use_legacy_grouped_gemm)
+    legacy = legacy_grouped_mlp(m)
     return legacy, 3 if not m.gated_linear_unit or m.bias_activation_fusion or legacy else 6
+
+
+def _permute_saved(spec: TrainingSpec, r: int, cells: int) -> int:
+    """What moe_utils.py ``permute`` (dropless, unfused, with probabilities) keeps for the
+    probabilities' backward over the ``[E, T]`` routing mask of ``cells`` entries: up to 0.16
+    ``masked_select`` keeps the transposed probabilities and the mask; from 0.17 the index
+    into the probabilities is a slice of the int64 ``argsort`` of the whole flattened mask,
+    which keeps that sort's storage (megatron_versions.ARGSORT_PERMUTE)."""
+    if at_least(spec.model, ARGSORT_PERMUTE):
+        return INT64 * cells
+    return (r + 1) * cells
 
 
 def moe_layer_saved(
@@ -176,7 +193,8 @@ def moe_layer_saved(
         capacity = math.ceil(tokens * k / experts * (m.moe_expert_capacity_factor or 1.0))
         dispatcher = 2 * INT64 * capacity * experts + (r + 1) * tokens * experts + counts
     else:  # alltoall (and flex, estimated alike)
-        dispatcher = INT64 * tokens * k + 2 * (r + 1) * tokens * experts + counts
+        dispatcher = INT64 * tokens * k + _permute_saved(spec, r, tokens * experts)
+        dispatcher += (r + 1) * tokens * experts + counts  # probs and routing_map held
 
     legacy_grouped, per_row = _expert_rows(spec)
     experts_bytes = n * h * e + r * n + per_row * n * (m.moe_ffn // etp) * e

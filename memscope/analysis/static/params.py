@@ -27,6 +27,7 @@ from memscope.analysis.static.config import (
     chunk_layer_offset,
     chunk_roles,
 )
+from memscope.analysis.static.megatron_versions import grouped_gemm_experts, mtp_inner_layer
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ def _moe(spec: TrainingSpec, prefix: str) -> list[ParamTensor]:
     h, ffn, etp = m.hidden_size, m.moe_ffn, p.expert_tp
     local = m.num_experts // p.ep
     out = _linear(f"{prefix}.router", m.num_experts, h, m.add_bias_linear)
-    if m.moe_grouped_gemm:  # GroupedMLP: all local experts in two tensors (no bias)
+    if grouped_gemm_experts(m):  # GroupedMLP: all local experts in two tensors (no bias)
         fc1 = local * ffn * (2 if m.gated_linear_unit else 1) // etp
         out.append(ParamTensor(f"{prefix}.experts.weight1", h * fc1, expert=True))
         out.append(ParamTensor(f"{prefix}.experts.weight2", local * ffn // etp * h, expert=True))
@@ -175,7 +176,7 @@ def _mtp(spec: TrainingSpec, tag: str, moe: bool) -> list[ParamTensor]:
         out += _norm(f"{prefix}.enorm", h, m.normalization)
         out += _norm(f"{prefix}.hnorm", h, m.normalization)
         out.append(ParamTensor(f"{prefix}.eh_proj.weight", h // p.tp * 2 * h))
-        out += layer_params(spec, f"{prefix}.transformer_layer", moe)
+        out += layer_params(spec, f"{prefix}.{mtp_inner_layer(m)}", moe)
         out += _norm(f"{prefix}.final_layernorm", h, m.normalization)
     return out
 

@@ -34,6 +34,7 @@ READ_KEYS = frozenset(NEGATED_FLAGS) | frozenset(
         "exp_avg_sq_dtype",
         "grad_reduce_in_bf16",
         "main_grads_dtype",
+        "megatron_fsdp_main_grads_dtype",
         "main_params_dtype",
         "moe_layer_recompute",
         "muon_tp_mode",

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from memscope.analysis.static.config import STATE_DTYPE_BYTES, PrecisionSpec, TrainingSpec
 from memscope.analysis.static.fsdp import Sharding, shard_bytes, sharding
+from memscope.analysis.static.megatron_versions import megatron_fsdp_grad_bytes
 from memscope.analysis.static.muon import is_muon, muon_optimizer_bytes
 from memscope.analysis.static.params import ParamTensor
 
@@ -87,7 +88,7 @@ def _fsdp_terms(spec: TrainingSpec, params: list[ParamTensor], shard: Sharding) 
     buffer belongs to its DDP)."""
     prec = spec.precision
     count = sum(t.numel for t in params)
-    grad_dtype = prec.param_bytes if spec.torch_fsdp2 or not prec.grads_in_fp32 else FP32
+    grad_dtype = prec.param_bytes if spec.torch_fsdp2 else megatron_fsdp_grad_bytes(spec)
     per_param = (
         adam_bytes_per_param(prec)
         if prec.optimizer == "adam"

@@ -40,6 +40,8 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from memscope.analysis.static.megatron_versions import grouped_gemm_experts, legacy_grouped_mlp
+
 if TYPE_CHECKING:
     from memscope.analysis.static.config import TrainingSpec
 
@@ -133,6 +135,6 @@ def workspace_terms(spec: TrainingSpec) -> dict[str, int]:
     if spec.model.transformer_impl == "transformer_engine":
         out["te_cublas_workspace"] = te_workspace_bytes(capability)
         m = spec.model
-        if m.num_experts and m.moe_grouped_gemm and not m.moe_use_legacy_grouped_gemm:
+        if m.num_experts and grouped_gemm_experts(m) and not legacy_grouped_mlp(m):
             out["te_grouped_gemm_workspaces"] = TE_CUBLAS_STREAMS * te_workspace_bytes(capability)
     return out

@@ -1,0 +1,90 @@
+"""Which megatron-core release the static estimate follows (``ModelSpec.megatron_core_version``).
+
+The terms are read from megatron-core 0.15 (FlagScale 0.8.0's bundled Megatron-LM) and 0.16.
+Where a later release allocates or builds differently, the term asks :func:`at_least` for the
+release that changed it. Each change, with where it is in megatron-core's source:
+
+- **0.17: argsort permute** (:data:`ARGSORT_PERMUTE`). ``transformer/moe/moe_utils.py``
+  ``permute`` (dropless, unfused) picks the routed rows with an ``argsort`` of the flattened
+  ``[E, T]`` routing mask instead of ``masked_select``, and gathers the probabilities by
+  indexing with a slice of that int64 result: their backward keeps the whole ``[E, T]`` int64
+  sort instead of the transposed probabilities and mask that ``masked_select`` kept.
+- **0.17: no legacy GroupedMLP** (:data:`NO_LEGACY_GROUPED_MLP`). ``transformer/moe/
+  experts.py`` has no ``GroupedMLP``; ``models/backends.py``
+  ``LocalSpecProvider.grouped_mlp_modules`` builds ``SequentialMLP`` for ``moe_grouped_gemm``
+  and ``models/gpt/moe_module_specs.py`` no longer passes ``moe_use_legacy_grouped_gemm`` on
+  (Transformer Engine's spec builds ``TEGroupedMLP``).
+- **0.17: MTP's inner layer renamed** (:data:`MTP_MODEL_LAYER`). ``transformer/
+  multi_token_prediction.py`` ``MultiTokenPredictionLayer`` holds its transformer layer as
+  ``mtp_model_layer`` (it may be a Mamba stack), before as ``transformer_layer``: the
+  parameters' names change, not their sizes.
+- **0.19: Megatron-FSDP's gradient dtype** (:data:`MEGATRON_FSDP_GRADS_DTYPE`).
+  ``distributed/fsdp/mcore_fsdp_adapter.py`` takes the main-gradient dtype from
+  ``megatron_fsdp_main_grads_dtype`` alone (Megatron-LM's ``--megatron-fsdp-main-grads-dtype``,
+  default ``auto``: the parameters' dtype); up to 0.18 ``grad_reduce_in_fp32`` made it fp32.
+
+An unknown version (no megatron-core installed where the spec was read) follows 0.16.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # (config imports the checks that import this module)
+    from memscope.analysis.static.config import ModelSpec, TrainingSpec
+
+Release = tuple[int, int]
+
+ARGSORT_PERMUTE: Release = (0, 17)
+NO_LEGACY_GROUPED_MLP: Release = (0, 17)
+MTP_MODEL_LAYER: Release = (0, 17)
+MEGATRON_FSDP_GRADS_DTYPE: Release = (0, 19)
+
+_RELEASE = re.compile(r"^\s*(\d+)\.(\d+)")
+
+
+def release(version: str | None) -> Release | None:
+    """``(major, minor)`` of a version string such as ``0.19.2+9fbc6af`` or ``0.15.0rc5``."""
+    match = _RELEASE.match(version or "")
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def at_least(model: ModelSpec, first: Release) -> bool:
+    """Whether the spec's megatron-core is ``first`` or later (unknown: no)."""
+    have = release(model.megatron_core_version)
+    return have is not None and have >= first
+
+
+def legacy_grouped_mlp(model: ModelSpec) -> bool:
+    """Whether the experts are the legacy ``GroupedMLP``: ``moe_grouped_gemm`` with the local
+    spec or ``moe_use_legacy_grouped_gemm``, before 0.17 (:data:`NO_LEGACY_GROUPED_MLP`)."""
+    if not model.moe_grouped_gemm or at_least(model, NO_LEGACY_GROUPED_MLP):
+        return False
+    return model.transformer_impl == "local" or model.moe_use_legacy_grouped_gemm
+
+
+def grouped_gemm_experts(model: ModelSpec) -> bool:
+    """Whether ``moe_grouped_gemm`` builds grouped experts (two weight tensors for all local
+    experts, or TE's grouped linears) rather than one ``SequentialMLP`` per expert: always
+    before 0.17; from 0.17 the local spec builds ``SequentialMLP``."""
+    if not model.moe_grouped_gemm:
+        return False
+    return model.transformer_impl != "local" or not at_least(model, NO_LEGACY_GROUPED_MLP)
+
+
+def mtp_inner_layer(model: ModelSpec) -> str:
+    """The attribute name of an MTP layer's transformer layer (:data:`MTP_MODEL_LAYER`)."""
+    return "mtp_model_layer" if at_least(model, MTP_MODEL_LAYER) else "transformer_layer"
+
+
+def megatron_fsdp_grad_bytes(spec: TrainingSpec) -> int:
+    """Bytes per element of Megatron-FSDP's main-gradient buffer
+    (:data:`MEGATRON_FSDP_GRADS_DTYPE`)."""
+    from memscope.analysis.static.config import STATE_DTYPE_BYTES  # (import circle)
+
+    prec = spec.precision
+    if at_least(spec.model, MEGATRON_FSDP_GRADS_DTYPE):
+        named = prec.megatron_fsdp_main_grads_dtype
+        return STATE_DTYPE_BYTES[named] if named else prec.param_bytes
+    return 4 if prec.grads_in_fp32 else prec.param_bytes

@@ -1,0 +1,137 @@
+"""The estimator's megatron-core version terms (memscope/analysis/static/megatron_versions.py)
+on explicit versions, whichever megatron-core is installed: what changes at 0.17 and by how
+much. The measured side of each term runs on the installed megatron-core in
+tests/test_static_moe_activations.py and tests/test_static_moe_mla.py (CI runs them on 0.16.1
+and on the newest 0.19.x)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from memscope.analysis.static.estimator import estimate_rank
+from memscope.analysis.static.megatron_versions import (
+    at_least,
+    grouped_gemm_experts,
+    legacy_grouped_mlp,
+    mtp_inner_layer,
+    release,
+)
+from memscope.analysis.static.moe import moe_layer_saved
+from memscope.analysis.static.params import RankPosition, rank_params
+from memscope.analysis.static.spec_checks import validate_spec
+from memscope.inputs.megatron_args import spec_from_megatron_args
+
+pytestmark = pytest.mark.megatron_versions
+
+S, B, H, E, K = 64, 2, 64, 8, 2
+
+
+def _spec(version: str | None, **kw: Any) -> Any:
+    args: dict[str, Any] = dict(
+        num_layers=2, hidden_size=H, num_attention_heads=4, num_experts=E, moe_router_topk=K,
+        moe_ffn_hidden_size=40, moe_token_dispatcher_type="alltoall", padded_vocab_size=128,
+        seq_length=S, micro_batch_size=B, global_batch_size=B, bf16=True, swiglu=True,
+        disable_bias_linear=True, transformer_impl="local",
+    )  # fmt: skip
+    spec = spec_from_megatron_args({**args, **kw})
+    model = dataclasses.replace(spec.model, megatron_core_version=version)
+    return dataclasses.replace(spec, model=model)
+
+
+def test_release_reads_local_and_pre_release_versions():
+    assert release("0.19.2+9fbc6af") == (0, 19)
+    assert release("0.15.0rc5") == (0, 15)
+    assert release("1.0") == (1, 0)
+    assert release(None) is None and release("unknown") is None
+
+
+def test_the_spec_carries_the_installed_megatron_core():
+    import importlib.metadata
+
+    spec = spec_from_megatron_args(dict(num_layers=1, hidden_size=8, num_attention_heads=2,
+                                        padded_vocab_size=16, seq_length=4))  # fmt: skip
+    assert spec.model.megatron_core_version == importlib.metadata.version("megatron-core")
+
+
+@pytest.mark.parametrize("router_dtype, r", [(None, 2), ("fp32", 4)])
+def test_alltoall_permute_keeps_the_int64_argsort_from_0_17(router_dtype, r):
+    kw = {"moe_router_dtype": router_dtype} if router_dtype else {}
+    old = moe_layer_saved(_spec("0.16.1", **kw), S, B, 1, 2)
+    new = moe_layer_saved(_spec("0.19.2", **kw), S, B, 1, 2)
+    assert old == moe_layer_saved(_spec(None, **kw), S, B, 1, 2)  # unknown: 0.16
+    # masked_select's transposed probabilities (r bytes) and mask (1 byte) per [E, T] cell
+    # give way to the int64 argsort (8 bytes); nothing else moves
+    assert new["moe_dispatcher"] - old["moe_dispatcher"] == (8 - r - 1) * S * B * E
+    assert {k: v for k, v in new.items() if k != "moe_dispatcher"} == {
+        k: v for k, v in old.items() if k != "moe_dispatcher"
+    }
+    # the allgather dispatcher's permute has no probabilities: unchanged
+    ag = dict(kw, moe_token_dispatcher_type="allgather")
+    assert moe_layer_saved(_spec("0.19.2", **ag), S, B, 1, 2) == moe_layer_saved(
+        _spec("0.16.1", **ag), S, B, 1, 2
+    )
+
+
+def test_local_grouped_gemm_builds_sequential_experts_from_0_17():
+    kw = dict(moe_grouped_gemm=True, bias_swiglu_fusion=False)  # the unfused SwiGLU
+    old, new = _spec("0.16.1", **kw), _spec("0.17.0", **kw)
+    assert legacy_grouped_mlp(old.model) and not legacy_grouped_mlp(new.model)
+    assert grouped_gemm_experts(old.model) and not grouped_gemm_experts(new.model)
+    names = [t.name for t in rank_params(new, RankPosition())]
+    assert names == [t.name for t in rank_params(_spec("0.17.0"), RankPosition())]
+    assert any(n.endswith("experts.weight1") for n in
+               (t.name for t in rank_params(old, RankPosition())))  # fmt: skip
+    # SequentialMLP keeps the unfused SwiGLU's six f-wide rows, GroupedMLP three and its counts
+    saved_old = moe_layer_saved(old, S, B, 1, 2)["moe_experts"]
+    saved_new = moe_layer_saved(new, S, B, 1, 2)["moe_experts"]
+    rows = S * B * K
+    assert saved_new - saved_old == 3 * rows * 40 * 2 - 8 * E
+
+    # the bias check is GroupedMLP's (experts.py asserts no bias); SequentialMLP takes one
+    def with_bias(spec: Any) -> Any:
+        model = dataclasses.replace(spec.model, add_bias_linear=True)
+        return dataclasses.replace(spec, model=model)
+
+    with pytest.raises(ValueError, match="moe_grouped_gemm"):
+        validate_spec(with_bias(old))
+    validate_spec(with_bias(new))
+
+
+def test_te_spec_ignores_the_legacy_grouped_gemm_flag_from_0_17():
+    kw = dict(moe_grouped_gemm=True, moe_use_legacy_grouped_gemm=True,
+              transformer_impl="transformer_engine")  # fmt: skip
+    assert legacy_grouped_mlp(_spec("0.16.1", **kw).model)
+    new = _spec("0.19.2", **kw).model
+    assert not legacy_grouped_mlp(new) and grouped_gemm_experts(new)
+
+
+def test_mtp_layer_is_named_mtp_model_layer_from_0_17():
+    for version, inner in (("0.16.1", "transformer_layer"), ("0.19.2", "mtp_model_layer")):
+        spec = _spec(version, mtp_num_layers=1)
+        assert mtp_inner_layer(spec.model) == inner
+        names = [t.name for t in rank_params(spec, RankPosition())]
+        assert any(n.startswith(f"mtp.layers.0.{inner}.") for n in names)
+    assert at_least(_spec("0.17.0").model, (0, 17)) and not at_least(_spec(None).model, (0, 0))
+
+
+def test_megatron_fsdp_gradients_take_the_named_dtype_from_0_19():
+    fsdp = dict(use_megatron_fsdp=True, data_parallel_sharding_strategy="no_shard",
+                use_distributed_optimizer=True, num_experts=None, world_size=2,
+                global_batch_size=2 * B)  # fmt: skip
+
+    def grads(version: str, **kw: Any) -> int:
+        spec = _spec(version, **fsdp, **kw)
+        return estimate_rank(spec, RankPosition()).persistent.grad_bytes
+
+    count = sum(t.numel for t in rank_params(_spec("0.16.1", **fsdp), RankPosition()))
+    # up to 0.18 bf16 training's grad_reduce_in_fp32 makes the buffer fp32; 0.19 reads only
+    # megatron_fsdp_main_grads_dtype ("auto": the bf16 parameters')
+    assert grads("0.16.1") == grads("0.18.0") == 4 * count
+    assert grads("0.19.2") == 2 * count
+    assert grads("0.19.2", megatron_fsdp_main_grads_dtype="fp32") == 4 * count
+    assert grads("0.19.2", megatron_fsdp_main_grads_dtype="auto") == 2 * count
+    with pytest.raises(ValueError, match="megatron_fsdp_main_grads_dtype"):
+        _spec("0.19.2", **fsdp, megatron_fsdp_main_grads_dtype="fp8")
