@@ -36,6 +36,7 @@ _PREFIX = re.compile(
 #: without any is not even decoded).
 KEYWORDS = re.compile(
     rb"memory \(MB\)|iteration|out of memory|Theoretical|world size|padded vocab|\.py|arguments"
+    rb"|_ARGS: --"
 )
 MAX_PREFIXES = 4  # prefixes removed from one line, at most
 
@@ -94,6 +95,9 @@ WORLD = re.compile(r"using world size: (\d+)")
 PADDED_VOCAB = re.compile(r"padded vocab \(size: (\d+)\) with (\d+) dummy tokens")
 # a Megatron entry point followed by its flags
 COMMAND = re.compile(r"(?:^|[\s/])((?:pre)?train_\w+\.py)\s+(--\S.*)$")
+# a launch script echoing its flag groups before it runs the entry point with all of them
+# ("MODEL_ARGS: --num-layers 24 ...", the bash arrays Megatron-LM's examples build)
+ARG_GROUP = re.compile(r"^([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*_ARGS): +(--\S.*)$")
 TORCHRUN = re.compile(r"(?:torchrun|torch\.distributed\.(?:launch|run))\s")
 
 # --- PyTorch's out-of-memory message ---------------------------------------------------

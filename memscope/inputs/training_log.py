@@ -345,12 +345,28 @@ class _Reader:
         if m is not None:
             run.unpadded_vocab = int(m.group(1))
             return
+        m = L.ARG_GROUP.match(text) if "_ARGS: --" in text else None
+        if m is not None:
+            self._arg_group(m.group(2), number)
+            return
         m = L.COMMAND.search(text) if ".py" in text and run.command is None else None
         if m is not None:
             run.command, run.command_where = _flags(m.group(2)), self._where(number)
             launcher = text[: m.start(1)]
             if L.TORCHRUN.search(launcher):
                 run.launcher_world_size = _torchrun_world(launcher)
+
+    def _arg_group(self, flags_text: str, number: int) -> None:
+        """One echoed flag group: the launcher's (``--nproc_per_node``) gives the world size,
+        the others together are the entry point's command line."""
+        run, flags = self.run, _flags(flags_text)
+        if "nproc_per_node" in flags:
+            run.launcher_world_size = _torchrun_world(flags_text)
+            return
+        if run.command is None:
+            run.command, run.command_where = {}, self._where(number)
+        for name, value in flags.items():
+            run.command.setdefault(name, value)
 
     def _keep(self, records: list[Any], record: Any) -> None:
         if len(records) < MAX_RECORDS:

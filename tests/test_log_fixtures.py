@@ -1,0 +1,52 @@
+"""What ``analyze-log`` derives from the published MoE log (tests/data/logs/): the layout from
+its flags, each rank's grid place, the moment and the verdict, each checked against figures
+worked out by hand from the log's own lines."""
+
+from __future__ import annotations
+
+import pathlib
+
+from memscope.cli.analyze_log_cmd import analyze_logs
+
+DATA = pathlib.Path(__file__).parent / "data" / "logs"
+MOE_LOG = DATA / "moe_64e_top1_ep8_dp8_cmdgroups.log"
+MIB = 2**20
+
+
+def _moe_rank_parameters() -> int:
+    """Parameters on one rank of the logged run, from its flags: 24 layers, hidden 512, 4 heads
+    of 128 with 1 query group, no biases, RMSNorm, swiglu ffn 1792, 64 experts over EP 8,
+    untied embedding and output of Llama 3.1's 128256 tokens."""
+    hidden, heads, groups, kv, ffn = 512, 4, 1, 512 // 4, 1792
+    experts_here = 64 // 8
+    attention = hidden * (heads * kv + 2 * groups * kv) + heads * kv * hidden
+    expert = hidden * 2 * ffn + ffn * hidden  # swiglu fc1 is two projections
+    layer = 2 * hidden + attention + 64 * hidden + experts_here * expert  # norms, router
+    # the log's gradient buckets agree: one bucket holds two layers' local experts
+    assert 2 * experts_here * expert == 44040192
+    return 24 * layer + hidden + 2 * 128256 * hidden
+
+
+def test_moe_log_layout_comes_from_its_echoed_flag_groups():
+    run = analyze_logs([str(MOE_LOG)], vocab_size=128256)["runs"][0]
+    config = run["config"]
+    assert config["origin"] == "command line" and config["world_size"] == 8
+    layout = config["layout"]
+    # --expert-model-parallel-size 8 on 8 GPUs, TP 1 PP 1: DP 8; 64 = 4 x 8 x 2 micro-batches
+    assert (layout["tp"], layout["pp"], layout["dp"], layout["ep"]) == (1, 1, 8, 8)
+    assert layout["num_experts"] == 64 and layout["num_microbatches"] == 64 // (4 * 8)
+
+
+def test_moe_log_rank_zero_place_moment_and_verdict():
+    run = analyze_logs([str(MOE_LOG)], vocab_size=128256)["runs"][0]
+    (row,) = run["ranks"]
+    assert row["rank"] == 0 and row["grid"] == {"tp": 0, "cp": 0, "ep": 0, "dp": 0, "pp": 0}
+    assert row["measured"]["max_allocated"] == round(20612.236328125 * MIB)
+    # printed after iteration 20, whose line counts 0 skipped iterations: 20 real steps
+    assert row["iteration"] == 20 and row["optimizer_steps"] == 20
+    assert row["moment"] == "steady state"
+    assert row["estimate"]["terms"]["weights"] == 2 * _moe_rank_parameters()  # bf16
+    assert row["megatron_theoretical_mb"]["weight_and_optimizer_mb"] == 31292.23
+    verdict = row["verdict"]
+    assert verdict["status"] == "within_band" and abs(verdict["error_ratio"]) <= verdict["band"]
+    assert run["stages"][0]["status"] == "within_band"
