@@ -109,3 +109,17 @@ def test_newer_flags_are_set_as_megatron_main_sets_them(result):
         "gpt3_weekly_mcore_tp2_pp2_current_scaling_native_fp8_tp_pp_sp_tp_overlap",
     } <= names
     assert not any(s["reason"].startswith("awaiting") for s in result["separate"])
+
+
+def test_cases_are_estimated_for_the_megatron_core_release_that_ran_them(result, monkeypatch):
+    # package_info.py at SOURCE_COMMIT, recorded by --extract; not the release installed here
+    assert result["megatron_core_version"] == bench.load_megatron_core_version() == "0.20.0"
+    assert "0.20.0" in bench.render(result).splitlines()[0]
+    name = "deepseek_proxy_fsdp_ep2_fsdp2_ep_overlap"
+    row = next(r for r in result["rows"] if r["name"] == name)
+    # Megatron-FSDP's main grads follow the parameters' dtype from 0.19 on (bf16, not the
+    # fp32 of grad_reduce_in_fp32): estimated as the installed 0.16 the gradients are larger
+    monkeypatch.setattr(bench, "load_megatron_core_version", lambda: "0.16.1")
+    old = bench.run(pristine_tree(), [c for c in bench.load_cases() if c["name"] == name])
+    assert old["megatron_core_version"] == "0.16.1"
+    assert old["rows"][0]["estimate"]["grad_bytes"] > row["estimate"]["grad_bytes"]

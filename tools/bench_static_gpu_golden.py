@@ -408,12 +408,16 @@ def measured_gpu(golden_name: str, requested: str) -> str:
 
 
 def estimate_case(
-    case: dict[str, Any], parsed: dict[str, Any], gpu: str = "h100"
+    case: dict[str, Any],
+    parsed: dict[str, Any],
+    gpu: str = "h100",
+    megatron_core: str | None = None,
 ) -> dict[str, Any]:
     """Our estimate for the case's last rank, or the case with the reason it is not one.
 
     The estimate is for the GPU the golden file names and the ``CUBLAS_WORKSPACE_CONFIG``
-    the case's ``ENV_VARS`` export (both size the fixed workspaces)."""
+    the case's ``ENV_VARS`` export (both size the fixed workspaces), and for the
+    megatron-core release ``megatron_core`` that ran the case (default: the installed one)."""
     from memscope.analysis.static.coverage import not_modelled
     from memscope.analysis.static.estimator import estimate_rank, position_of_rank
     from memscope.inputs.megatron_args import spec_from_megatron_args
@@ -434,6 +438,11 @@ def estimate_case(
     ns.padded_vocab_size = None  # Megatron pads the tokenizer's vocabulary after parsing
     try:
         spec = spec_from_megatron_args(ns)
+        if megatron_core is not None:
+            spec = dataclasses.replace(
+                spec,
+                model=dataclasses.replace(spec.model, megatron_core_version=megatron_core),
+            )
         spec = dataclasses.replace(
             spec,
             device="cuda",

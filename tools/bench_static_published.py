@@ -159,6 +159,17 @@ def _recipe_world_sizes(git_dir: str) -> dict[str, tuple[int, str]]:
     return out
 
 
+_VERSION_PART = re.compile(r"^(MAJOR|MINOR|PATCH) = (\d+)$", re.M)
+
+
+def megatron_core_version(git_dir: str) -> str:
+    """The megatron-core release the cases ran: ``megatron/core/package_info.py`` at
+    :data:`SOURCE_COMMIT` (``MAJOR``.``MINOR``.``PATCH``)."""
+    text = _git(git_dir, "show", f"{SOURCE_COMMIT}:megatron/core/package_info.py")
+    parts = dict(_VERSION_PART.findall(text))
+    return f"{parts['MAJOR']}.{parts['MINOR']}.{parts['PATCH']}"
+
+
 def extract(git_dir: str) -> list[dict[str, Any]]:
     """The committed excerpt of every case in :data:`CASES`."""
     import tempfile
@@ -223,6 +234,13 @@ def load_cases(path: str = DATA) -> list[dict[str, Any]]:
     return cases
 
 
+def load_megatron_core_version(path: str = DATA) -> str:
+    """The megatron-core release the cases ran (recorded by ``--extract``)."""
+    with open(path, encoding="utf-8") as f:
+        version: str = json.load(f)["megatron_core_version"]
+    return version
+
+
 def _flag_values(argv: list[str], flag: str) -> list[str] | None:
     """The words after ``flag`` on the command line up to the next flag; None if absent."""
     if flag not in argv:
@@ -276,7 +294,9 @@ def with_newer_flags(argv: list[str], parsed: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def imbalance_range(case: dict[str, Any], parsed: dict[str, Any]) -> dict[str, Any] | None:
+def imbalance_range(
+    case: dict[str, Any], parsed: dict[str, Any], megatron_core: str | None = None
+) -> dict[str, Any] | None:
     """For a dropless MoE case: the token-imbalance bound (``moe.imbalance_bound``) and our
     peak at it, the other end of the range the report gives (the benchmark's error uses the
     default assumption, balanced routing)."""
@@ -293,12 +313,16 @@ def imbalance_range(case: dict[str, Any], parsed: dict[str, Any]) -> dict[str, A
         parallel=types.SimpleNamespace(ep=parsed.get("expert_model_parallel_size") or 1),
     )
     bound = imbalance_bound(shape)  # type: ignore[arg-type]
-    at_bound = golden.estimate_case(case, {**parsed, "moe_token_imbalance": bound})
+    at_bound = golden.estimate_case(
+        case, {**parsed, "moe_token_imbalance": bound}, megatron_core=megatron_core
+    )
     return {"bound": bound, "peak_bytes": at_bound["estimate"]["peak_bytes"]}
 
 
 def run(tree: str, cases: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     cases = load_cases() if cases is None else cases
+    # the estimate follows the release that ran the cases, not the one installed here
+    megatron_core = load_megatron_core_version()
     rows: list[dict[str, Any]] = []
     separate: list[dict[str, Any]] = []
     jobs, prepared = [], []
@@ -334,16 +358,17 @@ def run(tree: str, cases: list[dict[str, Any]] | None = None) -> dict[str, Any]:
             kept = {k: v for k, v in case.items() if k not in ("argv", "env")}
             separate.append(kept | {"reason": ns["reason"]})
             continue
-        result = golden.estimate_case(case, ns)
+        result = golden.estimate_case(case, ns, megatron_core=megatron_core)
         if "reason" in result:
             separate.append(result)
             continue
-        result["imbalance_bound"] = imbalance_range(case, ns)
+        result["imbalance_bound"] = imbalance_range(case, ns, megatron_core)
         rows.append(result)
     megatron, flagscale = golden.versions(tree)
     return {
         "source": {"repo": SOURCE_REPO, "commit": SOURCE_COMMIT},
         "parser": {"megatron": megatron, "flagscale": flagscale},
+        "megatron_core_version": megatron_core,
         "rows": rows,
         "separate": separate,
         "summary": summary(rows, len(cases)),
@@ -392,7 +417,9 @@ def render(result: dict[str, Any]) -> str:
     lines = [
         f"# published GPU memory: {src['repo']}@{src['commit'][:12]} functional-test golden "
         f"values (last rank), parsed by Megatron-LM {parser['megatron']} (FlagScale "
-        f"{parser['flagscale']}); GiB; steady = mem-allocated-bytes at the last logged "
+        f"{parser['flagscale']}), estimated for the megatron-core release that ran them "
+        f"({result['megatron_core_version']}, megatron/core/package_info.py at that commit); "
+        "GiB; steady = mem-allocated-bytes at the last logged "
         "iteration, peak = max mem-max-allocated-bytes; est = ours under balanced routing "
         "(moe_token_imbalance 1), @bound = ours at the imbalance bound of a dropless MoE case "
         "(the report's range); term = where ours differs most (steady: est steady - steady; "
@@ -450,7 +477,8 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     if opts.extract:
         cases = extract(opts.extract)
-        _write_json(DATA, {"cases": cases})
+        version = megatron_core_version(opts.extract)
+        _write_json(DATA, {"cases": cases, "megatron_core_version": version})
         print(f"wrote {len(cases)} cases to {os.path.relpath(DATA, ROOT)}")
         return 0
     from flagscale_wheel import flagscale_tree
