@@ -32,8 +32,8 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Replay the trace, write the rebuilt report, print where it went and its peak."""
     from memscope.analysis.static_comparison import StaticEstimate
+    from memscope.events.file_names import REPORT_NAME, TRACE_NAME
     from memscope.events.trace_reader import TraceError, read_trace
-    from memscope.io.rank_folders import TRACE_NAME
     from memscope.report.builder import ReportSettings, RunFacts, RuntimeReportBuilder
     from memscope.units import format_bytes, printable
 
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
             status="incomplete",
             status_reason=(
                 "rebuilt from the trace by `memscope analyze`; the run's own status is in its "
-                "runtime_report.json"
+                f"{REPORT_NAME}"
             ),
             training=training if isinstance(training, dict) else None,
             events_recorded=recorded,
