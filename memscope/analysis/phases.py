@@ -16,10 +16,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from memscope.events.schema import (
-    PHASE_STEP,
     READING_EVENTS,
     STEP_PHASE,
     MemoryEvent,
+    is_step_end,
     phase_rank,
 )
 from memscope.events.sections import SectionLayout, SectionSpec
@@ -49,8 +49,8 @@ class InPhaseMax:
         if e.event_type == STEP_PHASE:
             # step phases follow each other, so one began where the previous one ended; the
             # whole step began with the window
-            before = -1 if e.phase == PHASE_STEP else self._phase_end
-            if e.phase != PHASE_STEP:
+            before = -1 if is_step_end(e) else self._phase_end
+            if not is_step_end(e):
                 self._phase_end = e.max_mem_allocated
         else:
             before = self._running

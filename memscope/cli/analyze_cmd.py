@@ -33,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
     """Replay the trace, write the rebuilt report, print where it went and its peak."""
     from memscope.analysis.static_comparison import StaticEstimate
     from memscope.events.file_names import REPORT_NAME, TRACE_NAME
+    from memscope.events.schema import module_label
     from memscope.events.trace_reader import TraceError, read_trace
     from memscope.report.builder import ReportSettings, RunFacts, RuntimeReportBuilder
     from memscope.units import format_bytes, printable
@@ -94,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         printable(
             f"peak {format_bytes(peak.get('memory_bytes'))} at step {peak.get('step')} "
-            f"({peak.get('phase')}, {peak.get('module') or 'step boundary'}) -> {out}"
+            f"({peak.get('phase')}, {module_label(peak.get('module'))}) -> {out}"
         )
     )
     return 0

@@ -66,6 +66,23 @@ def phase_rank(phase: str) -> int:
     return PHASE_ORDER.index(phase) if phase in PHASE_ORDER else len(PHASE_ORDER)
 
 
+def is_step_end(e: MemoryEvent) -> bool:
+    """Whether ``e`` is the reading a step's end takes: the ``step_phase`` event of the whole
+    step (phase :data:`PHASE_STEP`), the one step boundary every analyzer asks about."""
+    return e.event_type == STEP_PHASE and e.phase == PHASE_STEP
+
+
+#: How reports, pages and messages name the place of a reading or an allocation outside every
+#: module (a step or phase boundary's reading has module ``""``); the pages' copy is
+#: ``NO_MODULE`` in ``reporters/templates/js/format.js`` (``tests/test_step_boundary.py``).
+NO_MODULE_LABEL = "(no module)"
+
+
+def module_label(module: str | None) -> str:
+    """``module``, or :data:`NO_MODULE_LABEL` where there is none."""
+    return module or NO_MODULE_LABEL
+
+
 # Memory categories, in the fixed order used by tuples of per-category byte counts (a trace
 # stores them by name, so one written before a category existed reads it as 0). ``buffers``:
 # run-long scratch a framework keeps for the whole run (Megatron's global memory buffer),
