@@ -29,8 +29,6 @@ from memscope.events.sections import SectionLayout, SectionSpec
 SOURCE_HIGH_WATER, SOURCE_READINGS = "high_water", "readings"
 #: ... or the phase's own running peak, exact (``MemoryEvent.phase_max_allocated``).
 SOURCE_PHASE_PEAK = "phase_peak"
-#: The sources that give a phase's true maximum (the others a lower bound).
-EXACT_SOURCES = frozenset({SOURCE_HIGH_WATER, SOURCE_PHASE_PEAK})
 
 
 class InPhaseMax:

@@ -31,7 +31,6 @@ HOOK_EVENTS = READING_EVENTS - {STEP_PHASE}
 #: The category free events carry in allocator-history snapshots MemScope writes:
 #: pytorch.org/memory_viz needs some event to have it (see ``reporters/memory_viz.py``).
 FREE_CATEGORY = "unknown"
-EVENT_TYPES = (STEP_PHASE, MODULE_FORWARD, OUTPUT_GRAD, PARAM_GRAD, ALLOCATOR_TIMELINE, OOM, CRASH)
 
 #: The name module events give a model chunk's root module (``chunkN.model`` with VPP chunks;
 #: its children are named from the root without it: ``decoder.layers.0``).
