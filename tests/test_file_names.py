@@ -16,9 +16,12 @@ from memscope.events import file_names
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFINING = ROOT / "memscope" / "events" / "file_names.py"
+#: The file names (a folder's, like ``profiler``, is also an ordinary word: not searched for).
 NAMES = {
-    value for name, value in vars(file_names).items() if name.isupper() and isinstance(value, str)
-} | set(file_names.LOG_REPORT_NAMES)
+    value
+    for name, value in vars(file_names).items()
+    if name.isupper() and isinstance(value, str) and "." in value
+} | {*file_names.LOG_REPORT_NAMES, *file_names.DIFF_REPORT_NAMES}
 
 
 def _spellings(path: Path) -> list[str]:

@@ -30,9 +30,22 @@ STATIC_REPORT_NAME = "static_report.json"
 STATIC_REPORT_MD_NAME = "static_report.md"
 #: ``analyze-log``'s report as JSON, Markdown and HTML.
 LOG_REPORT_NAMES = ("log_report.json", "log_report.md", "log_report.html")
+#: ``diff``'s report as JSON, Markdown and HTML, in its ``--out`` folder.
+DIFF_REPORT_NAMES = ("diff.json", "diff.md", "diff.html")
+#: The ``torch.profiler`` traces' folder, in a rank folder.
+PROFILER_DIR = "profiler"
+#: Allocator-history snapshots in a rank folder: at the end of tracing, and at an OOM (the
+#: window's own is :func:`snapshot_window_name`).
+SNAPSHOT_FINAL_NAME = "memory_snapshot_final.pickle"
+OOM_SNAPSHOT_NAME = "oom_snapshot.pickle"
 
 #: A rank folder as read: ``rank`` and up to 15 digits (a rank JavaScript still holds exactly).
 RANK_DIR = re.compile(r"^rank(\d{1,15})$")
+
+
+def snapshot_window_name(first: int, last: int) -> str:
+    """The allocator-history snapshot of the steps ``first`` to ``last``."""
+    return f"memory_snapshot_steps{first}-{last}.pickle"
 
 
 def rank_folder_name(rank: int) -> str:
