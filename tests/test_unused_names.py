@@ -21,8 +21,6 @@ PACKAGE = ROOT / "memscope"
 PUBLIC_API = {
     # inputs/config_files.py: the JSON-config reader, a documented public reader (CHANGELOG)
     "spec_from_json_config",
-    # analysis/static/offload.py (est-moe2's this wave): a list its owner may still use
-    "UNMODELLED_MODULES",
 }
 WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
