@@ -93,14 +93,15 @@ def test_trial_memory_comes_from_memscope_reports_not_a_log_grep(tmp_path):
 
 def test_trial_memory_reads_the_job_summary_when_the_run_gathered_one(tmp_path):
     from memscope.analysis.job import rank_summary
+    from memscope.events.file_names import JOB_SUMMARY_NAME
     from memscope.io.atomic import atomic_write_json
-    from memscope.reporters.job_summary_json import JOB_SUMMARY_JSON, job_summary_document
+    from memscope.reporters.job_summary_json import job_summary_document
 
     reports = {r: json.loads((EXAMPLE / f"rank{r:05d}" / "runtime_report.json").read_text())
                for r in (0, 1)}  # fmt: skip
     doc = job_summary_document({r: rank_summary(x) for r, x in reports.items()}, {2: "died"},
                                world_size=3, written_by=0, run_id="t", collection={})  # fmt: skip
-    atomic_write_json(str(tmp_path / JOB_SUMMARY_JSON), doc)
+    atomic_write_json(str(tmp_path / JOB_SUMMARY_NAME), doc)
     expected = max(x["peak"]["reserved_bytes"] for x in reports.values()) / MIB
     assert trial_max_memory(str(tmp_path)) == expected
 

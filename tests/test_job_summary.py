@@ -15,7 +15,8 @@ from conftest import load_json
 
 from memscope.analysis.job import SUMMARY_ITEMS, SUMMARY_STEPS, rank_summary
 from memscope.cli import main
-from memscope.reporters.job_summary_json import JOB_SUMMARY_JSON, REPORT_TYPE_JOB_SUMMARY
+from memscope.events.file_names import JOB_SUMMARY_NAME
+from memscope.reporters.job_summary_json import REPORT_TYPE_JOB_SUMMARY
 from memscope.session.job_exchange import (
     JobSummaryExchange,
     bounded,
@@ -113,7 +114,7 @@ def test_job_summary_json_makes_the_job_page_with_the_missing_rank(tmp_path, cap
         rank_summary(reports[0]), rank=0, world_size=3, expected=range(3),
         outdir=str(tmp_path), run_id="job-1", timeout_s=0.3, store=store, generation=7,
     )  # fmt: skip
-    assert path == str(tmp_path / JOB_SUMMARY_JSON)
+    assert path == str(tmp_path / JOB_SUMMARY_NAME)
     doc = load_json(path)
     assert doc["report_type"] == REPORT_TYPE_JOB_SUMMARY and doc["world_size"] == 3
     assert doc["collection"]["transport"] == "torch.distributed store"
@@ -121,7 +122,7 @@ def test_job_summary_json_makes_the_job_page_with_the_missing_rank(tmp_path, cap
     missing = [m["rank"] for m in doc["missing_ranks"]]
     assert (reported, missing) == ([0, 1], [2])
     assert doc["ranks"][1]["peak"]["memory_bytes"] == reports[1]["peak"]["memory_bytes"]
-    rc = main(["visualize-runtime", "--report", str(tmp_path / JOB_SUMMARY_JSON)])
+    rc = main(["visualize-runtime", "--report", str(tmp_path / JOB_SUMMARY_NAME)])
     out = capsys.readouterr().out.strip()
     assert rc == 0 and out == str(tmp_path / "job_report.html")
     page = Path(out).read_text()
@@ -153,7 +154,7 @@ def test_a_single_process_writes_its_own_job_summary_without_a_process_group(tmp
     ],
 )  # fmt: skip
 def test_a_bad_job_summary_is_one_line_and_exit_code_2(tmp_path, capsys, content, message):
-    path = tmp_path / JOB_SUMMARY_JSON
+    path = tmp_path / JOB_SUMMARY_NAME
     path.write_text(content)
     assert main(["visualize-runtime", "--report", str(path)]) == 2
     err = capsys.readouterr().err.strip()

@@ -13,7 +13,7 @@ from harness import instrumented_worker
 
 from memscope.demo.launcher import WorkerError, free_port, spawn
 from memscope.demo.tiny_gpt import TinyGPTConfig
-from memscope.reporters.job_summary_json import JOB_SUMMARY_JSON
+from memscope.events.file_names import JOB_SUMMARY_NAME
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.integration]
 
@@ -28,7 +28,7 @@ def _argv(outdir: str) -> list[str]:
 
 def test_both_ranks_summaries_reach_rank_0_through_the_process_groups_store(tmp_path):
     results = spawn(2, instrumented_worker, free_port(), PP2, 3, _argv(str(tmp_path)))
-    doc = load_json(str(tmp_path / JOB_SUMMARY_JSON))
+    doc = load_json(str(tmp_path / JOB_SUMMARY_NAME))
     assert (doc["world_size"], doc["ranks_reported"], doc["missing_ranks"]) == (2, 2, [])
     assert doc["collection"]["waited_s"] < TIMEOUT_S  # nobody was waited for in vain
     for result, summary in zip(results, doc["ranks"], strict=True):
@@ -46,7 +46,7 @@ def test_both_ranks_summaries_reach_rank_0_through_the_process_groups_store(tmp_
     from memscope.cli import main
 
     page = tmp_path / "job.html"
-    assert main(["visualize-runtime", "--report", str(tmp_path / JOB_SUMMARY_JSON),
+    assert main(["visualize-runtime", "--report", str(tmp_path / JOB_SUMMARY_NAME),
                  "--out", str(page)]) == 0  # fmt: skip
     text = page.read_text()
     data = json.loads(text.split('id="memscope-data">', 1)[1].split("</script>", 1)[0])
@@ -74,7 +74,7 @@ def test_a_rank_killed_mid_run_is_named_missing_and_the_other_is_not_held(tmp_pa
     elapsed = time.monotonic() - t0
     # rank 1 vanished without a word; rank 0's pipeline receive failed and training stopped
     assert "rank 1" in str(failed.value) and "without reporting" in str(failed.value)
-    doc = load_json(str(tmp_path / JOB_SUMMARY_JSON))
+    doc = load_json(str(tmp_path / JOB_SUMMARY_NAME))
     assert [m["rank"] for m in doc["missing_ranks"]] == [1]
     assert f"no summary within {TIMEOUT_S:g} s" in doc["missing_ranks"][0]["reason"]
     (survivor,) = doc["ranks"]

@@ -17,8 +17,10 @@ import subprocess
 import sys
 import time
 
+from memscope.events.file_names import REPORT_NAME, rank_folder_name
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXAMPLE_REPORT = os.path.join(REPO, "examples", "cpu_pp2_demo", "rank00000", "runtime_report.json")
+EXAMPLE_REPORT = os.path.join(REPO, "examples", "cpu_pp2_demo", rank_folder_name(0), REPORT_NAME)
 
 
 def wall_times(argv: list[str], runs: int) -> list[float]:

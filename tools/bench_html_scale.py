@@ -21,6 +21,7 @@ import tempfile
 import time
 
 from memscope.cli import main as cli_main
+from memscope.events.file_names import REPORT_NAME
 from memscope.events.schema import SCHEMA_VERSION
 
 MODULES = [f"decoder.layers.{i}.{part}" for i in range(32) for part in
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(ns: argparse.Namespace, workdir: str) -> int:
     """Write the report, build the page like the CLI does, check it and print the figures."""
     report, peak_bytes, peak_step = synthetic_report(ns.events, ns.steps)
-    path = os.path.join(workdir, "runtime_report.json")
+    path = os.path.join(workdir, REPORT_NAME)
     with open(path, "w", encoding="utf-8") as f:
         json.dump(report, f, separators=(",", ":"))
     del report
@@ -96,7 +97,7 @@ def _run(ns: argparse.Namespace, workdir: str) -> int:
     t0 = time.perf_counter()
     rc = cli_main(["visualize-runtime", "--report", path])
     elapsed = time.perf_counter() - t0
-    out = os.path.join(workdir, "runtime_report.html")
+    out = os.path.join(workdir, REPORT_NAME.replace(".json", ".html"))
     with open(out, encoding="utf-8") as f:
         html = f.read()
     data = json.loads(html.split('id="memscope-data">', 1)[1].split("</script>", 1)[0])

@@ -37,8 +37,13 @@ import torch.distributed as dist
 from memscope.analysis.job import rank_summary
 from memscope.cli import main as cli_main
 from memscope.demo.launcher import free_port
+from memscope.events.file_names import (
+    JOB_PAGE_NAME,
+    JOB_SUMMARY_NAME,
+    REPORT_NAME,
+    rank_folder_name,
+)
 from memscope.io.report_reader import load_report
-from memscope.reporters.job_summary_json import JOB_SUMMARY_JSON
 from memscope.session.job_exchange import JobSummaryExchange, share_job_summary
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cpu_pp2_demo"
@@ -47,7 +52,7 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cpu_pp2_demo"
 def synthetic_summaries(ranks: int, steps: int, seed: int = 0) -> list[dict[str, Any]]:
     """``ranks`` summaries shaped like the example's rank 0 (TP=8, PP=8, the rest DP)."""
     rng = random.Random(seed)
-    report0 = load_report(str(EXAMPLE / "rank00000" / "runtime_report.json"), "runtime")
+    report0 = load_report(str(EXAMPLE / rank_folder_name(0) / REPORT_NAME), "runtime")
     template = json.dumps(rank_summary(report0))  # events and tables dropped once
     out = []
     for rank in range(ranks):
@@ -114,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         assert path is not None
 
         t0 = time.perf_counter()
-        page = os.path.join(workdir, "job_report.html")
+        page = os.path.join(workdir, JOB_PAGE_NAME)
         rc = cli_main(["visualize-runtime", "--report", path, "--out", page])
         rendered = time.perf_counter() - t0
         if rc != 0:
@@ -124,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ranks: {ns.ranks} (built in {made:.1f} s); one summary {one / 1024:.1f} KiB JSON")
         print(f"transport (TCPStore): publish {published:.2f} s, collect {collected:.2f} s, "
               f"{stored / 2**20:.1f} MiB compressed")  # fmt: skip
-        print(f"merge + write {JOB_SUMMARY_JSON}: {merged:.2f} s, "
+        print(f"merge + write {JOB_SUMMARY_NAME}: {merged:.2f} s, "
               f"{os.path.getsize(path) / 2**20:.1f} MiB")  # fmt: skip
         print(f"render job page: {rendered:.2f} s, {page_mb:.2f} MiB")
         print(f"job summary: {ns.ranks} ranks -> page {page_mb:.1f} MB in "

@@ -28,6 +28,7 @@ import time
 from memscope.analysis.base import build_sections
 from memscope.analysis.runtime_sections import runtime_analyzers
 from memscope.analysis.static_comparison import StaticEstimate
+from memscope.events.file_names import TRACE_NAME
 from memscope.events.schema import (
     MODULE_FORWARD,
     OOM,
@@ -106,7 +107,7 @@ def main() -> int:
     print(f"verdict: {oom['verdict']}; remedies: {[r['name'] for r in oom['remedies']]}")
     if args.offline:
         with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "trace.jsonl")
+            path = os.path.join(tmp, TRACE_NAME)
             sink = JsonlTraceSink(path, {"rank": 0, "world_size": 1})  # the session's writer
             try:
                 sink.write(events)

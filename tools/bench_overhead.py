@@ -71,6 +71,7 @@ from harness import instrumented_worker
 from memscope.capture.backends import available_backend_names, backend_choices
 from memscope.demo.launcher import WorkerError, free_ports, spawn
 from memscope.demo.tiny_gpt import TinyGPTConfig
+from memscope.events.file_names import TRACE_NAME
 
 OFF = "off"
 _HOOK_FLAGS = (
@@ -220,7 +221,7 @@ def _events_per_step(report_path: str | None) -> tuple[dict[int, int], str | Non
         report = json.load(f)
     backend = report.get("metadata", {}).get("backend")
     counts: dict[int, int] = {}
-    trace = os.path.join(os.path.dirname(report_path), "trace.jsonl")
+    trace = os.path.join(os.path.dirname(report_path), TRACE_NAME)
     if os.path.exists(trace):
         with open(trace, encoding="utf-8") as f:
             for line in f:

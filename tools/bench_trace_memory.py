@@ -37,6 +37,7 @@ from memscope.demo.tiny_gpt import (
 )
 from memscope.demo.tiny_gpt_training import make_data_iterators, train_step
 from memscope.demo.traced_training import megatron_like_args
+from memscope.events.file_names import TRACE_NAME
 from memscope.integrations.megatron import MemScopeMegatronRuntime
 
 MIB = 1024 * 1024
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                 rss = host_rss_bytes()
                 if done == args.warmup:
                     baseline = rss
-                jsonl = os.path.join(runtime.report_dir, "trace.jsonl")
+                jsonl = os.path.join(runtime.report_dir, TRACE_NAME)
                 now = time.perf_counter()
                 recording = session.recording
                 if recording is None or recording.tracer is None:

@@ -27,6 +27,7 @@ import time
 
 import torch
 
+from memscope.events.file_names import REPORT_NAME, rank_folder_name
 from memscope.integrations.megatron import MemScopeMegatronRuntime, add_memscope_args
 
 
@@ -108,7 +109,7 @@ def main() -> int:
         ns.steps,
     )  # fmt: skip
     check("losses identical on/off", on["losses"] == off["losses"], f"{on['losses'][-1]:.6f}")
-    report_path = os.path.join(outdir, "traced", "rank00000", "runtime_report.json")
+    report_path = os.path.join(outdir, "traced", rank_folder_name(0), REPORT_NAME)
     with open(report_path) as f:
         report = json.load(f)
     peak = report["peak"]["memory_bytes"]
@@ -119,7 +120,7 @@ def main() -> int:
     snaps = [a for k, a in report["artifacts"].items() if k.startswith("memory_snapshot")]
     ok = bool(snaps)
     for name in snaps:
-        with open(os.path.join(outdir, "traced", "rank00000", name), "rb") as f:
+        with open(os.path.join(outdir, "traced", rank_folder_name(0), name), "rb") as f:
             data = pickle.load(f)
         ok = ok and "segments" in data and "device_traces" in data
     check("snapshot dumped and loadable", ok, ", ".join(snaps))
@@ -130,7 +131,7 @@ def main() -> int:
 
     oom_dir = os.path.join(outdir, "oom")
     _train([*base, oom_dir, "--memscope-enable-memory-snapshot"], 3, oom_at=1)
-    with open(os.path.join(oom_dir, "rank00000", "runtime_report.json")) as f:
+    with open(os.path.join(oom_dir, rank_folder_name(0), REPORT_NAME)) as f:
         oom = json.load(f)
     check("OOM report", oom["status"] == "oom", oom["status_reason"][:120])
     check("OOM snapshot", "oom_snapshot" in oom["artifacts"], str(oom["artifacts"]))

@@ -31,7 +31,7 @@ from memscope.analysis.allocator_timeline import (
 )
 from memscope.downsample import downsample_indices
 from memscope.events.ownership import OwnershipIndex
-from memscope.events.schema import ActiveMemory, ContextMarker, MemoryBand
+from memscope.events.schema import ActiveMemory, ContextMarker, MemoryBand, module_label
 
 MAX_POINTS = 600
 MAX_BANDS = 24
@@ -62,7 +62,7 @@ def band_label(key: PartKey) -> Band:
     category, phase, who, _, _ = key
     if not phase:
         return category, who or "(no context)"
-    return category, f"{phase} · {who or '(no module)'}"
+    return category, f"{phase} · {module_label(who)}"
 
 
 def _steps(trace: Sequence[Mapping[str, Any]], markers: Markers) -> list[int | None]:

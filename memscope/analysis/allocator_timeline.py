@@ -46,6 +46,7 @@ from memscope.events.schema import (
     IdleFinding,
     PeakContext,
     TimelineSummary,
+    module_label,
 )
 
 BEFORE_WINDOW = "(before the window)"
@@ -321,7 +322,7 @@ class AllocationLabel:
 def _context_text(marker: ContextMarker) -> str:
     parts = [
         marker.phase,
-        marker.module or "(no module)",
+        module_label(marker.module),
         None if marker.microbatch is None else f"microbatch {marker.microbatch}",
         None if marker.virtual_chunk is None else f"chunk {marker.virtual_chunk}",
         None if marker.step is None else f"step {marker.step}",

@@ -33,7 +33,7 @@ from typing import Any
 from memscope.analysis.static.remedies import fitting_remedies
 from memscope.analysis.static_comparison import StaticEstimate
 from memscope.analysis.step_transitions import EXPANDABLE_SEGMENTS
-from memscope.events.schema import OOM, CompositionItem, MemoryEvent
+from memscope.events.schema import OOM, CompositionItem, MemoryEvent, module_label
 from memscope.events.sections import SectionLayout, SectionSpec
 
 #: Steps whose peaks are shown before the failure.
@@ -157,7 +157,7 @@ def _leak_cause(leaks: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def suspect_text(suspect: dict[str, Any]) -> str:
     """One suspect in words: module (phase, microbatch), shape and dtype, code line."""
-    where = f"{suspect.get('module') or '(no module)'} ({suspect.get('phase')}"
+    where = f"{module_label(suspect.get('module'))} ({suspect.get('phase')}"
     if suspect.get("microbatch") is not None:
         where += f", microbatch {suspect['microbatch']}"
     where += ")"

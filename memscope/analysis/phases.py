@@ -16,10 +16,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from memscope.events.schema import (
-    PHASE_STEP,
     READING_EVENTS,
     STEP_PHASE,
     MemoryEvent,
+    is_step_end,
     phase_rank,
 )
 from memscope.events.sections import SectionLayout, SectionSpec
@@ -29,8 +29,6 @@ from memscope.events.sections import SectionLayout, SectionSpec
 SOURCE_HIGH_WATER, SOURCE_READINGS = "high_water", "readings"
 #: ... or the phase's own running peak, exact (``MemoryEvent.phase_max_allocated``).
 SOURCE_PHASE_PEAK = "phase_peak"
-#: The sources that give a phase's true maximum (the others a lower bound).
-EXACT_SOURCES = frozenset({SOURCE_HIGH_WATER, SOURCE_PHASE_PEAK})
 
 
 class InPhaseMax:
@@ -49,8 +47,8 @@ class InPhaseMax:
         if e.event_type == STEP_PHASE:
             # step phases follow each other, so one began where the previous one ended; the
             # whole step began with the window
-            before = -1 if e.phase == PHASE_STEP else self._phase_end
-            if e.phase != PHASE_STEP:
+            before = -1 if is_step_end(e) else self._phase_end
+            if not is_step_end(e):
                 self._phase_end = e.max_mem_allocated
         else:
             before = self._running

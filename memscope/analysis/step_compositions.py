@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from memscope.events.schema import PHASE_STEP, STEP_PHASE, MemoryEvent
+from memscope.events.schema import MemoryEvent, is_step_end
 from memscope.events.sections import SectionLayout, SectionSpec
 
 #: Steps whose composition the report keeps: the first ones (warm-up, the optimizer's first
@@ -33,7 +33,7 @@ class StepCompositionAnalyzer:
         self.last: dict[int, dict[str, Any]] = {}
 
     def consume(self, e: MemoryEvent) -> None:
-        if e.event_type != STEP_PHASE or e.phase != PHASE_STEP or not e.peak_composition:
+        if not is_step_end(e) or not e.peak_composition:
             return
         ctx = e.peak_context
         record = {

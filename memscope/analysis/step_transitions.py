@@ -49,10 +49,9 @@ from typing import Any
 
 from memscope.events.schema import (
     ONE_TIME_CATEGORIES,
-    PHASE_STEP,
-    STEP_PHASE,
     MemoryEvent,
     Survivor,
+    is_step_end,
 )
 from memscope.events.sections import SectionLayout, SectionSpec
 
@@ -323,7 +322,7 @@ class StepTransitionAnalyzer:
         self.survivors: dict[int, tuple[Survivor, ...]] = {}
 
     def consume(self, e: MemoryEvent) -> None:
-        if e.event_type == STEP_PHASE and e.phase == PHASE_STEP and e.survivors:
+        if is_step_end(e) and e.survivors:
             self.survivors[e.step] = e.survivors
             if len(self.survivors) > KEPT_SURVIVOR_STEPS:
                 del self.survivors[min(self.survivors)]

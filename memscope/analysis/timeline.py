@@ -17,11 +17,10 @@ from typing import Any
 from memscope.analysis.peak import SOURCE_HISTORY, composition_section
 from memscope.events.schema import (
     ALLOCATOR_TIMELINE,
-    PHASE_STEP,
-    STEP_PHASE,
     CompositionItem,
     MemoryEvent,
     TimelineSummary,
+    is_step_end,
 )
 from memscope.events.sections import SectionLayout, SectionSpec
 
@@ -56,7 +55,7 @@ class AllocatorTimelineAnalyzer:
                 self.step_peaks[step] = max(nbytes, self.step_peaks.get(step, 0))
             if self.best is None or summary.peak_bytes > self.best[0].peak_bytes:
                 self.best = (summary, e.peak_composition or ())
-        elif e.event_type == STEP_PHASE and e.phase == PHASE_STEP and e.start_timestamp is not None:
+        elif is_step_end(e) and e.start_timestamp is not None:
             self.durations[e.step] = e.timestamp - e.start_timestamp
             if len(self.durations) > MAX_STEP_DURATIONS:
                 del self.durations[next(iter(self.durations))]

@@ -12,13 +12,14 @@ import torch
 
 from memscope.capture.torch_features import cuda_history_unsupported, log_once
 from memscope.config import ProfilerSchedule
+from memscope.events.file_names import PROFILER_DIR, snapshot_window_name
 
 
 class ProfilerController:
     """Runs ``torch.profiler`` over ``wait`` + ``warmup`` + ``active`` steps, once."""
 
     def __init__(self, schedule: ProfilerSchedule, outdir: str) -> None:
-        self.outdir = os.path.join(outdir, "profiler")
+        self.outdir = os.path.join(outdir, PROFILER_DIR)
         self.traces: list[str] = []
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
@@ -123,7 +124,7 @@ class SnapshotController:
             and self.started_at is not None
             and step + 1 >= self.started_at + self.steps
         ):
-            self.dump(f"memory_snapshot_steps{self.started_at}-{step}.pickle")
+            self.dump(snapshot_window_name(self.started_at, step))
             self.stop()
 
     def dump(self, name: str) -> str | None:

@@ -17,7 +17,6 @@ from collections.abc import Iterable
 
 import torch
 
-TORCH_FLOOR = "2.7.1"  # FlagScale 0.8.0's pin; the oldest torch whose APIs are checked here
 # what SnapshotController passes to torch.cuda.memory._record_memory_history
 HISTORY_KEYWORDS = ("enabled", "context", "stacks", "max_entries")
 

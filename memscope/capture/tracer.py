@@ -32,8 +32,6 @@ from memscope.config import RuntimeConfig
 from memscope.events import schema as s
 from memscope.events.schema import ContextMarker, EventConsumer, MemoryEvent, TensorInfo
 
-HOOK_FAMILIES = ("module_hooks", "output_grad_hooks", "param_grad_hooks")
-
 
 def _in_backward() -> bool:
     """True while the autograd engine runs a backward pass on this thread."""

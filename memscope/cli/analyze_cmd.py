@@ -32,8 +32,9 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Replay the trace, write the rebuilt report, print where it went and its peak."""
     from memscope.analysis.static_comparison import StaticEstimate
+    from memscope.events.file_names import REPORT_NAME, TRACE_NAME
+    from memscope.events.schema import module_label
     from memscope.events.trace_reader import TraceError, read_trace
-    from memscope.io.rank_folders import TRACE_NAME
     from memscope.report.builder import ReportSettings, RunFacts, RuntimeReportBuilder
     from memscope.units import format_bytes, printable
 
@@ -78,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
             status="incomplete",
             status_reason=(
                 "rebuilt from the trace by `memscope analyze`; the run's own status is in its "
-                "runtime_report.json"
+                f"{REPORT_NAME}"
             ),
             training=training if isinstance(training, dict) else None,
             events_recorded=recorded,
@@ -94,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         printable(
             f"peak {format_bytes(peak.get('memory_bytes'))} at step {peak.get('step')} "
-            f"({peak.get('phase')}, {peak.get('module') or 'step boundary'}) -> {out}"
+            f"({peak.get('phase')}, {module_label(peak.get('module'))}) -> {out}"
         )
     )
     return 0

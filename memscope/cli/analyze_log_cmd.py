@@ -89,11 +89,12 @@ def log_comparisons(path: str, vocab_size: int | None = None) -> list[dict[str, 
 
 def run(args: argparse.Namespace) -> int:
     """Explain the logs, write the three files, print one line per stage and OOM."""
+    from memscope.events.file_names import LOG_REPORT_NAMES
     from memscope.reporters.html import render_log_html
     from memscope.reporters.log_report import render_log_markdown, summary_lines
     from memscope.units import printable
 
-    outs = [os.path.join(args.outdir, f"log_report.{ext}") for ext in ("json", "md", "html")]
+    outs = [os.path.join(args.outdir, name) for name in LOG_REPORT_NAMES]
     for out in outs:
         check_output(out, args.logs)
     for name in ("vocab_size", "world_size"):

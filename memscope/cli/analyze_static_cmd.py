@@ -84,12 +84,13 @@ def run(args: argparse.Namespace) -> int:
     from memscope.analysis.static.report import build_static_report
     from memscope.analysis.static.spec_checks import validate_spec
     from memscope.analysis.static.validation import ConfigWarning, peak_warnings
+    from memscope.events.file_names import STATIC_REPORT_MD_NAME, STATIC_REPORT_NAME
     from memscope.inputs.config_files import load_config
     from memscope.reporters.static_markdown import render_static_markdown
     from memscope.units import format_bytes, printable
 
-    json_path = os.path.join(args.outdir, "static_report.json")
-    md_path = os.path.join(args.outdir, "static_report.md")
+    json_path = os.path.join(args.outdir, STATIC_REPORT_NAME)
+    md_path = os.path.join(args.outdir, STATIC_REPORT_MD_NAME)
     for out in (json_path, md_path):  # before any work: regular files, never the config
         check_output(out, [args.config])
     world, world_source = world_size_from_args(args)

@@ -54,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from memscope.demo.launcher import WorkerError, free_port, spawn
     from memscope.demo.tiny_gpt import TinyGPTConfig
     from memscope.demo.traced_training import traced_worker
+    from memscope.events.schema import module_label
     from memscope.units import format_bytes, format_ratio, printable
 
     outdir = os.path.abspath(args.outdir)
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         print(
             printable(
                 f"rank {r.rank}: peak {format_bytes(peak['memory_bytes'])} at step {peak['step']} "
-                f"({peak['phase']}, {peak['module'] or 'step boundary'}); {static} -> {html_path}"
+                f"({peak['phase']}, {module_label(peak['module'])}); {static} -> {html_path}"
             )
         )
     job_html = pages.write_job_page(entries, pages.job_page_path(outdir), pages.job_inputs(outdir))

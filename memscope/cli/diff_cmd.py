@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from memscope.analysis.diff import diff_reports, pair_ranks
     from memscope.cli import pages
     from memscope.cli.common import write_json_output, write_output
+    from memscope.events.file_names import DIFF_REPORT_NAMES
     from memscope.reporters.diff_report import render_diff_markdown
     from memscope.reporters.html import render_diff_html
 
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     if (len(a_side) == 1) != (len(b_side) == 1):
         raise CliError("compare a report with a report, or a job directory with a job directory")
     inputs = [p for _, p in a_side + b_side]
-    outs = [os.path.join(args.out, name) for name in ("diff.json", "diff.md", "diff.html")]
+    outs = [os.path.join(args.out, name) for name in DIFF_REPORT_NAMES]
     if os.path.lexists(args.out) and not os.path.isdir(args.out):
         raise CliError(f"--out {args.out}: exists and is not a directory")
     for out in outs:

@@ -58,7 +58,8 @@ def register(sub: Any) -> None:
 
 def _traces(path: str) -> list[str]:
     """The trace file, a rank folder's, or every rank folder's of a job directory."""
-    from memscope.io.rank_folders import TRACE_NAME, rank_files
+    from memscope.events.file_names import TRACE_NAME
+    from memscope.io.rank_folders import rank_files
     from memscope.io.report_reader import ReportError
 
     try:

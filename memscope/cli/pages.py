@@ -23,12 +23,13 @@ from memscope.analysis.job import (
 )
 from memscope.cli.common import MALFORMED, CliError, check_output, progress, write_output
 from memscope.events.bounded_input import InputRefused, read_regular
-from memscope.io.rank_folders import (
-    ALL_RANK_PAGES_UP_TO,
-    MAX_JOB_RANKS,
+from memscope.events.file_names import (
+    JOB_PAGE_NAME,
+    JOB_SUMMARY_NAME,
     REPORT_NAME,
     START_FAILURE_NAME,
 )
+from memscope.io.rank_folders import ALL_RANK_PAGES_UP_TO, MAX_JOB_RANKS
 from memscope.io.rank_folders import rank_folders as io_rank_folders
 from memscope.io.report_reader import ReportError, load_report
 from memscope.reporters.html import render_job_html, render_runtime_html
@@ -38,10 +39,9 @@ from memscope.reporters.html_payload import (
     runtime_payload,
     timeline_ranks,
 )
-from memscope.reporters.job_summary_json import JOB_SUMMARY_JSON, REPORT_TYPE_JOB_SUMMARY
+from memscope.reporters.job_summary_json import REPORT_TYPE_JOB_SUMMARY
 from memscope.reporters.runtime_json import REPORT_TYPE_RUNTIME
 
-JOB_PAGE_NAME = "job_report.html"
 #: Rank pages that could not be written, said one by one (the rest are counted).
 SAID_FAILURES = 3
 #: What a refusal of mixed rank reports tells the user to do.
@@ -236,7 +236,7 @@ def load_page_input(path: str) -> dict[str, Any]:
     if kind not in (REPORT_TYPE_RUNTIME, REPORT_TYPE_JOB_SUMMARY):
         raise CliError(
             f"{path}: is a {kind!r:.40} report; visualize-runtime takes a runtime report, a "
-            f"{JOB_SUMMARY_JSON} or a job directory"
+            f"{JOB_SUMMARY_NAME} or a job directory"
         )
     return doc
 

@@ -204,7 +204,8 @@ def _calibration(path: str, vocab_size: int | None = None) -> dict[str, Any]:
     from memscope.analysis.job import RankEntry, job_mixups
     from memscope.analysis.static.planner import calibration
     from memscope.cli.pages import job_summary_entries
-    from memscope.io.rank_folders import REPORT_NAME, folder_file, rank_folders
+    from memscope.events.file_names import REPORT_NAME
+    from memscope.io.rank_folders import folder_file, rank_folders
     from memscope.io.report_reader import ReportError, load_report
 
     comparisons = []

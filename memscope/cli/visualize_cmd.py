@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from memscope.cli.common import add_report_arguments, check_output, progress
+from memscope.events.file_names import JOB_PAGE_NAME
 from memscope.io.rank_folders import ALL_RANK_PAGES_UP_TO
 
 
@@ -79,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         doc = pages.load_page_input(report_path)
         if doc.get("report_type") == pages.REPORT_TYPE_JOB_SUMMARY:
             out = args.out or os.path.join(
-                os.path.dirname(os.path.abspath(report_path)), pages.JOB_PAGE_NAME
+                os.path.dirname(os.path.abspath(report_path)), JOB_PAGE_NAME
             )
             check_output(out, [report_path])
             entries = pages.job_summary_entries(doc, report_path)

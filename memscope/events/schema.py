@@ -31,7 +31,6 @@ HOOK_EVENTS = READING_EVENTS - {STEP_PHASE}
 #: The category free events carry in allocator-history snapshots MemScope writes:
 #: pytorch.org/memory_viz needs some event to have it (see ``reporters/memory_viz.py``).
 FREE_CATEGORY = "unknown"
-EVENT_TYPES = (STEP_PHASE, MODULE_FORWARD, OUTPUT_GRAD, PARAM_GRAD, ALLOCATOR_TIMELINE, OOM, CRASH)
 
 #: The name module events give a model chunk's root module (``chunkN.model`` with VPP chunks;
 #: its children are named from the root without it: ``decoder.layers.0``).
@@ -64,6 +63,23 @@ PHASE_ORDER = (
 def phase_rank(phase: str) -> int:
     """Where ``phase`` sorts in :data:`PHASE_ORDER` (an unknown phase after every known one)."""
     return PHASE_ORDER.index(phase) if phase in PHASE_ORDER else len(PHASE_ORDER)
+
+
+def is_step_end(e: MemoryEvent) -> bool:
+    """Whether ``e`` is the reading a step's end takes: the ``step_phase`` event of the whole
+    step (phase :data:`PHASE_STEP`), the one step boundary every analyzer asks about."""
+    return e.event_type == STEP_PHASE and e.phase == PHASE_STEP
+
+
+#: How reports, pages and messages name the place of a reading or an allocation outside every
+#: module (a step or phase boundary's reading has module ``""``); the pages' copy is
+#: ``NO_MODULE`` in ``reporters/templates/js/format.js`` (``tests/test_step_boundary.py``).
+NO_MODULE_LABEL = "(no module)"
+
+
+def module_label(module: str | None) -> str:
+    """``module``, or :data:`NO_MODULE_LABEL` where there is none."""
+    return module or NO_MODULE_LABEL
 
 
 # Memory categories, in the fixed order used by tuples of per-category byte counts (a trace

@@ -22,7 +22,6 @@ from memscope.analysis.static.read_keys import READ_KEYS
 MODEL = "model"
 ARGS = "args"
 SETTINGS = "run settings"
-SOURCES = (MODEL, ARGS, SETTINGS)
 
 # Keys the model gives that restate another one it gives (compared once, under the other).
 _RESTATED = frozenset({"disable_bias_linear"})

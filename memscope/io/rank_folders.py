@@ -9,18 +9,10 @@ takes a report (or trace) file: ``--report rank00001/`` is ``rank00001/runtime_r
 from __future__ import annotations
 
 import os
-import re
 
+from memscope.events.file_names import RANK_DIR, REPORT_NAME
 from memscope.io.report_reader import ReportError
 
-#: A rank folder: ``rank`` and up to 15 digits (a rank JavaScript still holds exactly).
-RANK_DIR = re.compile(r"^rank(\d{1,15})$")
-#: The runtime report inside a rank folder.
-REPORT_NAME = "runtime_report.json"
-#: The note a rank whose tracing never started leaves in its folder (written by the session).
-START_FAILURE_NAME = "start_failure.json"
-#: A rank's event trace inside its folder.
-TRACE_NAME = "trace.jsonl"
 #: Most rank folders a job directory may hold (more is refused: one line, exit code 2).
 MAX_JOB_RANKS = 100_000
 #: A job of at most this many ranks gets every rank's page from ``visualize-runtime`` (each

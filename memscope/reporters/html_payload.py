@@ -38,6 +38,11 @@ BUILTIN_RENDERERS = frozenset(s.renderer for s in PRE_INDEX_SECTIONS if s.render
 #: them is drawn by it; any other by its layout (:func:`page_sections`). A new renderer adds its
 #: name here (``BUILTIN_RENDERERS | {"name"}``) and gets its section's value as ``value``.
 PAGE_RENDERERS: frozenset[str] = BUILTIN_RENDERERS
+#: The job page's sections, in page order: each a partial,
+#: ``templates/sections/job/<name>.html.j2``, and a function of ``JOB_SECTIONS`` in
+#: ``templates/js/job_page.js``; the page draws the ``sections`` index :func:`job_payload`
+#: lists, so a new block is its name here and those two.
+JOB_PAGE_SECTIONS = ("cards", "stages", "grid", "outliers", "ranks", "timelines")
 
 
 def _pick(rows: list[dict[str, Any]], keys: Sequence[str]) -> dict[str, list[Any]]:
@@ -281,6 +286,7 @@ def job_payload(
     plotted = timeline_ranks(summary["ranks"])
     return {
         "kind": "job",
+        "sections": [{"name": name, "renderer": name} for name in JOB_PAGE_SECTIONS],
         "world_size": summary["world_size"],
         "ranks": summary["ranks"],
         "missing": summary["missing"],

@@ -15,8 +15,6 @@ from typing import Any
 from memscope.reporters.runtime_json import document_identity
 
 REPORT_TYPE_JOB_SUMMARY = "job_summary"
-#: Its file name, in the run's output directory on the rank that gathered it.
-JOB_SUMMARY_JSON = "job_summary.json"
 
 
 def job_summary_document(

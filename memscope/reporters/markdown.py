@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from memscope.events.schema import module_label
 from memscope.events.sections import ColumnKind, SectionLayout, SectionSpec, report_sections
 from memscope.reporters.layer_labels import label_modules
 from memscope.reporters.section_views import section_view
@@ -230,7 +231,7 @@ def _transition_lines(
                 what = f" {md_code('[' + ', '.join(str(n) for n in s['shape']) + ']')}"
                 what += f" {t(s.get('dtype', ''))}"
             lines.append(
-                f"  - suspect {md_code(s['module'] or '(no module)')} ({t(s['phase'])}{mb}):"
+                f"  - suspect {md_code(module_label(s['module']))} ({t(s['phase'])}{mb}):"
                 f"{what} {format_bytes(s['bytes_per_step'])} per step born in steps "
                 f"{t(', '.join(str(b) for b in s['birth_steps']))}, still live"
             )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from memscope.events.schema import module_label
 from memscope.reporters.markdown import md_code, md_text
 from memscope.reporters.runtime_json import document_identity
 from memscope.units import format_bytes
@@ -43,7 +44,7 @@ def _leak_lines(leak: dict[str, Any] | None) -> list[str]:
     return [
         f"- cause: **a leak**: allocated grew {format_bytes(leak['bytes_per_step'])} per step "
         f"since step {md_text(leak['first_step'])}, kept by "
-        f"{md_code(suspect.get('module') or '(no module)')} ({md_text(suspect.get('phase'))})"
+        f"{md_code(module_label(suspect.get('module')))} ({md_text(suspect.get('phase'))})"
         f"{what}{line}; fix it first (see the first remedy)"
     ]
 
@@ -58,7 +59,7 @@ def render_oom_markdown(doc: dict[str, Any], max_rows: int = 15) -> str:
         "",
         f"- coordinates: {coords or 'n/a'}",
         f"- failed in step {t(where.get('step'))}, phase {md_code(where.get('phase'))}, "
-        f"module {md_code(where.get('module') or '(none)')}, microbatch "
+        f"module {md_code(module_label(where.get('module')))}, microbatch "
         f"{t(where.get('microbatch'))}, chunk {t(where.get('virtual_chunk'))}"
         + (f", op {md_code(doc['op'])}" if doc.get("op") else ""),
         f"- requested {format_bytes(doc.get('requested_bytes'))}, free "

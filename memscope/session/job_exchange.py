@@ -30,9 +30,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from memscope.events.bounded_input import InputRefused, open_regular, strict_json_loads
+from memscope.events.file_names import JOB_SUMMARY_NAME
 from memscope.io.atomic import atomic_write_json
 from memscope.io.safe_output import free_name, name_part
-from memscope.reporters.job_summary_json import JOB_SUMMARY_JSON, job_summary_document
+from memscope.reporters.job_summary_json import job_summary_document
 
 if TYPE_CHECKING:
     from memscope.capture.safety import FailureLog
@@ -222,7 +223,7 @@ def share_job_summary(
             "expected_ranks": len(expected),
         },
     )
-    path = os.path.join(outdir, JOB_SUMMARY_JSON)
+    path = os.path.join(outdir, JOB_SUMMARY_NAME)
     keep_other_runs_summary(path, run_id)
     atomic_write_json(path, doc)
     return path

@@ -13,6 +13,7 @@ from memscope.capture.profiling import ProfilerController, SnapshotController, s
 from memscope.capture.safety import FailureLog
 from memscope.capture.tracer import MemoryTracer
 from memscope.config import RuntimeConfig
+from memscope.events.file_names import OOM_SNAPSHOT_NAME, SNAPSHOT_FINAL_NAME
 from memscope.events.ownership import OwnershipIndex
 from memscope.events.schema import ContextMarker
 from memscope.io.atomic import atomic_write_json, atomic_write_text
@@ -137,13 +138,13 @@ class Recorders:
 
     def _stop_snapshot(self) -> None:
         if self.snapshot is not None and self.snapshot.recording:
-            self.snapshot.dump("memory_snapshot_final.pickle")
+            self.snapshot.dump(SNAPSHOT_FINAL_NAME)
             self.snapshot.stop()
 
     def dump_oom_snapshot(self) -> None:
         """Keep the allocator history at an OOM (while recording)."""
         if self.snapshot is not None and self.snapshot.recording:
-            path = self.snapshot.dump("oom_snapshot.pickle")
+            path = self.snapshot.dump(OOM_SNAPSHOT_NAME)
             if path:
                 self.oom_snapshot = os.path.basename(path)
 

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 from memscope.capture.parallel import ParallelInfo
 from memscope.capture.safety import FailureLog, failure_row
 from memscope.config import RuntimeConfig
-from memscope.io.rank_folders import TRACE_NAME
+from memscope.events.file_names import TRACE_NAME
 from memscope.report.builder import RunFacts
 from memscope.session.adapter_facts import AdapterFacts
 from memscope.session.recorders import Recorders

@@ -27,7 +27,7 @@ import time
 import warnings
 from dataclasses import dataclass
 
-from memscope.io.rank_folders import REPORT_NAME
+from memscope.events.file_names import REPORT_NAME
 from memscope.io.safe_output import free_name
 from memscope.session.job_exchange import SummaryStore, bounded, default_store
 from memscope.session.teardown import Teardown

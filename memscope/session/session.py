@@ -58,6 +58,7 @@ from memscope.capture.safety import FailureLog
 from memscope.capture.tracer import MemoryTracer
 from memscope.config import RuntimeConfig
 from memscope.events import schema as s
+from memscope.events.file_names import rank_folder_name
 from memscope.session.adapter_facts import AdapterFacts
 from memscope.session.crash_guard import CrashGuard
 from memscope.session.job_exchange import JobSummaryShare
@@ -137,7 +138,9 @@ class TracingSession:
         self.chunks: list[torch.nn.Module] = []
         self.optimizers: list[torch.optim.Optimizer] = []
         self._teardown = Teardown()
-        self.files = ReportFiles(os.path.join(cfg.outdir, f"rank{self.rank:05d}"), self.failures)
+        self.files = ReportFiles(
+            os.path.join(cfg.outdir, rank_folder_name(self.rank)), self.failures
+        )
         self.model_hooks = ModelHooks(cfg)
         self.hook_counts = self.model_hooks.counts
         self.recorders = Recorders(cfg, self.rank, self.failures)

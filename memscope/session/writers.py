@@ -19,18 +19,21 @@ from memscope.capture.parallel import ParallelInfo
 from memscope.capture.safety import FailureLog
 from memscope.config import RuntimeConfig
 from memscope.events import schema as s
+from memscope.events.file_names import (
+    OOM_REPORT_MD_NAME,
+    OOM_REPORT_NAME,
+    REPORT_MD_NAME,
+    REPORT_NAME,
+    START_FAILURE_NAME,
+    TRACE_NAME,
+)
 from memscope.events.trace_sink import BufferedTraceWriter, JsonlTraceSink
 from memscope.io.atomic import atomic_write_json, atomic_write_text
-from memscope.io.rank_folders import REPORT_NAME, START_FAILURE_NAME, TRACE_NAME
 from memscope.reporters.markdown import render_runtime_markdown
 from memscope.session.run_identity import RunIdentity, touch_lock
 from memscope.session.teardown import Teardown
 
 logger = logging.getLogger("memscope")
-
-REPORT_MD = "runtime_report.md"
-OOM_REPORT_JSON = "oom_report.json"
-OOM_REPORT_MD = "oom_report.md"
 
 
 def trace_header(
@@ -113,7 +116,7 @@ class ReportFiles:
             path = os.path.join(self.directory, REPORT_NAME)
             atomic_write_json(path, report)
             markdown = render_runtime_markdown(report)
-            atomic_write_text(os.path.join(self.directory, REPORT_MD), markdown)
+            atomic_write_text(os.path.join(self.directory, REPORT_MD_NAME), markdown)
             if report.get("oom"):
                 self._write_oom_report(report)
             self.path = path
@@ -128,9 +131,11 @@ class ReportFiles:
         from memscope.reporters.oom_report import oom_document, render_oom_markdown
 
         doc = oom_document(report)
-        atomic_write_json(os.path.join(self.directory, OOM_REPORT_JSON), doc)
-        atomic_write_text(os.path.join(self.directory, OOM_REPORT_MD), render_oom_markdown(doc))
-        self.artifacts["oom_report"] = OOM_REPORT_JSON
+        atomic_write_json(os.path.join(self.directory, OOM_REPORT_NAME), doc)
+        atomic_write_text(
+            os.path.join(self.directory, OOM_REPORT_MD_NAME), render_oom_markdown(doc)
+        )
+        self.artifacts["oom_report"] = OOM_REPORT_NAME
 
     def present(self, more: Mapping[str, str]) -> dict[str, str]:
         """The artifacts (this folder's and ``more``, relative paths) whose file exists."""

@@ -14,7 +14,7 @@ test("job cards: ranks, the heaviest rank and the imbalance; out of memory first
       tightest_headroom: 0, tightest_rank: 2, ranks_with_headroom: 3}};
   const cards = J.jobCards(payload);
   assert.deepEqual(cards.map(c => c[0]), ["Out of memory", "Ranks", "Heaviest rank", "Imbalance max / min", "Tightest headroom"]);
-  assert.deepEqual(cards[0], ["Out of memory", "2 rank(s)", "rank 3 (true): step 2, backward, no module; rank 1 (?): ?"]);
+  assert.deepEqual(cards[0], ["Out of memory", "2 rank(s)", "rank 3 (true): step 2, backward, (no module); rank 1 (?): ?"]);
   assert.deepEqual(cards[1], ["Ranks", "4", "1 missing, 0 incomplete"]);
   assert.deepEqual(cards[2], ["Heaviest rank", "rank 2", "30.00 MiB (pp 1, tp ?)"]);
   assert.deepEqual(cards[3], ["Imbalance max / min", "1.500×", "rank 0: 20.00 MiB"]);

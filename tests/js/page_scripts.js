@@ -10,7 +10,7 @@ const path = require("node:path");
 const vm = require("node:vm");
 
 const JS_DIR = path.join(__dirname, "..", "..", "memscope", "reporters", "templates", "js");
-const SHARED = ["format.js", "tables.js", "charts.js"];
+const SHARED = ["format.js", "tables.js", "charts.js", "sections.js"];
 // Explicit rules, so each test states the rounding it expects (the page gets memscope/units.py's
 // NUMBER_RULES; tests/test_pages_js.py checks those are what these tests assume by default).
 const DEFAULT_RULES = {bytes_decimals: 2, percent_decimals: 1, alarm_ratio: 0.01};

@@ -172,6 +172,6 @@ test("an OOM is told as where, what was asked and held, the verdict and the tren
   const O = {where: {step: 4, phase: "forward", module: null, microbatch: 0}, requested_bytes: 2 * MIB,
     allocated_bytes: 78 * 1024 * MIB, cached_free_bytes: 0, verdict_reason: "the request exceeds free memory",
     trend: "rising", trend_reason: "grew every step"};
-  assert.equal(R.oomSentence(O), "Step 4, forward, no module, microbatch 0: requested 2.00 MiB with 78.00 GiB allocated" +
+  assert.equal(R.oomSentence(O), "Step 4, forward, (no module), microbatch 0: requested 2.00 MiB with 78.00 GiB allocated" +
     " and 0 B cached free. the request exceeds free memory. Trend: rising (grew every step).");
 });

@@ -15,6 +15,7 @@ from typing import Any
 
 from memscope.analysis.static.config import TrainingSpec
 from memscope.analysis.static.moe import imbalance_bound
+from memscope.analysis.static.offload import UNMODELLED_MODULES
 from memscope.analysis.static.pipeline_layout import mtp_chunk
 from memscope.analysis.static.read_keys import READ_KEYS, memscope_keys
 from memscope.analysis.static.validation import show
@@ -378,7 +379,7 @@ def approximated_features(spec: TrainingSpec) -> tuple[str, ...]:
     if m.multi_latent_attention:
         out.append("MLA activations (first order)")
     if spec.fine_grained_offloading:
-        unmodelled = [m for m in spec.offload_modules if m in ("expert_fc1", "moe_act")]
+        unmodelled = [m for m in spec.offload_modules if m in UNMODELLED_MODULES]
         out.append(
             "fine-grained offload residency: every layer's selected tensors but each chunk's last "
             "layer leave the GPU, one layer reloaded ahead in the backward"

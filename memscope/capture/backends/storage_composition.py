@@ -14,7 +14,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from memscope.capture.python_stack import Frame, format_frame
-from memscope.events.schema import CAT_ACTIVATIONS, CATEGORIES, CompositionItem, Survivor
+from memscope.events.schema import (
+    CAT_ACTIVATIONS,
+    CATEGORIES,
+    CompositionItem,
+    Survivor,
+    module_label,
+)
 
 #: Composition items kept per peak: the largest, and one remainder per category beyond them.
 COMPOSITION_ITEMS = 64
@@ -67,7 +73,7 @@ class CreationContexts:
             str(x)
             for x in (
                 phase or "setup",
-                module or "(no module)",
+                module_label(module),
                 None if microbatch is None else f"microbatch {microbatch}",
                 None if chunk is None else f"chunk {chunk}",
             )

@@ -28,8 +28,9 @@ from memscope.analysis.job import RankEntry, job_mixups
 from memscope.analysis.static.config import TrainingSpec
 from memscope.analysis.static.planner import stage_peaks
 from memscope.analysis.static.spec_checks import validate_spec
+from memscope.events.file_names import JOB_SUMMARY_NAME, REPORT_NAME
 from memscope.inputs.config_files import spec_from_flagscale_yaml
-from memscope.io.rank_folders import REPORT_NAME, rank_folders
+from memscope.io.rank_folders import rank_folders
 from memscope.io.report_reader import ReportError, load_report
 
 MIB = 2**20
@@ -126,7 +127,7 @@ def install_memory_model() -> Any:
 
 def trial_max_memory(path: str) -> float | None:
     """The highest reserved peak over a trial's ranks, in MiB, from its MemScope output."""
-    summary = os.path.join(path, "job_summary.json")
+    summary = os.path.join(path, JOB_SUMMARY_NAME)
     reports: list[dict[str, Any]] = []
     entries: list[RankEntry] = []
     try:

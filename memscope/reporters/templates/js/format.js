@@ -9,6 +9,9 @@
 const UNITS = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
 // A byte count a report can hold: a finite number below 2**63 (the int64 the trackers count in).
 const MAX_BYTES = 9223372036854775808;
+// The place of a reading or allocation outside every module (NO_MODULE_LABEL of
+// memscope/events/schema.py, the one spelling; tests/test_step_boundary.py compares them).
+const NO_MODULE = "(no module)";
 
 function plotlyText(v) {
   const text = v === null || v === undefined ? "" : String(v);

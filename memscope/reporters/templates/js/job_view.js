@@ -2,7 +2,7 @@
 // rank grid, the per-rank timelines and table rows. Pure functions of the payload.
 
 function oomWhere(w) {
-  return w ? `step ${w.step}, ${w.phase}, ${w.module || "no module"}` : "?";
+  return w ? `step ${w.step}, ${w.phase}, ${w.module || NO_MODULE}` : "?";
 }
 
 // [title, value, note] for each card at the top of the page; out of memory first.

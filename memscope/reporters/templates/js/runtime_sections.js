@@ -1,7 +1,7 @@
 // The rank page's section renderers: RANK_SECTIONS maps the renderer name a section's spec
 // gives (memscope/events/sections.py) to the function that fills its partial
 // (templates/sections/<name>.html.j2) from the payload. The page draws the report's sections
-// index in its order (drawSections); a section with no function here is all markup (the
+// index in its order (drawSections, sections.js); a section with no function here is all markup (the
 // generic ones, laid out by the template).
 
 function showOom(O) {  // the first thing a user of an OOMed rank needs
@@ -149,13 +149,3 @@ const RANK_SECTIONS = {
     setUpWithinStep(P);
   },
 };
-
-// The entries of the index that `registry` has a renderer of, in the index's order (a section
-// without one is drawn by its markup alone).
-function sectionsToDraw(sections, registry) {
-  return (sections || []).filter(s => typeof s.renderer === "string" && Object.hasOwn(registry, s.renderer));
-}
-
-function drawSections(P, registry) {
-  sectionsToDraw(P.sections, registry).forEach(section => registry[section.renderer](P, section));
-}

@@ -4,7 +4,7 @@
 function oomSentence(O) {
   const w = O.where;
   const mb = w.microbatch != null ? ", microbatch " + w.microbatch : "";
-  return `Step ${w.step}, ${w.phase}, ${w.module || "no module"}${mb}: requested ${fmtBytes(O.requested_bytes)}` +
+  return `Step ${w.step}, ${w.phase}, ${w.module || NO_MODULE}${mb}: requested ${fmtBytes(O.requested_bytes)}` +
     ` with ${fmtBytes(O.allocated_bytes)} allocated and ${fmtBytes(O.cached_free_bytes)} cached free.` +
     ` ${O.verdict_reason}. Trend: ${O.trend} (${O.trend_reason}).`;
 }
@@ -56,7 +56,7 @@ function runtimeCards(P) {
 
 function compositionLabel(i) {
   const chunk = i.virtual_chunk != null ? "chunk " + i.virtual_chunk : null;
-  return joinParts([i.module || "(no module)", i.phase || null, microbatchText(i.microbatch), chunk]);
+  return joinParts([i.module || NO_MODULE, i.phase || null, microbatchText(i.microbatch), chunk]);
 }
 
 // One stacked bar per category; each band one composition item.
@@ -176,7 +176,7 @@ function leakText(l) {
 function suspectText(x) {
   const mb = x.microbatch != null ? ", microbatch " + x.microbatch : "";
   const where = x.stack ? `, created at ${x.stack[0]}` : "";
-  return `suspect ${x.module || "(no module)"} (${x.phase}${mb}): ${fmtBytes(x.bytes_per_step)} per step` +
+  return `suspect ${x.module || NO_MODULE} (${x.phase}${mb}): ${fmtBytes(x.bytes_per_step)} per step` +
     ` born in steps ${x.birth_steps.join(", ")}, still live` + where;
 }
 
@@ -226,7 +226,7 @@ function withinTraces(W, key) {
 function withinPeak(W, M) {
   if (M) {
     const at = W.order.indexOf(M.order);
-    const label = joinParts(["run peak " + fmtBytes(M.bytes), M.phase, M.module || "(no module)", microbatchText(M.microbatch)]);
+    const label = joinParts(["run peak " + fmtBytes(M.bytes), M.phase, M.module || NO_MODULE, microbatchText(M.microbatch)]);
     return at < 0 ? null : {order: M.order, bytes: M.bytes, label: label};
   }
   const marks = W.max_mem_allocated.filter(finite);
