@@ -157,3 +157,17 @@ def test_the_log_pages_script_registry_is_the_log_page_renderers():
     res = subprocess.run([node, "-e", script], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr[-2000:]
     assert set(json.loads(res.stdout)) == set(LOG_PAGE_RENDERERS)
+
+
+def test_each_run_of_a_two_run_log_has_its_own_sections_and_only_the_first_is_shown(
+    tmp_path, capsys
+):
+    doc, md, html = _outputs(tmp_path, DATA / "gpt2_345m_tp4_fp16_two_runs.log", capsys)
+    assert len(doc["runs"]) == 2
+    assert '<div class="log-run" id="run-0">' in html
+    assert '<div class="log-run" id="run-1" hidden>' in html
+    for i in (0, 1):
+        assert html.count(f'id="run{i}-section-ranks"') == 1
+        assert html.count(f'id="run{i}-stages-chart"') == 1
+    assert md.index("## Run 1") < md.index("## Run 2")
+    assert md.count("### Ranks that printed memory: measured vs estimate") == 2
