@@ -149,7 +149,8 @@ def test_oom_log_is_explained_with_remedies_and_three_outputs(tmp_path, capsys):
     assert any(r["fits"] for r in oom["remedies"])
     assert "out of memory on rank 0" in out
     md = (tmp_path / "log_report.md").read_text()
-    assert "Out of memory on rank 0" in md and "--recompute-granularity" in md
+    assert "### Out of memory" in md and "`--recompute-granularity selective`" in md
+    assert "| 0 | `gpt2_774m_fp16_oom_v100.log:242` | 786.00 MiB |" in md
     html = (tmp_path / "log_report.html").read_text()
     assert html.count('id="memscope-data"') == 1 and "Plotly" in html
 
@@ -229,14 +230,20 @@ def test_the_page_renders_in_chromium(tmp_path, capsys):
     page = tmp_path / "log_report.html"
     res = subprocess.run(
         [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-         f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000",
+         "--enable-logging=stderr", "--v=0", f"--user-data-dir={tmp_path / 'profile'}",
+         "--virtual-time-budget=10000",
          "--dump-dom", page.as_uri()],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-2000:]
+    # the page's script raised nothing (Chromium logs an uncaught error as "Uncaught ...")
+    assert [ln for ln in res.stderr.splitlines() if ":CONSOLE" in ln and "Uncaught" in ln] == []
     dom = res.stdout
-    assert "main-svg" in dom  # plotly drew the stage chart
-    assert re.search(r"Rank 0 \(gpt2_774m_fp16_oom_v100\.log:\d+\): tried to allocate 786", dom)
+    chart = dom.index('id="run0-stages-chart"')
+    assert "main-svg" in dom[chart:]  # plotly drew the stage chart, in its section
+    ooms = dom[dom.index('id="run0-section-ooms"') :]
+    cells = r"<code>gpt2_774m_fp16_oom_v100\.log:\d+</code></td><td[^>]*>786\.00 MiB"
+    assert re.search(cells, ooms)
     assert "--recompute-granularity selective" in dom
 
 

@@ -22,6 +22,7 @@ from memscope.reporters.html_payload import (
     page_sections,
     runtime_payload,
 )
+from memscope.reporters.log_report import LOG_PAGE_RENDERERS
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "cpu_pp2_demo"
@@ -41,7 +42,7 @@ def _page_order(html: str) -> list[tuple[str, str]]:
 def test_every_page_renderer_has_its_partial_and_every_partial_a_renderer():
     folder = importlib.resources.files("memscope.reporters") / "templates" / "sections"
     partials = {p.name.removesuffix(".html.j2") for p in folder.iterdir() if p.name.endswith(".j2")}
-    assert partials - {"_generic"} == set(PAGE_RENDERERS)
+    assert partials - {"_generic"} == set(PAGE_RENDERERS | LOG_PAGE_RENDERERS)
     assert {s.renderer for s in PRE_INDEX_SECTIONS if s.renderer} == BUILTIN_RENDERERS
     assert len(BUILTIN_RENDERERS) == 9
 

@@ -48,6 +48,11 @@ def grid_position(spec: TrainingSpec, rank: int, order: str = DEFAULT_ORDER) -> 
     return out
 
 
+def grid_text(grid: dict[str, int] | None) -> str:
+    """A grid place in words, ``tp0 cp0 ep0 dp1 pp0`` (``unknown`` without one)."""
+    return " ".join(f"{k}{v}" for k, v in grid.items()) if grid else "unknown"
+
+
 def _decompose(rank: int, names: list[str], sizes: dict[str, int]) -> dict[str, int]:
     out = {}
     for name in names:
@@ -189,6 +194,7 @@ def check_rank(
     return {
         "rank": rank,
         "grid": grid,
+        "place": grid_text(grid),
         "iteration": iteration,
         "optimizer_steps": steps,
         "moment": moment.label,

@@ -10,7 +10,9 @@ from dataclasses import asdict
 from typing import Any
 
 from memscope.analysis.log_check import DEFAULT_ORDER, check_oom, check_rank, optimizer_steps
+from memscope.analysis.log_sections import add_section_values, sections_index
 from memscope.analysis.static.config import TrainingSpec
+from memscope.events.sections import INDEX_KEY
 from memscope.inputs.log_spec import RunSpec, run_args, run_spec
 from memscope.inputs.training_log import LogRun, MemoryLine, OomMessage, log_files
 
@@ -153,6 +155,7 @@ def _measured_only(run: LogRun) -> list[dict[str, Any]]:
         {
             "rank": line.rank,
             "grid": None,
+            "place": None,
             "iteration": line.iteration,
             "optimizer_steps": optimizer_steps(line.iteration, iterations)[0],
             "moment": None,
@@ -216,10 +219,14 @@ def log_document(
     paths: list[str], runs: list[LogRun], vocab_size: int | None, world_size: int | None
 ) -> dict[str, Any]:
     """The whole ``log_report.json`` (identity keys are the reporter's)."""
+    explained = [explain_run(r, vocab_size, world_size) for r in runs]
+    for run in explained:
+        add_section_values(run)
     return {
         "logs": list(paths),
         "files": log_files(paths),  # every file read (a folder's host_*.output, in node order)
-        "runs": [explain_run(r, vocab_size, world_size) for r in runs],
+        INDEX_KEY: sections_index(),  # the declared sections, in page order
+        "runs": explained,
     }
 
 

@@ -133,5 +133,8 @@ def render_diff_html(payload: dict[str, Any]) -> str:
 
 
 def render_log_html(doc: dict[str, Any]) -> str:
-    """The ``memscope analyze-log`` page from ``log_report.json``."""
-    return _render("log.html.j2", doc, "MemScope — training log explained")
+    """The ``memscope analyze-log`` page from ``log_report.json``: per run, the sections of
+    its index in order, each by its layout or (a chart) by its renderer."""
+    from memscope.reporters.log_report import log_payload
+
+    return _render("log.html.j2", log_payload(doc), "MemScope — training log explained")

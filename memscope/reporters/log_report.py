@@ -1,12 +1,18 @@
-"""``memscope analyze-log`` output: the versioned ``log_report.json`` and its Markdown."""
+"""``memscope analyze-log`` output: the versioned ``log_report.json`` and its Markdown.
+
+The Markdown iterates the document's ``sections`` index (declared in
+:mod:`memscope.analysis.log_sections`) for each run, through the runtime report's generic
+section renderer."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from memscope.reporters.markdown import md_code, md_table, md_text
+from memscope.events.sections import INDEX_KEY, SectionSpec, report_sections
+from memscope.reporters.html_payload import page_sections
+from memscope.reporters.markdown import generic_section_lines, md_code
 from memscope.reporters.runtime_json import document_identity
-from memscope.units import format_bytes, format_percent
+from memscope.units import format_bytes
 
 REPORT_TYPE_LOG = "log"
 
@@ -16,129 +22,46 @@ def log_report_document(body: dict[str, Any]) -> dict[str, Any]:
     return {**document_identity(REPORT_TYPE_LOG), **body}
 
 
-def _grid(grid: dict[str, int] | None) -> str:
-    if not grid:
-        return "unknown"
-    return " ".join(f"{k}{v}" for k, v in grid.items())
+#: The log page's own section renderers (a partial ``templates/sections/<name>.html.j2`` and a
+#: function of ``LOG_SECTIONS`` in ``templates/js/log_page.js``): only where a chart is drawn.
+LOG_PAGE_RENDERERS = frozenset({"log_stages"})
+#: Most rows of one section in the Markdown (a log prints one memory line per position).
+MAX_ROWS = 1000
 
 
-def _verdict(v: dict[str, Any]) -> str:
-    if v["status"] == "within_band":
-        return f"within ±{format_percent(v['band'])}"
-    text = f"{v['status']} by {format_bytes(v['error_bytes'], signed=True)}"
-    if v["error_ratio"] is not None:
-        text += f" ({format_percent(v['error_ratio'])})"
-    if v["cannot_explain"]:
-        text += "; too small alone: " + ", ".join(v["cannot_explain"])
-    return text
+def run_sections(doc: dict[str, Any]) -> list[SectionSpec]:
+    """The sections of every run, in page order, from the document's ``sections`` index (a
+    document written before the index has none: its runs show their headings only)."""
+    return report_sections({INDEX_KEY: doc.get(INDEX_KEY) or []})
 
 
-def run_lines(run: dict[str, Any]) -> list[str]:
-    """One run's Markdown section."""
+def run_lines(run: dict[str, Any], specs: list[SectionSpec]) -> list[str]:
+    """One run's Markdown: its heading, then each section of the index, drawn by its layout."""
     out = [f"## Run {run['index'] + 1}", ""]
-    out.append("Logs: " + ", ".join(md_code(s) for s in run["sources"]))
-    out.append("")
-    if run.get("config"):
-        c = run["config"]
-        lay = c["layout"]
-        out.append(
-            f"Configuration from the {md_text(c['origin'])} ({md_code(c['where'])}); world size "
-            f"{c['world_size']} ({md_text(c['world_origin'])}); rank order "
-            f"{md_code(c['rank_order'])}."
-        )
-        out.append("")
-        out.append(", ".join(f"{k} {md_text(v)}" for k, v in lay.items() if v not in (None, False)))
-        out.append("")
-    if run.get("error"):
-        out += [f"**Not explained:** {md_text(run['error'])}", ""]
-    if run["stages"]:
-        out += ["### Per pipeline stage: measured vs predicted max allocated", ""]
-        out += md_table(
-            ["stage", "rank", "iteration", "measured", "predicted", "verdict"],
-            [[str(s["pp_rank"]), str(s["rank"]), str(s["iteration"]),
-              format_bytes(s["measured_max_allocated_bytes"]),
-              format_bytes(s["predicted_max_allocated_bytes"]), md_text(s["status"])]
-             for s in run["stages"]],
-        )  # fmt: skip
-    if run["ranks"]:
-        out += ["### Ranks that printed memory", ""]
-        rows = []
-        for r in run["ranks"]:
-            m, e = r["measured"], r["estimate"]
-            rows.append([
-                str(r["rank"]), md_text(_grid(r["grid"])), str(r["iteration"]),
-                str(r["optimizer_steps"]), format_bytes(m["allocated"]),
-                format_bytes(m["max_allocated"]), format_bytes(m["reserved"]),
-                format_bytes(m["max_reserved"]),
-                format_bytes(e["allocated_bytes"]) if e else "n/a",
-                format_bytes(e["max_allocated_bytes"]) if e else "n/a",
-                md_text(_verdict(r["verdict"])) if r["verdict"] else "not estimated",
-            ])  # fmt: skip
-        out += md_table(
-            ["rank", "grid", "after iter", "real steps", "allocated", "max allocated",
-             "reserved", "max reserved", "estimate (allocated)", "estimate (max allocated)",
-             "verdict (max allocated)"], rows,
-        )  # fmt: skip
-        first = run["ranks"][0]
-        if first["estimate"]:
-            out += [f"Estimate of rank {first['rank']} by term ({md_text(first['moment'])}):", ""]
-            out += md_table(
-                ["term", "bytes"],
-                [[md_text(k), format_bytes(v)] for k, v in first["estimate"]["terms"].items()],
-            )
-        if first.get("megatron_theoretical_mb"):
-            t = first["megatron_theoretical_mb"]
-            out += [
-                f"Megatron's theoretical figure (first stage): weight and optimizer "
-                f"{t['weight_and_optimizer_mb']:.2f} MB"
-                + (f", total {t['total_mb']:.2f} MB" if t.get("total_mb") else "")
-                + ".",
-                "",
-            ]
-    for oom in run["ooms"]:
-        out += _oom_lines(oom)
-    if run["notes"]:
-        out += ["### Notes", ""] + [f"- {md_text(n)}" for n in run["notes"]] + [""]
+    for spec in specs:
+        out += generic_section_lines(spec, run.get(spec.name), MAX_ROWS, heading="###")
     return out
 
 
-def _oom_lines(oom: dict[str, Any]) -> list[str]:
-    s = oom["sizes"]
-    rank = "unknown rank" if oom["rank"] is None else f"rank {oom['rank']}"
-    out = [f"### Out of memory on {rank} ({md_code(oom['where'])})", ""]
-    out.append(
-        f"Tried to allocate {format_bytes(s['requested'])} of {format_bytes(s['total'])}; free "
-        f"{format_bytes(s['free'])}; allocated by PyTorch {format_bytes(s['allocated'])}; "
-        f"reserved but unallocated {format_bytes(s['reserved_unallocated'])}."
-    )
-    frag = oom["fragmentation"]
-    if frag["could_have_served_the_request"]:
-        advice = md_text(frag["advice"])
-        out.append(f"Fragmentation: the cached free bytes exceed the request; {advice}.")
-    out += [
-        "",
-        f"Estimate for the rank ({md_text(oom['moment'])}): "
-        f"{format_bytes(oom['estimate']['peak_bytes'])}; "
-        f"need at least {format_bytes(oom['need_bytes'])} against "
-        f"{format_bytes(oom['capacity_bytes'])} PyTorch could hold.",
-        "",
+def log_payload(doc: dict[str, Any]) -> dict[str, Any]:
+    """The log page's data: the document, plus per run its page sections (the runtime page's
+    :func:`~memscope.reporters.html_payload.page_sections`, with the log page's renderers)."""
+    index = doc.get(INDEX_KEY) or []
+    pages = [
+        page_sections({**run, INDEX_KEY: index}, MAX_ROWS, LOG_PAGE_RENDERERS)
+        for run in doc["runs"]
     ]
-    out += md_table(
-        ["remedy", "flags", "saving", "projected need", "fits"],
-        [[md_text(r["name"]), md_code(r["flags"]), format_bytes(r["saving_bytes"]),
-          format_bytes(r["projected_need_bytes"]), "yes" if r["fits"] else "no"]
-         for r in oom["remedies"]],
-    )  # fmt: skip
-    return out
+    return {**doc, "run_sections": pages}
 
 
 def render_log_markdown(doc: dict[str, Any]) -> str:
-    """``log_report.md``."""
+    """``log_report.md``: per run, the sections of the document's index in its order."""
     out = ["# MemScope: memory explained from a training log", ""]
     out.append("Logs: " + ", ".join(md_code(p) for p in doc["logs"]))
     out.append("")
+    specs = run_sections(doc)
     for run in doc["runs"]:
-        out += run_lines(run)
+        out += run_lines(run, specs)
     return "\n".join(out).rstrip() + "\n"
 
 

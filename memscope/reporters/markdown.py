@@ -524,7 +524,7 @@ def _step_lines(report: dict[str, Any], steps: Any, max_rows: int) -> list[str]:
 
 
 #: The sections this reporter draws by hand, by renderer name; any other is drawn by
-#: :func:`_generic_lines` from its layout.
+#: :func:`generic_section_lines` from its layout.
 RENDERERS: dict[str, Callable[[dict[str, Any], Any, int], list[str]]] = {
     "oom": _oom_lines,
     "peak": _peak_lines,
@@ -540,13 +540,15 @@ RENDERERS: dict[str, Callable[[dict[str, Any], Any, int], list[str]]] = {
 }
 
 
-def _generic_lines(spec: SectionSpec, value: Any, max_rows: int) -> list[str]:
+def generic_section_lines(
+    spec: SectionSpec, value: Any, max_rows: int, heading: str = "##"
+) -> list[str]:
     """A section no renderer here knows, drawn from its layout (see
-    :mod:`memscope.reporters.section_views`)."""
+    :mod:`memscope.reporters.section_views`) under a ``heading`` (Markdown's ``#`` marks)."""
     view = section_view(spec, value, max_rows)
     if view is None:
         return []
-    lines = [f"## {md_text(view.title)}", ""]
+    lines = [f"{heading} {md_text(view.title)}", ""]
     if view.layout is SectionLayout.KEY_VALUES:
         lines += [f"- {md_text(key)}: {md_text(text)}" for key, text in view.rows]
         lines += [""] if view.rows else []
@@ -587,7 +589,7 @@ def render_runtime_markdown(report: dict[str, Any], max_rows: int = 20) -> str:
         if renderer is not None:
             lines += renderer(report, value, max_rows)
         else:
-            lines += _generic_lines(spec, value, max_rows)
+            lines += generic_section_lines(spec, value, max_rows)
     if report.get("errors"):
         lines += ["## Tracing errors (training was not affected)", ""]
         lines += md_table(

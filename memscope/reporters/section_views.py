@@ -62,6 +62,19 @@ class SectionView:
         }
 
 
+def column_value(row: Mapping[str, Any], key: str) -> Any:
+    """``row[key]``, or for a dotted key of a nested value (``measured.max_allocated``) the
+    value it names; ``None`` where there is none."""
+    if key in row:
+        return row[key]
+    value: Any = row
+    for part in key.split("."):
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(part)
+    return value
+
+
 def _columns(spec: SectionSpec, rows: list[Mapping[str, Any]]) -> tuple[Column, ...]:
     """The spec's columns, or every key of the rows in the order first seen."""
     if spec.columns:
@@ -79,15 +92,16 @@ def section_view(spec: SectionSpec, value: Any, max_rows: int) -> SectionView | 
     rows: list[list[str]] = []
     total, note = 0, ""
     if spec.layout is SectionLayout.KEY_VALUES and isinstance(value, Mapping):
-        pairs = [(c.title, c.kind, value.get(c.key)) for c in _columns(spec, [value])]
+        pairs = [(c.title, c.kind, column_value(value, c.key)) for c in _columns(spec, [value])]
         columns = (Column("key", ""), Column("value", ""))
         rows = [[title, cell_text(v, kind)] for title, kind, v in pairs]
         total = len(rows)
     elif spec.layout is SectionLayout.TABLE and isinstance(value, list):
         items = [row if isinstance(row, Mapping) else {"value": row} for row in value]
         shown = items[:max_rows]
-        columns = _columns(spec, shown)
-        rows = [[cell_text(row.get(c.key), c.kind) for c in columns] for row in shown]
+        columns = _columns(spec, shown) if shown else ()
+        note = "" if shown else "None."
+        rows = [[cell_text(column_value(row, c.key), c.kind) for c in columns] for row in shown]
         total = len(items)
     else:
         note = f"No generic view of this section: the JSON report has it under {spec.name}."

@@ -48,21 +48,6 @@ test("category bars of a diff: A and B side by side over the same categories", (
   assert.deepEqual(bars[1].y, [2, 1]);
 });
 
-test("log verdicts: within the band, or over/under by how much and what cannot explain it", () => {
-  assert.equal(V.verdictText({status: "within_band", band: 0.05}), "within ±5.0%");
-  assert.equal(V.verdictText({status: "under", error_bytes: -MIB, error_ratio: -0.1, cannot_explain: ["fp8"]}),
-    "under by -1.00 MiB (-10.0%); too small alone: fp8");
-  assert.equal(V.verdictText({status: "over", error_bytes: MIB, error_ratio: null, cannot_explain: []}), "over by +1.00 MiB");
-});
-
-test("log configuration and grid text", () => {
-  assert.equal(V.gridText({tp: 0, pp: 1}), "tp0 pp1");
-  assert.equal(V.gridText(null), "unknown");
-  const c = {origin: "log", where: "train.log", world_size: 8, world_origin: "ranks seen", layout: {tp: 2, pp: 4, sp: false, ep: null}};
-  assert.equal(V.configText(c), "From the log (train.log); world size 8 (ranks seen); tp 2, pp 4");
-  assert.equal(V.configText(null), "");
-});
-
 test("log bars: each stage's heaviest rank, then each OOM as held + requested", () => {
   const run = {stages: [{pp_rank: 0, rank: 1, measured_max_allocated_bytes: 3 * MIB, predicted_max_allocated_bytes: 2 * MIB}],
     ooms: [{rank: null, sizes: {allocated: MIB, requested: MIB}, estimate: {peak_bytes: 4 * MIB}},
@@ -76,12 +61,14 @@ test("log bars: each stage's heaviest rank, then each OOM as held + requested", 
   assert.deepEqual(V.logStageTraces([]).map(t => t.x), [[], []]);
 });
 
-test("log rank rows and OOM remedies", () => {
-  const run = {ranks: [{rank: 0, grid: {tp: 0}, iteration: 10, optimizer_steps: 9, measured: {allocated: MIB, max_allocated: 2 * MIB},
-    estimate: null, moment: "after step", verdict: null}]};
-  const row = V.logRankRows(run)[0];
-  assert.equal(row.grid, "tp0");
-  assert.equal(row.estimate, null);
-  assert.equal(row.verdict, "not estimated");
-  assert.deepEqual(V.logRemedyRows({remedies: [{name: "a", fits: true}, {name: "b", fits: false}]}).map(r => r.fit), ["yes", "no"]);
+test("log sections: only index entries whose renderer the registry has are called, in index order", () => {
+  const registry = {log_stages: 1, other: 2};
+  const entries = [{name: "configuration", title: "Configuration", layout: "key_values", rows: []},
+    {name: "stages", title: "Stages", renderer: "log_stages", value: []},
+    {name: "toy", title: "Toy", renderer: "not_on_this_page"},
+    {name: "extra", title: "Extra", renderer: "other"}];
+  assert.deepEqual(V.scriptedSections(entries, registry).map(e => e.name), ["stages", "extra"]);
+  assert.deepEqual(V.scriptedSections(entries, {}), []);
+  assert.deepEqual(V.scriptedSections([{name: "x", renderer: "toString"}], {}), []);
+  assert.equal(V.runPrefix(2), "run2-");
 });

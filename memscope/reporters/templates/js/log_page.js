@@ -1,45 +1,28 @@
-// The training-log page's wiring: one run at a time, chosen in the run selector.
+// The training-log page's wiring: one run at a time, chosen in the run selector. The template
+// lays out each run's sections from the report's sections index; a section whose spec names a
+// renderer is drawn by its function in LOG_SECTIONS, (run, entry, id prefix) -> void, when its
+// run is first shown (a chart drawn hidden would have no size).
 
-function drawStages(run) {
-  const bars = logBars(run);
-  setText("stages-note", bars.length ? "" : "no memory line and no out-of-memory message in this run");
-  document.getElementById("stages").style.display = bars.length ? "" : "none";
-  if (bars.length) plot("stages", logStageTraces(bars), Object.assign(layout("pipeline stage"), {barmode: "group"}));
-}
-
-function drawOoms(run) {
-  const ooms = document.getElementById("ooms");
-  ooms.textContent = "";
-  if (!run.ooms.length) ooms.appendChild(el("p", {className: "muted"}, "none in this run"));
-  run.ooms.forEach((o, i) => {
-    ooms.appendChild(el("div", {className: "banner bad"}, oomText(o)));
-    ooms.appendChild(el("p", {}, oomEstimateText(o)));
-    const t = el("table", {id: "oom-remedies-" + i});
-    ooms.appendChild(t);
-    table(t.id, LOG_REMEDY_COLUMNS, logRemedyRows(o));
-  });
-}
-
-function drawNotes(run) {
-  const notes = document.getElementById("notes");
-  notes.textContent = "";
-  run.notes.forEach(n => notes.appendChild(el("li", {}, n)));
-  if (!run.notes.length) notes.appendChild(el("li", {className: "muted"}, "none"));
-}
+const LOG_SECTIONS = {
+  log_stages(run, entry, prefix) {
+    const id = prefix + "stages-chart", bars = logBars(run);
+    if (!bars.length) {
+      document.getElementById(id).appendChild(el("p", {className: "muted"}, "no memory line and no out-of-memory message in this run"));
+      return;
+    }
+    plot(id, logStageTraces(bars), Object.assign(layout("pipeline stage"), {barmode: "group"}));
+  },
+};
 
 function showLogPage(D) {
-  const sel = document.getElementById("run");
+  const sel = document.getElementById("run"), drawn = new Set();
   D.runs.forEach((r, i) => sel.appendChild(el("option", {value: String(i)}, "run " + (r.index + 1))));
   const draw = () => {
-    const run = D.runs[Number(sel.value)];
-    setText("config", configText(run.config));
-    const err = document.getElementById("error");
-    err.textContent = "";
-    if (run.error) err.appendChild(el("div", {className: "banner bad"}, "Not explained: " + run.error));
-    drawStages(run);
-    table("ranks", LOG_RANK_COLUMNS, logRankRows(run));
-    drawOoms(run);
-    drawNotes(run);
+    const i = Number(sel.value);
+    D.runs.forEach((r, j) => { document.getElementById("run-" + j).hidden = j !== i; });
+    if (drawn.has(i)) return;
+    drawn.add(i);
+    scriptedSections(D.run_sections[i], LOG_SECTIONS).forEach(e => LOG_SECTIONS[e.renderer](D.runs[i], e, runPrefix(i)));
   };
   sel.addEventListener("change", draw);
   draw();
