@@ -34,8 +34,11 @@ def test_compiled_native_cross_entropy_backward_holds_one_more_fp32_logits():
     compiled = ce.measure(SEQ, BATCH, VOCAB, compiled=True)
     eager = ce.measure(SEQ, BATCH, VOCAB, compiled=False)
     fp32_logits = SEQ * BATCH * VOCAB * 4
-    # the forward is the same both ways: the fp32 softmax it keeps, nothing extra
-    assert compiled.kept == eager.kept and compiled.forward_peak == eager.forward_peak
+    # the forward is the same both ways: the fp32 softmax it keeps, nothing logits-sized extra
+    # (within 1 KiB: one CI run saw the compiled forward keep one more 1,024-byte block, a
+    # bookkeeping allocation of the compiled graph, not a tensor of the loss)
+    assert abs(compiled.kept - eager.kept) <= 1024
+    assert abs(compiled.forward_peak - eager.forward_peak) <= 1024
     assert fp32_logits <= compiled.kept < 1.05 * fp32_logits
     # eager: the gradient is made in place in the saved softmax, then cast to bf16 (half of
     # the fp32 size); compiled: a new fp32 buffer for it first
