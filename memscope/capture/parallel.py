@@ -7,7 +7,6 @@ environment). Framework adapters fill in their own grid (Megatron's ``parallel_s
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -59,11 +58,3 @@ def process_parallel_info() -> ParallelInfo:
     info.local_rank = as_int(os.environ.get("LOCAL_RANK"), 0) or 0
     info.dp_size = info.world_size
     return info
-
-
-def package_version(name: str) -> str | None:
-    """The installed version of distribution ``name``, if any."""
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None

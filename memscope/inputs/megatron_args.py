@@ -11,11 +11,11 @@ precision and optimizer, and the batch and memory-saving settings, each in its o
 
 from __future__ import annotations
 
-import importlib.metadata
 import math
 from dataclasses import replace
 from typing import Any
 
+from memscope._version import package_version
 from memscope.analysis.static.config import (
     UNSUPPORTED,
     ModelSpec,
@@ -174,21 +174,14 @@ def _model_spec(args: Any, num_layers: int, seq: int, vocab: int) -> ModelSpec:
         bias_activation_fusion=_bias_activation_fusion(args),
         masked_softmax_fusion=get_flag(args, "masked_softmax_fusion", True),
         rope_fusion=get_flag(args, "apply_rope_fusion", True),
-        megatron_core_version=_installed_megatron_core(),
+        # the release that builds the model where the spec is read in the run
+        # (analysis/static/megatron_versions.py); None when absent
+        megatron_core_version=package_version("megatron-core"),
         attention_softmax_in_fp32=get_flag(args, "attention_softmax_in_fp32")
         or get_flag(args, "apply_query_key_layer_scaling"),
         attention_dropout=get_float(args, "attention_dropout", 0.1, 0.0, 1.0),
         **expert_fields(args, num_layers),
     )
-
-
-def _installed_megatron_core() -> str | None:
-    """The installed megatron-core's version: the one that builds the model where the spec is
-    read in the run (analysis/static/megatron_versions.py); None when absent."""
-    try:
-        return importlib.metadata.version("megatron-core")
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def _query_groups(args: Any) -> int | None:

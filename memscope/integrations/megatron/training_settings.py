@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from memscope.capture.parallel import ParallelInfo, package_version
+from memscope._version import package_version
+from memscope.capture.parallel import ParallelInfo
 
 #: ``training.static_spec`` when the static comparison's spec is built from the run's args.
 SPEC_FROM_ARGS = "this run's Megatron args"
