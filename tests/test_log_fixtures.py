@@ -50,3 +50,46 @@ def test_moe_log_rank_zero_place_moment_and_verdict():
     verdict = row["verdict"]
     assert verdict["status"] == "within_band" and abs(verdict["error_ratio"]) <= verdict["band"]
     assert run["stages"][0]["status"] == "within_band"
+
+
+FIVE_RUNS_LOG = DATA / "gpt2_345m_fp16_five_runs_pp4_tp2pp2.log"
+
+
+def test_five_published_runs_in_one_file_are_five_runs_with_their_own_layouts():
+    """liguodongiot/llm-action pastes five GPT-2 345M runs one after the other (1 GPU, DP 4,
+    TP 2 x PP 2, TP 4, PP 4): each arguments block starts a run, each run has the layout its
+    own block says, and the single-GPU run, which printed no memory line, says so."""
+    runs = analyze_logs([str(FIVE_RUNS_LOG)])["runs"]
+    assert len(runs) == 5
+    assert runs[0]["ranks"] == [] and "memory (MB)" in runs[0]["error"]
+    layouts = [(r["config"]["layout"]["tp"], r["config"]["layout"]["pp"],
+                r["config"]["layout"]["dp"]) for r in runs[1:]]  # fmt: skip
+    assert layouts == [(1, 1, 4), (2, 2, 1), (4, 1, 1), (1, 4, 1)]
+    # every rank the log printed, once, in its run
+    assert [sorted(r["rank"] for r in run["ranks"]) for run in runs[1:]] == [
+        [0], [0, 1, 2, 3], [0, 1, 2, 3], [0, 1, 2, 3]]  # fmt: skip
+
+
+def test_pipeline_ranks_of_the_published_runs_sit_on_their_stages():
+    runs = analyze_logs([str(FIVE_RUNS_LOG)])["runs"]
+    tp2pp2 = {r["rank"]: (r["grid"]["tp"], r["grid"]["pp"]) for r in runs[2]["ranks"]}
+    assert tp2pp2 == {0: (0, 0), 1: (1, 0), 2: (0, 1), 3: (1, 1)}  # tp fastest
+    pp4 = {r["rank"]: r["grid"]["pp"] for r in runs[4]["ranks"]}
+    assert pp4 == {0: 0, 1: 1, 2: 2, 3: 3}
+    assert [s["pp_rank"] for s in runs[4]["stages"]] == [0, 1, 2, 3]
+    by_stage = {r["grid"]["pp"]: r for r in runs[4]["ranks"]}
+    # measured, as printed: the first stage holds the most micro-batches in flight
+    assert by_stage[0]["measured"]["max_allocated"] == round(7643.34033203125 * MIB)
+    measured = [by_stage[p]["measured"]["max_allocated"] for p in range(4)]
+    assert measured[0] == max(measured)
+    estimated = [by_stage[p]["estimate"]["max_allocated_bytes"] for p in range(4)]
+    assert estimated[0] == max(estimated)  # the estimate agrees on the heaviest stage
+
+
+def test_skipped_iterations_of_each_published_run_set_its_real_steps():
+    """fp16 runs: the loss scaler skipped 16 (DP 4) and 15 (the others) of the first 100
+    iterations, printed on the iteration-100 line just before the memory lines."""
+    runs = analyze_logs([str(FIVE_RUNS_LOG)])["runs"]
+    steps = [{r["optimizer_steps"] for r in run["ranks"]} for run in runs[1:]]
+    assert steps == [{84}, {85}, {85}, {85}]
+    assert {r["iteration"] for run in runs[1:] for r in run["ranks"]} == {100}

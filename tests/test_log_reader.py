@@ -397,3 +397,92 @@ def test_an_old_memory_line_without_its_rank_is_rank_zeros(tmp_path):
     assert [(m.rank, m.iteration, m.max_allocated_mb) for m in run.memory] == [
         (0, 5, 12606.06201171875)]  # fmt: skip
     assert [(i.iteration, i.skipped) for i in run.iterations] == [(5, 5)]
+
+
+def test_a_command_continued_with_backslashes_is_one_command_line(tmp_path):
+    """A launch script echoed into the log (``cat $0``, a pasted sbatch file): its command
+    runs over lines ending in a backslash, flag lines holding none of the reader's words
+    (gnosia93/slurm-on-aws's 70B lesson pastes one so). The parts are one command line;
+    a comment after the last part is not in it."""
+    lines = [
+        "#SBATCH --nodes=4",
+        "srun torchrun --nproc_per_node=8 \\",
+        "  --nnodes=2 \\",
+        "  --rdzv_backend=c10d \\",
+        "  pretrain_gpt.py \\",
+        "    --tensor-model-parallel-size 4 \\",
+        "    --pipeline-model-parallel-size 4 \\",
+        "    --num-layers 80 \\",
+        "    --recompute-granularity full \\",
+        "    --log-interval 1",
+        "",
+        "#   --data-path /fsx/data/my-dataset_text_document \\",
+        "#   --num-layers 2",
+        MEMORY.format(rank=0, it=1),
+    ]
+    run = read_file_runs(_write(tmp_path / "log", lines))[0]
+    assert run.command is not None and run.command_where.endswith(":2")
+    assert run.command["tensor_model_parallel_size"] == "4"
+    assert run.command["num_layers"] == "80" and run.command["log_interval"] == "1"
+    assert run.command["recompute_granularity"] == "full" and "data_path" not in run.command
+    assert run.launcher_world_size == 16  # torchrun's 8 per node x 2 nodes, from part 1-2
+    assert [m.rank for m in run.memory] == [0]
+
+
+def test_a_log_ending_inside_a_continued_command_still_reads_it(tmp_path):
+    lines = [MEMORY.format(rank=0, it=1), "[default0]:pretrain_gpt.py --num-layers 2 \\",
+             "[default0]:  --hidden-size 64 \\"]  # fmt: skip
+    run = read_file_runs(_write(tmp_path / "log", lines))[0]
+    assert run.command == {"num_layers": "2", "hidden_size": "64"}
+
+
+def test_a_runaway_continuation_is_dropped_and_counted(tmp_path, monkeypatch):
+    monkeypatch.setattr(training_log, "MAX_JOINED_BYTES", 64)
+    lines = ["pretrain_gpt.py --num-layers 2 \\"] + ["  --hidden-size 64 \\"] * 20
+    lines += ["  --bf16", MEMORY.format(rank=0, it=1)]
+    run = read_file_runs(_write(tmp_path / "log", lines))[0]
+    assert run.command is None and run.cut_lines == 1 and len(run.memory) == 1
+
+
+def test_a_2020_memory_line_with_cached_for_reserved_is_read(tmp_path):
+    """Megatron-LM of 2019-20 on torch < 1.4 printed ``cached`` / ``max cached`` (a log
+    pasted in a blog on DeepSpeedExamples' Megatron-LM, GPT-2 345M on one GPU)."""
+    lines = [
+        "using world size: 1 and model-parallel size: 1 ",
+        " iteration      100/  320000 | elapsed time per iteration (ms): 963.3 | learning rate "
+        "3.937E-06 | lm loss 8.995377E+00 | loss scale 131072.0 |",
+        "after 100 iterations memory (MB) | allocated: 6784.88427734375 | max allocated: "
+        "11927.470703125 | cached: 13826.0 | max cached: 13826.0",
+    ]
+    run = read_file_runs(_write(tmp_path / "log", lines))[0]
+    assert [(m.rank, m.iteration, m.max_allocated_mb, m.reserved_mb, m.max_reserved_mb)
+            for m in run.memory] == [(0, 100, 11927.470703125, 13826.0, 13826.0)]  # fmt: skip
+    assert run.world_size == 1
+
+
+BRIDGE = (
+    "[Rank {rank}] (after 2 iterations) memory (GB) | mem-allocated-gigabytes: 63.66 | "
+    "mem-active-gigabytes: 63.66 | mem-inactive-gigabytes: 20.563 | mem-reserved-gigabytes: "
+    "182.2 | mem-max-allocated-gigabytes: 153.4 | mem-max-active-gigabytes: 169.96 | "
+    "mem-max-inactive-gigabytes: 32.473 | mem-max-reserved-gigabytes: 182.2 | "
+    "mem-alloc-retires: 0 | mem-allocated-count: 507"
+)
+
+
+def test_a_megatron_bridge_memory_line_in_decimal_gigabytes_is_read(tmp_path):
+    """Megatron-Bridge's report_memory prints ``torch.cuda.memory_stats()`` in GB of 10**9
+    bytes (train_utils.py: ``memory_stats[...] / 1.0e9``); the reader keeps MB of 2**20."""
+    lines = [
+        "p4_v2_perf/0 " + BRIDGE.format(rank=1),
+        "[default2]:" + BRIDGE.format(rank=2),
+        # custom memory_keys without the four figures: not a memory report
+        "[Rank 3] (after 2 iterations) memory (GB) | mem-allocated-gigabytes: 1.5",
+    ]
+    run = read_file_runs(_write(tmp_path / "log", lines))[0]
+    mib = 2**20
+    assert [m.rank for m in run.memory] == [1, 2]
+    first = run.memory[0]
+    assert first.iteration == 2
+    assert round(first.max_allocated_mb * mib) == 153_400_000_000
+    assert round(first.allocated_mb * mib) == 63_660_000_000
+    assert round(first.reserved_mb * mib) == round(first.max_reserved_mb * mib) == 182_200_000_000

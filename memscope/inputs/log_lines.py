@@ -6,7 +6,10 @@ Each pattern follows the code that prints the line (sources in docs/analyze-log.
   ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE`` such as ``[rank3]:``; ``srun --label``'s ``3: ``
   (global task id); ``[host:rank]:`` wrappers; pdsh's ``host: ``; timestamps;
 * ``report_memory`` (megatron/training/utils.py): ``[Rank N] (after K iterations) memory (MB)
-  | allocated: X | max allocated: X | reserved: X | max reserved: X``;
+  | allocated: X | max allocated: X | reserved: X | max reserved: X`` (Megatron-LM of 2019-20,
+  on torch < 1.4: ``cached`` / ``max cached`` for reserved); Megatron-Bridge's ``report_memory``
+  (src/megatron/bridge/training/utils/train_utils.py): ``... memory (GB) | mem-allocated-gigabytes:
+  X | ...``, ``torch.cuda.memory_stats()`` in GB of 10**9 bytes;
 * ``report_theoretical_memory`` (megatron/training/theoretical_memory_usage.py);
 * ``training_log``'s iteration line (megatron/training/training.py), with the number of
   iterations the loss scaler skipped in the interval;
@@ -35,7 +38,7 @@ _PREFIX = re.compile(
 #: Words one of which every line the reader uses holds (searched in the raw bytes: a line
 #: without any is not even decoded).
 KEYWORDS = re.compile(
-    rb"memory \(MB\)|iteration|out of memory|Theoretical|world size|padded vocab|\.py|arguments"
+    rb"memory \([MG]B\)|iteration|out of memory|Theoretical|world size|padded vocab|\.py|arguments"
     rb"|_ARGS: --"
 )
 MAX_PREFIXES = 4  # prefixes removed from one line, at most
@@ -78,9 +81,21 @@ def untag(line: str) -> Tagged:
 _NUM = r"([-+]?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)"
 MEMORY = re.compile(
     r"(?:\[Rank (?P<rank>\d+)\] )?\(?after (?P<iteration>\d+) iterations\)? memory \(MB\)"
-    rf" \| allocated: {_NUM} \| max allocated: {_NUM} \| reserved: {_NUM}"
-    rf" \| max reserved: {_NUM}"
+    rf" \| allocated: {_NUM} \| max allocated: {_NUM} \| (?:reserved|cached): {_NUM}"
+    rf" \| max (?:reserved|cached): {_NUM}"
 )
+# Megatron-Bridge: "[Rank 1] (after 2 iterations) memory (GB) | mem-allocated-gigabytes: 63.66 |
+# mem-active-gigabytes: ... | mem-max-allocated-gigabytes: 153.4 | ..." (its memory_keys choose
+# the fields; bytes / 1e9 rounded to 5 significant digits)
+MEMORY_GB = re.compile(
+    r"(?:\[Rank (?P<rank>\d+)\] )?\(after (?P<iteration>\d+) iterations\) memory \(GB\)"
+    r"(?P<fields>(?: \| [\w-]+: [^|\s]+)+)"
+)
+_GB_FIELD = re.compile(rf"\| ([\w-]+): {_NUM}")
+#: The Bridge fields that are report_memory's four figures, in its order.
+GB_FIELDS = ("mem-allocated-gigabytes", "mem-max-allocated-gigabytes", "mem-reserved-gigabytes",
+             "mem-max-reserved-gigabytes")  # fmt: skip
+_GB_IN_MB = 1e9 / 2**20
 THEORETICAL = re.compile(
     rf"Theoretical memory footprints: weight and optimizer={_NUM} MB"
     rf"(?:, activation={_NUM} MB, total={_NUM} MB)?"
@@ -125,3 +140,33 @@ def size_bytes(match: re.Match[str] | None) -> int | None:
         return None
     groups = [g for g in match.groups() if g is not None]
     return int(float(groups[0]) * _UNITS[groups[1]])
+
+
+@dataclass(frozen=True)
+class MemoryReading:
+    """One memory report found in a line: MB (2**20 bytes) whatever unit it was printed in."""
+
+    rank: int | None  # from ``[Rank N]``; None when the line does not say
+    iteration: int
+    allocated_mb: float
+    max_allocated_mb: float
+    reserved_mb: float
+    max_reserved_mb: float
+
+
+def memory_readings(text: str) -> list[MemoryReading]:
+    """Every memory report in ``text`` (ranks printing at once can share a line); a Bridge
+    line without one of the four figures (custom ``memory_keys``) is not one."""
+    out = []
+    for m in MEMORY.finditer(text):
+        rank = int(m.group("rank")) if m.group("rank") is not None else None
+        values = [float(m.group(i)) for i in range(3, 7)]
+        out.append(MemoryReading(rank, int(m.group("iteration")), *values))
+    for m in MEMORY_GB.finditer(text):
+        fields = dict(_GB_FIELD.findall(m.group("fields")))
+        if not all(name in fields for name in GB_FIELDS):
+            continue
+        rank = int(m.group("rank")) if m.group("rank") is not None else None
+        gb = [float(fields[name]) * _GB_IN_MB for name in GB_FIELDS]
+        out.append(MemoryReading(rank, int(m.group("iteration")), *gb))
+    return out

@@ -28,6 +28,8 @@ from memscope.inputs import log_lines as L
 MAX_LOG_BYTES = 64 * 2**30
 #: Longest line kept whole (a longer one is cut: no memory line comes near it).
 MAX_LINE_BYTES = 1 << 20
+#: Longest command held together from lines continued with a backslash.
+MAX_JOINED_BYTES = 1 << 20
 #: Lines of an arguments block (Megatron prints about 500-900).
 MAX_ARG_LINES = 20_000
 #: Records kept per run (memory lines, iteration lines, out-of-memory messages).
@@ -174,7 +176,8 @@ def read_file_runs(path: str) -> list[LogRun]:
     reader = _Reader(path)
     wanted = L.KEYWORDS.search
     for number, raw in enumerate(_lines(path), 1):
-        if reader.block is None and raw is not CUT and not wanted(raw):
+        idle = reader.block is None and reader.held is None and not reader.dropping
+        if idle and raw is not CUT and not wanted(raw) and not raw.endswith(CONTINUED):
             continue  # nothing the reader uses: not even decoded
         line = "\x00cut" if raw is CUT else raw.decode("utf-8", errors="replace").rstrip("\r\n")
         reader.feed(line, number)
@@ -182,6 +185,7 @@ def read_file_runs(path: str) -> list[LogRun]:
 
 
 CUT = b"\x00cut"  # what _decoded yields for a line over MAX_LINE_BYTES
+CONTINUED = (b"\\\n", b"\\\r\n", b"\\ \n", b"\\")  # a line a backslash continues
 
 
 def _lines(path: str) -> Iterator[bytes]:
@@ -238,6 +242,10 @@ class _Reader:
         self.block: dict[str, str] | None = None
         self.block_tag = ""
         self.block_start = 0
+        self.held: list[str] | None = None  # the parts of a line continued with a backslash
+        self.held_from: tuple[L.Tagged, int] = (L.Tagged("", "", None), 0)
+        self.held_size = 0
+        self.dropping = False
         name = os.path.basename(path)  # FlagScale's host_{node_rank}_{host}.output
         self.node = _node_order(name)[0] if name.startswith("host_") else None
 
@@ -256,16 +264,51 @@ class _Reader:
             self.run.cut_lines += 1
             return
         tagged = L.untag(line)
-        text = tagged.text
         if self.block is not None:
             self._block_line(tagged, number)
             return
+        joined = self._joined(tagged, number)
+        if joined is None:
+            return  # a part of a continued line, held
+        tagged, number = joined
+        text = tagged.text
         if L.ARGS_START in text:
             if self.run.trained or self.run.args is not None:
                 self._new_run()
             self.block, self.block_tag, self.block_start = {}, tagged.tag, number
             return
         self._content(tagged, number)
+
+    def _joined(self, tagged: L.Tagged, number: int) -> tuple[L.Tagged, int] | None:
+        """A command continued over lines with a trailing backslash (a launch script echoed
+        into the log, ``cat $0``) as one line: its parts are held until the line that does not
+        continue (at most :data:`MAX_JOINED_BYTES` of them, else they are dropped and counted)."""
+        text = tagged.text.rstrip()
+        continues = text.endswith("\\")
+        if self.dropping:  # the rest of a command too long to hold
+            self.dropping = continues
+            return None
+        if self.held is None:
+            if not continues:
+                return tagged, number
+            self.held, self.held_from, self.held_size = [], (tagged, number), 0
+        part = text[:-1].strip() if continues else text.strip()
+        self.held.append(part)
+        self.held_size += len(part) + 1
+        if self.held_size > MAX_JOINED_BYTES:
+            self.held, self.dropping = None, continues
+            self.run.cut_lines += 1
+            return None
+        if continues:
+            return None
+        return self._release()
+
+    def _release(self) -> tuple[L.Tagged, int]:
+        assert self.held is not None
+        first, number = self.held_from
+        text = " ".join(part for part in self.held if part)
+        self.held = None
+        return L.Tagged(text, first.tag, first.rank), number
 
     def _block_line(self, tagged: L.Tagged, number: int) -> None:
         assert self.block is not None
@@ -290,7 +333,7 @@ class _Reader:
     def _content(self, tagged: L.Tagged, number: int) -> None:
         """One line outside an arguments block (a cheap substring test picks the pattern)."""
         text = tagged.text
-        if "memory (MB)" in text:
+        if "memory (MB)" in text or "memory (GB)" in text:
             self._memory(tagged, number)
         elif "iteration" in text and "|" in text:
             self._iteration(text)
@@ -301,17 +344,15 @@ class _Reader:
             self._other(text, number)
 
     def _memory(self, tagged: L.Tagged, number: int) -> None:
-        text, run = tagged.text, self.run
-        for mem in L.MEMORY.finditer(text):  # ranks printing at once can share a line
-            rank = mem.group("rank")
-            rank_n = int(rank) if rank is not None else tagged.rank
-            if rank_n is None and not tagged.tag:
-                rank_n = 0  # old Megatron-LM printed it without [Rank N], from rank 0
-            if rank_n is not None:
-                a, ma, r, mr = (float(mem.group(i)) for i in range(3, 7))
-                where = self._where(number)
-                line = MemoryLine(rank_n, int(mem.group("iteration")), a, ma, r, mr, where)
-                self._keep(run.memory, line)
+        for mem in L.memory_readings(tagged.text):  # ranks printing at once can share a line
+            rank = mem.rank if mem.rank is not None else tagged.rank
+            if rank is None and not tagged.tag:
+                rank = 0  # old Megatron-LM printed it without [Rank N], from rank 0
+            if rank is not None:
+                figures = (mem.allocated_mb, mem.max_allocated_mb, mem.reserved_mb,
+                           mem.max_reserved_mb)  # fmt: skip
+                line = MemoryLine(rank, mem.iteration, *figures, self._where(number))
+                self._keep(self.run.memory, line)
 
     def _iteration(self, text: str) -> None:
         m = L.ITERATION.search(text)
@@ -375,6 +416,9 @@ class _Reader:
             self.run.dropped += 1
 
     def finish(self) -> list[LogRun]:
+        if self.held is not None:  # the log ends inside a continued line
+            tagged, number = self._release()
+            self._content(tagged, number)
         if self.block is not None:
             raise InputRefused(
                 f"{self._where(self.block_start)}: the arguments block has no "
