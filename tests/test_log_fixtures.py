@@ -5,6 +5,7 @@ worked out by hand from the log's own lines."""
 from __future__ import annotations
 
 import pathlib
+import re
 
 from memscope.cli.analyze_log_cmd import analyze_logs
 
@@ -93,3 +94,20 @@ def test_skipped_iterations_of_each_published_run_set_its_real_steps():
     steps = [{r["optimizer_steps"] for r in run["ranks"]} for run in runs[1:]]
     assert steps == [{84}, {85}, {85}, {85}]
     assert {r["iteration"] for run in runs[1:] for r in run["ranks"]} == {100}
+
+
+def test_every_fixture_names_its_published_source_and_license():
+    """A fixture is an excerpt of a published log: its first line names the GitHub file at a
+    commit, and the folder's README lists it with the source's license."""
+    readme = (DATA / "README.md").read_text(encoding="utf-8")
+    rows = {line.split("|")[1].strip().strip("`"): line for line in readme.splitlines()
+            if line.startswith("| `")}  # fmt: skip
+    fixtures = sorted(DATA.glob("*.log"))
+    assert fixtures and {f.name for f in fixtures} == set(rows)
+    for fixture in fixtures:
+        first = fixture.read_text(encoding="utf-8").splitlines()[0]
+        m = re.match(r"# SOURCE: https://github\.com/([\w.-]+/[\w.-]+)/blob/([0-9a-f]{40})/", first)
+        assert m, f"{fixture.name}: no '# SOURCE: https://github.com/owner/repo/blob/<commit>/'"
+        row = rows[fixture.name]
+        assert m.group(1) in row and m.group(2)[:7] in row, f"{fixture.name}: README row"
+        assert row.rstrip().rstrip("|").split("|")[-1].strip(), f"{fixture.name}: no license"

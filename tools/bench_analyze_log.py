@@ -46,7 +46,7 @@ def rows() -> list[dict[str, Any]]:
     from memscope.cli.analyze_log_cmd import analyze_logs
 
     out = []
-    for name in sorted(os.listdir(FIXTURES)):
+    for name in sorted(n for n in os.listdir(FIXTURES) if n.endswith(".log")):  # not README.md
         path = os.path.join(FIXTURES, name)
         doc = analyze_logs([path], **fixture_options(path))
         for run in doc["runs"]:
