@@ -486,3 +486,27 @@ def test_a_megatron_bridge_memory_line_in_decimal_gigabytes_is_read(tmp_path):
     assert round(first.max_allocated_mb * mib) == 153_400_000_000
     assert round(first.allocated_mb * mib) == 63_660_000_000
     assert round(first.reserved_mb * mib) == round(first.max_reserved_mb * mib) == 182_200_000_000
+
+
+def test_a_shard_count_contradicting_the_command_line_is_noted(tmp_path):
+    """A log whose echoed command is not what ran (gnosia93/slurm-on-aws's 70B lesson pastes a
+    PP 4 script above a PP 8 run's output): Megatron's printed shard count disagrees with the
+    one the configuration gives, and the run says so. A count that agrees adds no note."""
+    from memscope.cli.analyze_log_cmd import analyze_logs
+    from memscope.inputs.log_document import megatron_shard_params
+
+    command = ("torchrun --nproc_per_node 4 pretrain_gpt.py --num-layers 8 --hidden-size 256 "
+               "--num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 "
+               "--micro-batch-size 1 --global-batch-size 4 --pipeline-model-parallel-size 2 "
+               "--tensor-model-parallel-size 2 --bf16 --vocab-size 1000")  # fmt: skip
+    first = _write(tmp_path / "a", [command, MEMORY.format(rank=0, it=2)])
+    spec = run_spec(read_file_runs(first)[0]).spec
+    ours = megatron_shard_params(spec) / 1e9
+    notes = {}
+    for name, printed in (("agrees", ours), ("half", ours / 2)):
+        shard = f"Number of parameters in most loaded shard in billions: {printed:.4f}"
+        log = _write(tmp_path / name, [command, shard, MEMORY.format(rank=0, it=2)])
+        notes[name] = [n for n in analyze_logs([log])["runs"][0]["notes"] if "shard" in n]
+    assert notes["agrees"] == []
+    assert len(notes["half"]) == 1 and "probably not the one that ran" in notes["half"][0]
+    assert "command line" in notes["half"][0]

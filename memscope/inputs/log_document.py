@@ -12,6 +12,7 @@ from typing import Any
 from memscope.analysis.log_check import DEFAULT_ORDER, check_oom, check_rank, optimizer_steps
 from memscope.analysis.log_sections import add_section_values, sections_index
 from memscope.analysis.static.config import TrainingSpec
+from memscope.analysis.static.params import RankPosition, rank_params
 from memscope.events.sections import INDEX_KEY
 from memscope.inputs.log_spec import RunSpec, run_args, run_spec
 from memscope.inputs.training_log import LogRun, MemoryLine, OomMessage, log_files
@@ -20,6 +21,10 @@ MIB = 2**20
 #: What explaining a run may raise: the readers' and estimator's one-line ValueError, and a
 #: safety net for values no check foresaw (as inputs/megatron_args.py keeps one).
 UNEXPLAINED = (ValueError, ArithmeticError, LookupError, TypeError)
+#: How far Megatron's own parameter count may be from the configuration's before the log is
+#: said not to describe the run (its formula leaves out biases, norms and position
+#: embeddings: a few percent; a configuration other than the one that ran is off by far more).
+SHARD_PARAMS_TOLERANCE = 0.10
 
 
 def _reason(exc: Exception) -> str:
@@ -61,6 +66,40 @@ def _layout(spec: TrainingSpec) -> dict[str, Any]:
         "num_experts": spec.model.num_experts, "seq_length": spec.model.seq_length,
         "vocab_size": spec.model.vocab_size,
     }  # fmt: skip
+
+
+def megatron_shard_params(spec: TrainingSpec) -> float:
+    """The parameters Megatron's ``report_theoretical_memory`` says its most loaded shard holds
+    (theoretical_memory_usage.py, ``compute_weight_and_optimizer_memory``: the transformer
+    block over ``pp``, plus one embedding, over ``tp``; plus the output layer when untied and
+    ``pp == 1``), worked out from the configuration's own per-rank tensors."""
+    m, p = spec.model, spec.parallel
+    body = 0
+    for stage in range(p.pp):
+        tensors = rank_params(spec, RankPosition(tp_rank=0, pp_rank=stage))
+        body += sum(t.numel for t in tensors
+                    if not t.embedding_or_output and "embedding." not in t.name)  # fmt: skip
+    embedding = m.vocab_size * m.hidden_size / p.tp
+    extra = embedding if not m.tie_embeddings and p.pp == 1 else 0.0
+    return body / p.pp + embedding + extra
+
+
+def shard_params_note(run: LogRun, spec: TrainingSpec) -> str | None:
+    """A note when Megatron's printed parameter count contradicts the configuration read: the
+    log's configuration (a pasted script, an edited command) is then not the one that ran.
+    Not checked for MoE or MTP models, whose count Megatron's formula makes differently (all
+    experts, the whole MTP block on every shard)."""
+    if run.shard_params_b is None or spec.model.num_experts or spec.model.mtp_num_layers:
+        return None
+    ours = megatron_shard_params(spec) / 1e9
+    if ours <= 0 or abs(run.shard_params_b - ours) <= SHARD_PARAMS_TOLERANCE * ours:
+        return None
+    return (
+        f"Megatron printed {run.shard_params_b:.4f} B parameters on its most loaded shard; "
+        f"the configuration read ({run_args(run)[1]}) gives {ours:.4f} B: the log's "
+        "configuration is probably not the one that ran, so its estimates and verdicts are "
+        "not about this run"
+    )
 
 
 def _latest_lines(run: LogRun) -> list[MemoryLine]:
@@ -106,6 +145,9 @@ def explain_run(
     # every key of an arguments block is a Megatron argument: "unknown key" notes are noise
     dump = rs.origin == "arguments block"
     out["notes"] += [n for n in rs.notes if not (dump and "not a Megatron argument" in n)]
+    mismatch = shard_params_note(run, spec)
+    if mismatch is not None:
+        out["notes"].append(mismatch)
     iterations = [(i.iteration, i.skipped) for i in run.iterations]
     for line in _latest_lines(run):
         steps, note = optimizer_steps(line.iteration, iterations)

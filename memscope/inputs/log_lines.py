@@ -39,7 +39,7 @@ _PREFIX = re.compile(
 #: without any is not even decoded).
 KEYWORDS = re.compile(
     rb"memory \([MG]B\)|iteration|out of memory|Theoretical|world size|padded vocab|\.py|arguments"
-    rb"|_ARGS: --"
+    rb"|_ARGS: --|most loaded shard"
 )
 MAX_PREFIXES = 4  # prefixes removed from one line, at most
 
@@ -100,6 +100,8 @@ THEORETICAL = re.compile(
     rf"Theoretical memory footprints: weight and optimizer={_NUM} MB"
     rf"(?:, activation={_NUM} MB, total={_NUM} MB)?"
 )
+# report_theoretical_memory's parameter count of the first stage's tensor-parallel shard
+SHARD_PARAMS = re.compile(rf"Number of parameters in most loaded shard in billions: *{_NUM}")
 ITERATION = re.compile(r"\biteration\s+(\d+)/\s*(\d+) \|")
 SKIPPED = re.compile(r"number of skipped iterations:\s*(\d+)")
 ARGS_START = "------------------------ arguments ------------------------"

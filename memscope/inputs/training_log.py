@@ -101,6 +101,7 @@ class LogRun:
     memory: list[MemoryLine] = field(default_factory=list)
     iterations: list[IterationLine] = field(default_factory=list)
     theoretical: Theoretical | None = None
+    shard_params_b: float | None = None  # "Number of parameters in most loaded shard" (1e9)
     ooms: list[OomMessage] = field(default_factory=list)
     dropped: int = 0  # records over MAX_RECORDS (counted, not kept)
     cut_lines: int = 0  # lines longer than MAX_LINE_BYTES
@@ -116,7 +117,7 @@ class LogRun:
     def merge(self, other: LogRun) -> None:
         """Add what another node's file printed for the same run."""
         for name in ("args", "command", "launcher_world_size", "world_size", "unpadded_vocab",
-                     "theoretical"):  # fmt: skip
+                     "theoretical", "shard_params_b"):  # fmt: skip
             if getattr(self, name) is None and getattr(other, name) is not None:
                 setattr(self, name, getattr(other, name))
         self.args_where = self.args_where or other.args_where
@@ -375,6 +376,10 @@ class _Reader:
             run.theoretical = Theoretical(
                 float(m.group(1)), float(act) if act else None, float(total) if total else None
             )
+            return
+        m = L.SHARD_PARAMS.search(text) if "most loaded shard" in text else None
+        if m is not None:
+            run.shard_params_b = float(m.group(1))
             return
         m = L.WORLD.search(text) if "world size" in text else None
         if m is not None:  # printed just before the arguments block: a next run's first line
