@@ -129,3 +129,24 @@ def test_megatrons_printed_shard_count_agrees_with_the_configuration_read():
         assert abs(ours - printed) <= 0.005 * printed
         notes = analyze_logs([str(DATA / name)], vocab_size=vocab)["runs"][0]["notes"]
         assert not [n for n in notes if "most loaded shard" in n]
+
+
+HOST_PREFIX_LOG = DATA / "dense_1.7b_bf16_dp252_distopt_hostprefix.log"
+
+
+def test_a_252_gpu_log_with_host_prefixes_and_only_a_command_line_is_explained():
+    """open-sci-ref's 1.7B run on 63 x 4 GPUs (OpenEuroLLM/notebooks): a bare
+    ``pretrain_gpt.py --flags`` line, ``[host:N]:`` prefixes, the world size from --world-size
+    (the command has no torchrun); the distributed optimizer shards over DP 252."""
+    run = analyze_logs([str(HOST_PREFIX_LOG)], world_size=252, vocab_size=50277)["runs"][0]
+    config = run["config"]
+    assert config["origin"] == "command line" and config["world_origin"] == "--world-size"
+    layout = config["layout"]
+    assert (layout["tp"], layout["pp"], layout["dp"]) == (1, 1, 252)
+    assert layout["distributed_optimizer"] and layout["vocab_size"] == 50304
+    (row,) = run["ranks"]
+    assert row["rank"] == 0 and row["iteration"] == 50 and row["optimizer_steps"] == 50
+    assert row["measured"]["max_allocated"] == round(50277.15625 * MIB)
+    # the last rank (251) printed the iteration lines under "[lrdn3321:3]:": that 3 is no
+    # global rank, and the run says so
+    assert [n for n in run["notes"] if "not global ranks" in n]

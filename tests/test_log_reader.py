@@ -510,3 +510,28 @@ def test_a_shard_count_contradicting_the_command_line_is_noted(tmp_path):
     assert notes["agrees"] == []
     assert len(notes["half"]) == 1 and "probably not the one that ran" in notes["half"][0]
     assert "command line" in notes["half"][0]
+
+
+def test_prefix_numbers_that_are_no_global_ranks_do_not_place_an_oom(tmp_path):
+    """The last rank prints the iteration lines: when their ``[host:N]:`` prefix says another
+    number than world size - 1 (a wrapper printing the rank within the node, as
+    OpenEuroLLM's Leonardo log does), an out-of-memory message's prefix is not its rank."""
+    from memscope.inputs.log_document import explain_run
+
+    oom = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has "
+           "a total capacity of 79.15 GiB of which 1.50 GiB is free. Of the allocated memory "
+           "70.00 GiB is allocated by PyTorch, and 3.00 GiB is reserved by PyTorch but "
+           "unallocated.")  # fmt: skip
+
+    def explained(world: int) -> dict:
+        sizes = {"world_size": world, "data_parallel_size": world, "global_batch_size": world}
+        args = _args_block(**{**TINY, **sizes})
+        lines = [*args, "[nodeb:1]:" + ITERATION.format(it=1, skipped=0), "[nodeb:1]:" + oom]
+        return explain_run(read_file_runs(_write(tmp_path / f"w{world}", lines))[0])
+
+    two = explained(2)  # the last rank is 1: the prefixes number global ranks
+    assert [o["rank"] for o in two["ooms"]] == [1]
+    assert not [n for n in two["notes"] if "not global ranks" in n]
+    four = explained(4)  # the last rank is 3, its prefix says 1: no global ranks
+    assert [o["rank"] for o in four["ooms"]] != [1]
+    assert len([n for n in four["notes"] if "not global ranks" in n]) == 1

@@ -148,6 +148,9 @@ def explain_run(
     mismatch = shard_params_note(run, spec)
     if mismatch is not None:
         out["notes"].append(mismatch)
+    local_prefix = prefix_rank_note(run, rs.world_size)
+    if local_prefix is not None:
+        out["notes"].append(local_prefix)
     iterations = [(i.iteration, i.skipped) for i in run.iterations]
     for line in _latest_lines(run):
         steps, note = optimizer_steps(line.iteration, iterations)
@@ -164,7 +167,7 @@ def explain_run(
     last = run.last_iteration
     steps = optimizer_steps(last, iterations)[0] if last is not None else 0
     for oom in _distinct_ooms(run):
-        rank = _oom_rank(oom, run, rs.world_size)
+        rank = _oom_rank(oom, run, rs.world_size, global_prefix=local_prefix is None)
         sizes = {
             "requested": oom.requested, "total": oom.total, "free": oom.free,
             "allocated": oom.allocated, "reserved_unallocated": oom.reserved_unallocated,
@@ -211,11 +214,25 @@ def _measured_only(run: LogRun) -> list[dict[str, Any]]:
     ]
 
 
-def _oom_rank(oom: OomMessage, run: LogRun, world: int) -> int | None:
-    """The failing global rank: the prefix's own, rank 0 of a one-rank run, or (FlagScale's
-    host_{node}_*.output, one per node, torchrun's ``[default{local}]:``) node x ranks per
-    node + local rank; else None."""
-    if oom.rank is not None:
+def prefix_rank_note(run: LogRun, world: int) -> str | None:
+    """Why the numbers of the log's launcher prefixes are not global ranks, when they are
+    not: the iteration lines come from the last rank (``print_rank_last``), and their prefix
+    says another number (a ``[host:local_rank]:`` wrapper says the rank within the node)."""
+    others = sorted(r for r in run.iteration_prefix_ranks if r != world - 1)
+    if not others:
+        return None
+    return (
+        f"the iteration lines, printed by the last rank ({world - 1}), carry the prefix number "
+        f"{others[0]}: the launcher prefixes' numbers are not global ranks here, so no "
+        "out-of-memory message is placed by its prefix"
+    )
+
+
+def _oom_rank(oom: OomMessage, run: LogRun, world: int, global_prefix: bool = True) -> int | None:
+    """The failing global rank: the prefix's own (when the prefixes number global ranks),
+    rank 0 of a one-rank run, or (FlagScale's host_{node}_*.output, one per node, torchrun's
+    ``[default{local}]:``) node x ranks per node + local rank; else None."""
+    if oom.rank is not None and global_prefix:
         return oom.rank
     if world == 1:
         return 0

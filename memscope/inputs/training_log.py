@@ -34,6 +34,8 @@ MAX_JOINED_BYTES = 1 << 20
 MAX_ARG_LINES = 20_000
 #: Records kept per run (memory lines, iteration lines, out-of-memory messages).
 MAX_RECORDS = 100_000
+#: Distinct prefix ranks kept of the iteration lines' writers (one is expected).
+MAX_PREFIX_RANKS = 8
 #: Files of one call (one per node).
 MAX_FILES = 4096
 #: Bytes sniffed for binary junk at the start of each file.
@@ -102,6 +104,9 @@ class LogRun:
     iterations: list[IterationLine] = field(default_factory=list)
     theoretical: Theoretical | None = None
     shard_params_b: float | None = None  # "Number of parameters in most loaded shard" (1e9)
+    # the prefix ranks of the iteration lines' writers (``print_rank_last``: the last global
+    # rank, so a prefix number other than world size - 1 is no global rank); a few kept
+    iteration_prefix_ranks: set[int] = field(default_factory=set)
     ooms: list[OomMessage] = field(default_factory=list)
     dropped: int = 0  # records over MAX_RECORDS (counted, not kept)
     cut_lines: int = 0  # lines longer than MAX_LINE_BYTES
@@ -127,6 +132,7 @@ class LogRun:
         if len(other.iterations) > len(self.iterations):
             self.iterations = other.iterations
         self.sources += [s for s in other.sources if s not in self.sources]
+        self.iteration_prefix_ranks |= other.iteration_prefix_ranks
         self.dropped += other.dropped
         self.cut_lines += other.cut_lines
 
@@ -337,7 +343,7 @@ class _Reader:
         if "memory (MB)" in text or "memory (GB)" in text:
             self._memory(tagged, number)
         elif "iteration" in text and "|" in text:
-            self._iteration(text)
+            self._iteration(tagged)
         elif "out of memory" in text:
             if L.OOM.search(text):
                 self._keep(self.run.ooms, _oom(tagged, self._where(number), self.node))
@@ -355,8 +361,8 @@ class _Reader:
                 line = MemoryLine(rank, mem.iteration, *figures, self._where(number))
                 self._keep(self.run.memory, line)
 
-    def _iteration(self, text: str) -> None:
-        m = L.ITERATION.search(text)
+    def _iteration(self, tagged: L.Tagged) -> None:
+        m = L.ITERATION.search(tagged.text)
         if m is None:
             return
         run = self.run
@@ -364,9 +370,11 @@ class _Reader:
         if run.iterations and iteration <= run.iterations[-1].iteration:
             self._new_run()  # the iteration count went back: a new run in the same file
             run = self.run
-        skipped = L.SKIPPED.search(text)
+        skipped = L.SKIPPED.search(tagged.text)
         count = int(skipped.group(1)) if skipped else 0
         self._keep(run.iterations, IterationLine(iteration, count))
+        if tagged.rank is not None and len(run.iteration_prefix_ranks) < MAX_PREFIX_RANKS:
+            run.iteration_prefix_ranks.add(tagged.rank)
 
     def _other(self, text: str, number: int) -> None:
         run = self.run
