@@ -398,3 +398,45 @@ def test_a_refused_configuration_still_reports_what_was_measured(tmp_path, capsy
     assert row["estimate"] is None and row["verdict"] is None
     assert row["measured"]["max_allocated"] == round(7959.9697265625 * 2**20)
     assert "not estimated" in (tmp_path / "o" / "log_report.md").read_text()
+
+
+def _dump(**values: object) -> list[str]:
+    """An arguments block as Megatron's ``_print_args`` prints it (a test input, built here:
+    no published log with these settings was found, docs/analyze-log.md)."""
+    lines = ["------------------------ arguments ------------------------"]
+    for name, value in sorted(values.items(), key=lambda kv: kv[0].lower()):
+        lines.append(f"  {name} {'.' * (48 - len(name))} {value}")
+    return [*lines, "-------------------- end of arguments ---------------------"]
+
+
+def test_a_vpp_and_cp_arguments_block_reaches_the_layout_grid_and_estimates(tmp_path):
+    """The virtual pipeline and context-parallel path of analyze-log end to end, on a dump
+    Megatron could print (8 layers, PP 2 with 2 layers per virtual stage, CP 2, DP 2): the
+    layout says VPP 2 and CP 2, each data-parallel rank 0 that printed memory gets its cp and
+    pp place as megatron-core numbers them and an estimate of its own stage."""
+    from memscope.cli.analyze_log_cmd import analyze_logs
+
+    args = dict(
+        num_layers=8, hidden_size=256, num_attention_heads=8, seq_length=1024,
+        max_position_embeddings=1024, padded_vocab_size=1024, micro_batch_size=1,
+        global_batch_size=8, tensor_model_parallel_size=1, pipeline_model_parallel_size=2,
+        num_layers_per_virtual_pipeline_stage=2, virtual_pipeline_model_parallel_size=2,
+        context_parallel_size=2, data_parallel_size=2, world_size=8, bf16=True,
+        use_distributed_optimizer=False, log_interval=2,
+    )  # fmt: skip
+    memory = ("[Rank {r}] (after 2 iterations) memory (MB) | allocated: 100.0 | max allocated: "
+              "200.0 | reserved: 300.0 | max reserved: 300.0")  # fmt: skip
+    printing = [0, 1, 4, 5]  # tp-cp-ep-dp-pp: dp 0 is rank % 4 < 2
+    lines = [*_dump(**args), *(memory.format(r=r) for r in printing)]
+    log = tmp_path / "vpp_cp.log"
+    log.write_text("\n".join(lines) + "\n")
+    run = analyze_logs([str(log)])["runs"][0]
+    assert run["error"] is None
+    layout = run["config"]["layout"]
+    assert (layout["pp"], layout["vpp"], layout["cp"], layout["dp"]) == (2, 2, 2, 2)
+    places = {r["rank"]: (r["grid"]["cp"], r["grid"]["pp"], r["grid"]["dp"]) for r in run["ranks"]}
+    assert places == {0: (0, 0, 0), 1: (1, 0, 0), 4: (0, 1, 0), 5: (1, 1, 0)}
+    estimates = {r["rank"]: r["estimate"]["max_allocated_bytes"] for r in run["ranks"]}
+    assert all(v > 0 for v in estimates.values())
+    assert estimates[0] == estimates[1] and estimates[4] == estimates[5]  # cp ranks alike
+    assert [s["pp_rank"] for s in run["stages"]] == [0, 1]
