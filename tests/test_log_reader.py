@@ -535,3 +535,18 @@ def test_prefix_numbers_that_are_no_global_ranks_do_not_place_an_oom(tmp_path):
     four = explained(4)  # the last rank is 3, its prefix says 1: no global ranks
     assert [o["rank"] for o in four["ooms"]] != [1]
     assert len([n for n in four["notes"] if "not global ranks" in n]) == 1
+
+
+def test_an_unfinished_arguments_block_after_a_run_keeps_the_run(tmp_path):
+    """A tutorial pasting its third run's arguments block elided (hwang2006's
+    docs/06_tensor_parallelism.md: ``  .`` lines, no end line) after two complete runs: the
+    runs before it are read, the unfinished block is named in a note, not read."""
+    from memscope.inputs.log_document import explain_run
+
+    first = [*_args_block(**TINY), ITERATION.format(it=1, skipped=0), MEMORY.format(rank=0, it=1)]
+    elided = [*_args_block(**TINY)[:4], "  .", "  .", "```", "prose after the block"]
+    runs = read_runs([_write(tmp_path / "log", [*first, *elided])])
+    assert len(runs) == 1 and [m.rank for m in runs[0].memory] == [0]
+    assert runs[0].unfinished_args_where == f"log:{len(first) + 1}"
+    notes = explain_run(runs[0])["notes"]
+    assert [n for n in notes if "has no end line" in n]

@@ -128,6 +128,11 @@ def explain_run(
         out["notes"].append(f"{run.dropped} records beyond the reader's cap were counted, not kept")
     if run.cut_lines:
         out["notes"].append(f"{run.cut_lines} lines over 1 MiB were skipped")
+    if run.unfinished_args_where:
+        out["notes"].append(
+            f"{run.unfinished_args_where}: a later arguments block has no end line (a truncated "
+            "log, or one elided where it was pasted): it was not read"
+        )
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

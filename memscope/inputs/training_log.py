@@ -110,6 +110,7 @@ class LogRun:
     ooms: list[OomMessage] = field(default_factory=list)
     dropped: int = 0  # records over MAX_RECORDS (counted, not kept)
     cut_lines: int = 0  # lines longer than MAX_LINE_BYTES
+    unfinished_args_where: str = ""  # a later arguments block without its end line, not read
 
     @property
     def trained(self) -> bool:
@@ -135,6 +136,7 @@ class LogRun:
         self.iteration_prefix_ranks |= other.iteration_prefix_ranks
         self.dropped += other.dropped
         self.cut_lines += other.cut_lines
+        self.unfinished_args_where = self.unfinished_args_where or other.unfinished_args_where
 
 
 def log_files(paths: list[str]) -> list[str]:
@@ -432,12 +434,17 @@ class _Reader:
         if self.held is not None:  # the log ends inside a continued line
             tagged, number = self._release()
             self._content(tagged, number)
+        kept = [r for r in self.runs if r.trained or r.args is not None or r.command]
         if self.block is not None:
-            raise InputRefused(
-                f"{self._where(self.block_start)}: the arguments block has no "
-                f"'{L.ARGS_END.strip('-').strip()}' line (a truncated log?)"
-            )
-        return [r for r in self.runs if r.trained or r.args is not None or r.command]
+            where = self._where(self.block_start)
+            if not kept:  # nothing else in the file: the log itself is cut
+                raise InputRefused(
+                    f"{where}: the arguments block has no "
+                    f"'{L.ARGS_END.strip('-').strip()}' line (a truncated log?)"
+                )
+            # what came before it stands; the unfinished block is not read, and said so
+            kept[-1].unfinished_args_where = where
+        return kept
 
 
 def _oom(tagged: L.Tagged, where: str, node: int | None) -> OomMessage:
