@@ -430,8 +430,7 @@ def test_a_command_continued_with_backslashes_is_one_command_line(tmp_path):
 
 
 def test_a_log_ending_inside_a_continued_command_still_reads_it(tmp_path):
-    lines = [MEMORY.format(rank=0, it=1), "[default0]:pretrain_gpt.py --num-layers 2 \\",
-             "[default0]:  --hidden-size 64 \\"]  # fmt: skip
+    lines = ["[default0]:pretrain_gpt.py --num-layers 2 \\", "[default0]:  --hidden-size 64 \\"]
     run = read_file_runs(_write(tmp_path / "log", lines))[0]
     assert run.command == {"num_layers": "2", "hidden_size": "64"}
 
@@ -550,3 +549,22 @@ def test_an_unfinished_arguments_block_after_a_run_keeps_the_run(tmp_path):
     assert runs[0].unfinished_args_where == f"log:{len(first) + 1}"
     notes = explain_run(runs[0])["notes"]
     assert [n for n in notes if "has no end line" in n]
+
+
+def test_a_second_launch_after_a_run_that_trained_is_a_new_run(tmp_path):
+    """Runs concatenated with their launch lines only (SeunghyunSEO/Megatron-LM's MoE README
+    pastes the flag groups of each run before its output): a command line or a flag group
+    after a run that printed memory or iterations starts the next run, never mixed."""
+    groups = ["MODEL_ARGS: --num-layers 4 --hidden-size 64", "MOE_ARGS: --num-experts {e}"]
+    command = "torchrun --nproc_per_node 2 pretrain_gpt.py --num-layers {n} --hidden-size 64"
+    lines = [*(g.format(e=4) for g in groups), ITERATION.format(it=20, skipped=0),
+             MEMORY.format(rank=0, it=20),
+             *(g.format(e=8) for g in groups), MEMORY.format(rank=0, it=20),
+             ITERATION.format(it=20, skipped=0),
+             command.format(n=6), ITERATION.format(it=20, skipped=0), MEMORY.format(rank=0, it=20),
+             command.format(n=8), MEMORY.format(rank=0, it=20)]  # fmt: skip
+    runs = read_file_runs(_write(tmp_path / "log", lines))
+    assert [r.command["num_experts"] if "num_experts" in r.command else r.command["num_layers"]
+            for r in runs if r.command] == ["4", "8", "6", "8"]  # fmt: skip
+    assert [len(r.memory) for r in runs] == [1, 1, 1, 1]
+    assert [r.command_where for r in runs] == ["log:1", "log:5", "log:9", "log:12"]

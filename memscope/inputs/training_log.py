@@ -405,8 +405,11 @@ class _Reader:
         if m is not None:
             self._arg_group(m.group(2), number)
             return
-        m = L.COMMAND.search(text) if ".py" in text and run.command is None else None
-        if m is not None:
+        m = L.COMMAND.search(text) if ".py" in text else None
+        if m is not None and run.trained:  # launched again after a run that trained
+            self._new_run()
+            run = self.run
+        if m is not None and run.command is None:
             run.command, run.command_where = _flags(m.group(2)), self._where(number)
             launcher = text[: m.start(1)]
             if L.TORCHRUN.search(launcher):
@@ -415,6 +418,8 @@ class _Reader:
     def _arg_group(self, flags_text: str, number: int) -> None:
         """One echoed flag group: the launcher's (``--nproc_per_node``) gives the world size,
         the others together are the entry point's command line."""
+        if self.run.trained:  # a launch after a run that trained: the next run's flags
+            self._new_run()
         run, flags = self.run, _flags(flags_text)
         if "nproc_per_node" in flags:
             run.launcher_world_size = _torchrun_world(flags_text)
