@@ -54,6 +54,11 @@ def _write(path: pathlib.Path, lines: list[str]) -> str:
     return str(path)
 
 
+def _first_run(tmp_path: pathlib.Path, lines: list[str]) -> training_log.LogRun:
+    """The first run the reader makes of ``lines`` written to a log."""
+    return read_file_runs(_write(tmp_path / "log", lines))[0]
+
+
 @pytest.mark.parametrize(
     ("line", "text", "tag", "rank"),
     [
@@ -420,7 +425,7 @@ def test_a_command_continued_with_backslashes_is_one_command_line(tmp_path):
         "#   --num-layers 2",
         MEMORY.format(rank=0, it=1),
     ]
-    run = read_file_runs(_write(tmp_path / "log", lines))[0]
+    run = _first_run(tmp_path, lines)
     assert run.command is not None and run.command_where.endswith(":2")
     assert run.command["tensor_model_parallel_size"] == "4"
     assert run.command["num_layers"] == "80" and run.command["log_interval"] == "1"
