@@ -276,11 +276,13 @@ class _Reader:
         if self.block is not None:
             self._block_line(tagged, number)
             return
-        joined = self._joined(tagged, number)
-        if joined is None:
-            return  # a part of a continued line, held
-        tagged, number = joined
         text = tagged.text
+        if self.held is not None or self.dropping or _continues(text):
+            joined = self._joined(tagged, number)
+            if joined is None:
+                return  # a part of a continued line, held
+            tagged, number = joined
+            text = tagged.text
         if L.ARGS_START in text:
             if self.run.trained or self.run.args is not None:
                 self._new_run()
@@ -450,6 +452,11 @@ class _Reader:
             # what came before it stands; the unfinished block is not read, and said so
             kept[-1].unfinished_args_where = where
         return kept
+
+
+def _continues(text: str) -> bool:
+    """Whether a line ends in a backslash (spaces after it allowed): a shell line continued."""
+    return text.endswith("\\") or (text.endswith((" ", "\t")) and text.rstrip().endswith("\\"))
 
 
 def _oom(tagged: L.Tagged, where: str, node: int | None) -> OomMessage:
