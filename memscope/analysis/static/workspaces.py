@@ -30,6 +30,18 @@ Each size below is what the named source computes from the GPU's compute capabil
   (``moe_grouped_gemm`` with the TE spec and not ``moe_use_legacy_grouped_gemm``,
   megatron/core/extensions/transformer_engine_spec_provider.py ``grouped_mlp_modules``);
   transformer_engine/pytorch/module/grouped_linear.py passes them to every grouped GEMM.
+- **Transformer Engine's userbuffer GEMM workspace** (``tp_comm_overlap``: Megatron's
+  ``initialize_tp_communicators`` calls TE's ``initialize_ub`` and gives its TE linears the
+  ``ub_*`` options): a GEMM overlapped with a TP collective splits over up to
+  ``_NUM_MAX_UB_STREAMS`` = 3 compute streams and needs that many workspaces. From TE 2.11
+  (NVIDIA/TransformerEngine#2377, cpp_extensions/gemm.py ``get_cublas_workspace(device, ub,
+  grouped_gemm)``, cached per argument tuple) a GEMM with ``ub`` gets its own ``uint8``
+  tensor of 3 x the workspace size beside the one the other GEMMs use (TE still runs those:
+  a row-parallel linear's weight gradient has no ``ub``); up to TE 2.10
+  (module/base.py ``initialize_ub``) the one workspace is replaced by a 3x ``repeat`` of it,
+  2 x the size more. The userbuffers themselves are ``cudaMalloc``ed by TE
+  (common/comm_gemm_overlap, ``register_user_buffer_collective``), outside PyTorch's caching
+  allocator, like NCCL's buffers: not in the estimate.
 
 These are the only constants of the estimator that are not derived from tensor shapes; each
 is the number the named source file uses.
@@ -77,6 +89,13 @@ TE_WORKSPACE_OLDER = 4 * MIB
 # backward thread for the device (torch/csrc/autograd/engine.cpp)
 TORCH_GEMM_THREADS = 2
 TE_CUBLAS_STREAMS = 4  # transformer_engine/common/util/multi_stream.h num_compute_streams
+# transformer_engine/pytorch/cpp_extensions/gemm.py (module/base.py up to TE 2.10)
+TE_UB_STREAMS = 3  # _NUM_MAX_UB_STREAMS
+# the first TE whose userbuffer GEMMs get a workspace of their own (NVIDIA/TransformerEngine
+# #2377, in v2.11); the one assumed is what Megatron-LM's main branch pins (pyproject.toml at
+# d98e8a64: TE rev 4329ff84, build_tools/VERSION.txt 2.17.1), stated in docs/static-estimator.md
+TE_SEPARATE_UB_WORKSPACE_SINCE = (2, 11)
+ASSUMED_TE = (2, 17)
 _PAIR = re.compile(r":([0-9]+):([0-9]+)")
 
 
@@ -125,6 +144,18 @@ def te_workspace_bytes(capability: tuple[int, int]) -> int:
     return TE_WORKSPACE_HOPPER if capability[0] >= 9 else TE_WORKSPACE_OLDER
 
 
+def te_userbuffer_workspace_bytes(
+    capability: tuple[int, int], te_version: tuple[int, int] = ASSUMED_TE
+) -> int:
+    """What ``tp_comm_overlap`` adds to Transformer Engine's GEMM workspaces: a separate
+    ``_NUM_MAX_UB_STREAMS`` x workspace from TE 2.11, else the one workspace grown to that
+    many (see the module docstring)."""
+    one = te_workspace_bytes(capability)
+    if te_version >= TE_SEPARATE_UB_WORKSPACE_SINCE:
+        return TE_UB_STREAMS * one
+    return (TE_UB_STREAMS - 1) * one
+
+
 def workspace_terms(spec: TrainingSpec) -> dict[str, int]:
     """The fixed workspaces of one rank of ``spec``, by source (empty on CPU)."""
     if spec.device != "cuda":
@@ -134,6 +165,8 @@ def workspace_terms(spec: TrainingSpec) -> dict[str, int]:
     out = {"torch_cublas_workspaces": TORCH_GEMM_THREADS * one}
     if spec.model.transformer_impl == "transformer_engine":
         out["te_cublas_workspace"] = te_workspace_bytes(capability)
+        if spec.tp_comm_overlap and spec.parallel.tp > 1:  # TE linears get userbuffers
+            out["te_userbuffer_gemm_workspace"] = te_userbuffer_workspace_bytes(capability)
         m = spec.model
         if m.num_experts and grouped_gemm_experts(m) and not legacy_grouped_mlp(m):
             out["te_grouped_gemm_workspaces"] = TE_CUBLAS_STREAMS * te_workspace_bytes(capability)
