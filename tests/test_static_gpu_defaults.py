@@ -200,6 +200,25 @@ def test_tp_comm_overlap_adds_transformer_engines_userbuffer_gemm_workspace():
     assert "te_userbuffer_gemm_workspace" not in workspace_terms(spec(tp_comm_overlap=True))
 
 
+def test_local_spec_moe_router_gemm_holds_transformer_engines_workspace():
+    # moe_utils.RouterGatingLinearFunction runs the gating GEMM through megatron's
+    # te_general_gemm whenever TE imports and the router dtype is not fp64 (read from the
+    # installed megatron-core: TE itself does not run on CPU)
+    import inspect
+
+    from megatron.core.transformer.moe import moe_utils
+
+    forward = inspect.getsource(moe_utils.RouterGatingLinearFunction.forward)
+    assert "te_general_gemm is not None and router_dtype != torch.float64" in forward
+    moe = dict(num_experts=4, transformer_impl="local")
+    local = workspace_terms(spec(**moe))
+    assert local == {"torch_cublas_workspaces": 64 * MIB, "te_cublas_workspace": 32 * MIB}
+    assert "te_cublas_workspace" not in workspace_terms(spec(**moe, moe_router_dtype="fp64"))
+    assert "te_cublas_workspace" not in workspace_terms(spec(transformer_impl="local"))
+    # the TE spec counts the one workspace once
+    assert workspace_terms(spec(num_experts=4))["te_cublas_workspace"] == 32 * MIB
+
+
 def test_fused_softmax_and_fp32_softmax_on_the_unfused_path():
     unfused = dict(transformer_impl="local")
     fused = spec(**unfused)  # 16-bit, s=256, masked_softmax_fusion on: the fused kernel

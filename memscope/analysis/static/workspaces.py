@@ -23,6 +23,16 @@ Each size below is what the named source computes from the GPU's compute capabil
   cpp_extensions/gemm.py): a ``uint8`` tensor of 32 MiB when the major is 9 or more (Hopper,
   Blackwell, every later GPU), 4 MiB before, created at the first TE GEMM. (Newer TE adds
   1 KiB of scale/alignment room for NVFP4, below what these estimates resolve.)
+- **The MoE router's GEMM through Transformer Engine, also with the local spec**
+  (megatron/core/transformer/moe/moe_utils.py ``RouterGatingLinearFunction``, since
+  megatron-core 0.13): the gating GEMM and its backward call megatron's ``te_general_gemm``
+  (megatron/core/extensions/transformer_engine.py) whenever Transformer Engine imports and the
+  router dtype is not fp64, so a local-spec MoE run holds TE's GEMM workspace too. Assumed:
+  TE is installed (Megatron-LM's containers pin it). Evidence it is real: the golden steady
+  allocation of Megatron-LM's local-spec ``gpt3_mcore_tp2_pp2_ep2_te_4experts2parallel`` is
+  32 MiB higher in the refreshes after that change (2025-06-14, 0f058666) than before, 32 MiB
+  lower again while megatron's wrapper failed to import against TE without
+  ``module.base.get_workspace`` (NGC 26.02, fixed by d3528a21, 2026-03-06), and higher since.
 - **Transformer Engine's multi-stream cuBLAS workspaces** (same file,
   ``get_multi_stream_cublas_workspace``): one workspace of that size per cuBLAS stream
   (``num_compute_streams`` = 4, transformer_engine/common/util/multi_stream.h), created at the
@@ -163,6 +173,9 @@ def workspace_terms(spec: TrainingSpec) -> dict[str, int]:
     capability = compute_capability(spec.gpu)
     one = torch_cublas_workspace_bytes(capability, spec.cublas_workspace_config)
     out = {"torch_cublas_workspaces": TORCH_GEMM_THREADS * one}
+    router_through_te = spec.model.num_experts and spec.model.moe_router_dtype != "fp64"
+    if spec.model.transformer_impl == "local" and router_through_te:
+        out["te_cublas_workspace"] = te_workspace_bytes(capability)  # the router's GEMM
     if spec.model.transformer_impl == "transformer_engine":
         out["te_cublas_workspace"] = te_workspace_bytes(capability)
         if spec.tp_comm_overlap and spec.parallel.tp > 1:  # TE linears get userbuffers
