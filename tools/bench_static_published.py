@@ -338,6 +338,21 @@ def imbalance_range(
     }
 
 
+def _vocab_unknown(model_args: dict[str, Any]) -> str | None:
+    """Why the case's vocabulary is unknown too (its tokenizer file is not public), if it is:
+    a case without a world size is not parsed, so the tokenizer is read from its flags."""
+    import types
+
+    ns = types.SimpleNamespace(
+        tokenizer_type=model_args.get("--tokenizer-type"),
+        vocab_size=model_args.get("--vocab-size"),
+    )
+    vocab, source = golden.tokenizer_vocab(ns)
+    if vocab is not None:
+        return None
+    return f"vocabulary unknown too: {source} ({model_args.get('--tokenizer-model')})"
+
+
 def run(tree: str, cases: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     cases = load_cases() if cases is None else cases
     # the estimate follows the release that ran the cases, not the one installed here
@@ -356,7 +371,9 @@ def run(tree: str, cases: list[dict[str, Any]] | None = None) -> dict[str, Any]:
             separate.append({**base, "reason": "inference-only case (MODE: inference)"})
             continue
         if c["world_size"] is None:
-            separate.append({**base, "reason": f"world size unknown: {c['world_size_source']}"})
+            reason = f"world size unknown: {c['world_size_source']}"
+            vocab = _vocab_unknown(c["model_args"])
+            separate.append({**base, "reason": reason + (f"; {vocab}" if vocab else "")})
             continue
         base.update(world_size=c["world_size"], world_size_source=c["world_size_source"])
         argv = golden.argv_from_model_args(c["model_args"])
