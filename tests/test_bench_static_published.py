@@ -63,6 +63,17 @@ def test_every_case_names_its_source_and_nothing_is_dropped(result):
         )
 
 
+def test_cases_left_out_say_every_input_they_lack(result):
+    # the release cases lack both the world size and the vocabulary (their tokenizer file is
+    # not public): each reason names both, so no single guess would model them
+    for s in result["separate"]:
+        assert s["reason"].startswith("world size unknown: not public")
+        assert "vocabulary unknown too: GPTSentencePieceTokenizer" in s["reason"]
+        assert "nemotron_2_256k.model" in s["reason"]
+    assert len(result["separate"]) == 2
+    assert bench._vocab_unknown({"--tokenizer-type": "GPT2BPETokenizer"}) is None
+
+
 def test_dropless_moe_rows_carry_the_imbalance_range(result):
     moe = [r for r in result["rows"] if r["parallel"]["ep"] > 1 or r["family"] == "moe"]
     assert moe and all(r["imbalance_bound"] for r in moe)

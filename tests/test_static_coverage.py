@@ -114,11 +114,17 @@ def test_fp8_with_local_layers_is_a_warning_and_changes_nothing(tmp_path, cli):
     assert not any(m.startswith("FP8") for m in res.coverage["modelled"])
 
 
-def test_tp_comm_overlap_is_a_not_modelled_warning(tmp_path, cli):
+def test_tp_comm_overlap_is_read_not_warned(tmp_path, cli):
     res = cli(_yaml(tmp_path, system={"tp_comm_overlap": True}))
-    assert any("tp_comm_overlap=true is not modelled: " in x for x in res.warnings())
-    assert _keys(res) == ["tp_comm_overlap"]
-    assert "userbuffers" in res.coverage["not_modelled"][0]["reason"]
+    assert not any("tp_comm_overlap" in x for x in res.warnings())
+    assert _keys(res) == [] and "tp_comm_overlap" not in res.coverage["unused_keys"]
+
+
+def test_cuda_graphs_are_a_not_modelled_warning(tmp_path, cli):
+    res = cli(_yaml(tmp_path, system={"cuda_graph_impl": "local"}))
+    assert any("cuda_graph_impl=local is not modelled: " in x for x in res.warnings())
+    assert _keys(res) == ["cuda_graph_impl"]
+    assert "private memory pool" in res.coverage["not_modelled"][0]["reason"]
 
 
 def test_default_values_are_not_reported(tmp_path, cli):
@@ -137,7 +143,8 @@ def test_default_values_are_not_reported(tmp_path, cli):
     assert _keys(res) == [] and not any("not modelled" in x for x in res.warnings())
     # the estimator reads these
     read = {"fp8", "fp8_recipe", "moe_token_dispatcher_type", "main_grads_dtype",
-            "exp_avg_dtype", "recompute_modules", "data_parallel_sharding_strategy"}  # fmt: skip
+            "exp_avg_dtype", "recompute_modules", "data_parallel_sharding_strategy",
+            "tp_comm_overlap"}  # fmt: skip
     assert set(defaults) - read <= set(res.coverage["unused_keys"])
 
 

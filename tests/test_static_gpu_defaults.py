@@ -29,6 +29,7 @@ from memscope.analysis.static.params import RankPosition
 from memscope.analysis.static.spec_checks import validate_spec
 from memscope.analysis.static.workspaces import (
     MIB,
+    te_userbuffer_workspace_bytes,
     te_workspace_bytes,
     torch_cublas_workspace_bytes,
     torch_default_workspace_bytes,
@@ -179,6 +180,43 @@ def test_fixed_workspaces_by_gpu_config_and_transformer_impl():
     assert "te_grouped_gemm_workspaces" not in workspace_terms(spec(num_experts=4))
     with pytest.raises(ValueError, match="gpu 'v100x' is unknown"):
         validate_spec(dataclasses.replace(spec(), gpu="v100x"))
+
+
+def test_tp_comm_overlap_adds_transformer_engines_userbuffer_gemm_workspace():
+    # TE >= 2.11 (cpp_extensions/gemm.py get_cublas_workspace with ub): a 3x workspace of its
+    # own beside the 32 MiB one; up to 2.10 (base.py initialize_ub) the one workspace grown 3x
+    assert te_userbuffer_workspace_bytes((9, 0)) == 3 * 32 * MIB
+    assert te_userbuffer_workspace_bytes((9, 0), te_version=(2, 7)) == 2 * 32 * MIB
+    assert te_userbuffer_workspace_bytes((8, 0)) == 3 * 4 * MIB
+    tp2 = dict(tensor_model_parallel_size=2, sequence_parallel=True)
+    plain = last_rank(spec(**tp2))
+    overlapped = last_rank(spec(**tp2, tp_comm_overlap=True))
+    assert overlapped.workspaces["te_userbuffer_gemm_workspace"] == 96 * MIB
+    assert overlapped.steady_bytes - plain.steady_bytes == 96 * MIB
+    assert overlapped.peak_memory_bytes - plain.peak_memory_bytes == 96 * MIB
+    # no TE linears (local spec) or no TP group: no userbuffers, no workspace for them
+    local = spec(**tp2, tp_comm_overlap=True, transformer_impl="local")
+    assert "te_userbuffer_gemm_workspace" not in workspace_terms(local)
+    assert "te_userbuffer_gemm_workspace" not in workspace_terms(spec(tp_comm_overlap=True))
+
+
+def test_local_spec_moe_router_gemm_holds_transformer_engines_workspace():
+    # moe_utils.RouterGatingLinearFunction runs the gating GEMM through megatron's
+    # te_general_gemm whenever TE imports and the router dtype is not fp64 (read from the
+    # installed megatron-core: TE itself does not run on CPU)
+    import inspect
+
+    from megatron.core.transformer.moe import moe_utils
+
+    forward = inspect.getsource(moe_utils.RouterGatingLinearFunction.forward)
+    assert "te_general_gemm is not None and router_dtype != torch.float64" in forward
+    moe = dict(num_experts=4, transformer_impl="local")
+    local = workspace_terms(spec(**moe))
+    assert local == {"torch_cublas_workspaces": 64 * MIB, "te_cublas_workspace": 32 * MIB}
+    assert "te_cublas_workspace" not in workspace_terms(spec(**moe, moe_router_dtype="fp64"))
+    assert "te_cublas_workspace" not in workspace_terms(spec(transformer_impl="local"))
+    # the TE spec counts the one workspace once
+    assert workspace_terms(spec(num_experts=4))["te_cublas_workspace"] == 32 * MIB
 
 
 def test_fused_softmax_and_fp32_softmax_on_the_unfused_path():

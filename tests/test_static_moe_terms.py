@@ -15,7 +15,12 @@ from memscope.analysis.static.activations import dims, layer_saved, recompute_di
 from memscope.analysis.static.coverage import config_coverage
 from memscope.analysis.static.estimator import estimate_all_ranks, estimate_rank
 from memscope.analysis.static.mla import mla_saved, mla_up_proj_discarded
-from memscope.analysis.static.moe import imbalance_bound, moe_layer_saved, routed_rows
+from memscope.analysis.static.moe import (
+    imbalance_bound,
+    moe_layer_saved,
+    routed_rows,
+    routing_drift,
+)
 from memscope.analysis.static.report import build_static_report
 from memscope.inputs.megatron_args import spec_from_megatron_args
 
@@ -131,3 +136,75 @@ def test_mlp_recompute_drops_the_fused_pre_mlp_norm_only_under_transformer_engin
     dropped = recompute_discarded(spec, x, full)["mlp"]
     norm = (full["norm_outputs"] + full["norm_statistics"]) // 2
     assert dropped == full["mlp"] + (norm if impl == "transformer_engine" else 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Routing drift: independent per-token routing, checked against megatron-core's TopKRouter
+
+
+def _router_counts(rank: int, world: int, port: int, cfg: dict[str, Any]) -> list[int]:
+    """Per trial, the top-k picks of ``tokens`` i.i.d. Gaussian hidden states that the real
+    ``TopKRouter`` (at init) sends to experts ``0 .. local-1``."""
+    import os
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from harness.moe_cpu import build_moe_layer, install_moe_cpu_stand_ins
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    from memscope.demo.tiny_gpt import destroy_process, quiet_megatron_cpu_warnings
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    quiet_megatron_cpu_warnings()
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        timeout=timedelta(minutes=5),
+    )  # fmt: skip
+    try:
+        install_moe_cpu_stand_ins()
+        parallel_state.initialize_model_parallel()
+        torch.manual_seed(1234)
+        model_parallel_cuda_manual_seed(1234)
+        layer = build_moe_layer(cfg)
+        counts = []
+        with torch.no_grad():
+            for _ in range(cfg["trials"]):
+                x = torch.randn(cfg["tokens"], 1, cfg["h"])
+                _, routing_map = layer.router(x)
+                counts.append(int(routing_map[:, : cfg["local"]].sum()))
+        return counts
+    finally:
+        destroy_process()
+
+
+@pytest.mark.integration
+@pytest.mark.multiprocess
+def test_routing_drift_is_the_real_routers_per_token_spread_and_small():
+    import statistics
+
+    from memscope.demo.launcher import free_port, spawn
+
+    experts, k, local, tokens = 8, 2, 2, 512
+    cfg = dict(h=64, f_e=64, E=experts, k=k, ep=1, dispatcher="alltoall", dtype="float32",
+               trials=300, tokens=tokens, local=local)  # fmt: skip
+    [counts] = spawn(1, _router_counts, free_port(), cfg)
+    # the real router picks k distinct experts per token; i.i.d. tokens make the count a sum
+    # of i.i.d. per-token picks: its spread is the hypergeometric one (the shares of a fixed
+    # random init are near, not exactly, uniform: within 30%)
+    q = local / experts
+    per_token = k * q * (1 - q) * (experts - k) / (experts - 1)
+    ratio = statistics.variance(counts) / (tokens * per_token)
+    assert 0.7 < ratio < 1.3, ratio
+    # what it means for a benchmark-sized case: EP 4 of 8 experts, top-2, 4096 tokens a rank,
+    # 12 MoE layers, 50 logged steps: under 1% more rows at the busiest step (a bound), and
+    # more tokens, layers or experts per rank shrink it; few steps raise it
+    spec = _spec(tensor_model_parallel_size=1, sequence_parallel=False,
+                 expert_model_parallel_size=4, world_size=4, global_batch_size=8)  # fmt: skip
+    drift = routing_drift(spec, tokens=4096, layers=12, iterations=50)
+    assert 1.0 < drift < 1.01
+    assert routing_drift(spec, tokens=4096, layers=12, iterations=1000) > drift
+    assert routing_drift(spec, tokens=8192, layers=12, iterations=50) < drift
+    assert routing_drift(spec, tokens=4096, layers=12, iterations=1) == 1.0

@@ -170,3 +170,17 @@ def test_a_chunk_waiting_for_its_backward_has_every_layer_on_the_host():
     # one's first 3 are on the host
     assert off.activations.peak_moment == plain.activations.peak_moment == "layer 3 mlp_backward"
     assert plain.peak_memory_bytes - off.peak_memory_bytes == 7 * per_layer
+
+
+def test_a_chunk_without_decoder_layers_offloads_nothing():
+    # a pipeline layout may give a chunk only the MTP layer and the loss ("mL"): no layer of
+    # its own to offload, so nothing on the host (not minus one layer)
+    from memscope.analysis.static.activations import chunk_activations
+
+    spec = spec_from_megatron_args(dict(ARGS, fine_grained_activation_offloading=True,
+                                        offload_modules=["core_attn"],
+                                        min_offloaded_tensor_size=1))  # fmt: skip
+    _, _, _, detail = chunk_activations(spec, 0, False, True)
+    assert "offloaded_to_host" not in detail and detail["layers"] == 0
+    _, _, _, two = chunk_activations(spec, 2, False, True)
+    assert two["offloaded_to_host"] == two["fine_grained_last_layer"] > 0  # one layer of two

@@ -244,6 +244,7 @@ def _training_spec(
         defer_embedding_wgrad=get_flag(args, "defer_embedding_wgrad_compute"),
         wgrad_deferral_limit=get_int(args, "wgrad_deferral_limit", 0, "wgrad_deferral_limit"),
         gradient_accumulation_fusion=get_flag(args, "gradient_accumulation_fusion", True),
+        tp_comm_overlap=get_flag(args, "tp_comm_overlap"),
         recompute_modules=modules,
         **_activation_offload(args),
         quant=quant_from_args(args, get),

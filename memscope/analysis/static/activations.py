@@ -756,7 +756,7 @@ def chunk_activations(
     offloaded = offloaded_layers(spec) if first and last else 0  # pp == 1 only
     moved = offloadable_bytes(full)
     if spec.fine_grained_offloading:  # every layer but the chunk's last (offload.py)
-        offloaded, moved = n_layers - 1, fine_grained_moved(spec, full, x.e)
+        offloaded, moved = max(n_layers - 1, 0), fine_grained_moved(spec, full, x.e)
     standalone_mtp = depth > 0 and last and not roles.mtp
     extras = chunk_inputs(spec, x, first)
     if standalone_mtp:  # the MTP layers ran on another chunk: every depth's hidden states

@@ -267,6 +267,9 @@ class TrainingSpec:
     gradient_accumulation_fusion: bool = False
     # CUBLAS_WORKSPACE_CONFIG of the run (":SIZE_KIB:COUNT" pairs); None: torch's default
     cublas_workspace_config: str | None = None
+    # tp_comm_overlap: Transformer Engine's userbuffer GEMMs get their own cuBLAS workspace
+    # (workspaces.py)
+    tp_comm_overlap: bool = False
     # selective recompute: megatron-core's recompute_modules (default ["core_attn"])
     recompute_modules: tuple[str, ...] = ("core_attn",)
     # activation offload (megatron/core/model_parallel_config.py cpu_offloading*)

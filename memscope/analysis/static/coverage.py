@@ -31,8 +31,6 @@ NOT_MODELLED: dict[str, str] = {
     "pool per captured graph, not counted",
     "external_cuda_graph": "CUDA graphs keep static input/output buffers and a private memory "
     "pool per captured graph, not counted",
-    "tp_comm_overlap": "TP communication overlap allocates Transformer Engine userbuffers "
-    "(all-gather/reduce-scatter workspaces per GEMM), not counted",
     "use_dualpipev": "the DualPipeV schedule (two chunks per stage, its own in-flight "
     "micro-batches) is not modelled; the 1F1B/interleaved schedule is estimated instead",
     "distribute_saved_activations": "full-recompute checkpoints split over the tensor-parallel "

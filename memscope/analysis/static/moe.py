@@ -94,6 +94,32 @@ def imbalance_bound(spec: TrainingSpec) -> float:
     return p.ep * min(k, m.num_experts // p.ep) / k
 
 
+def routing_drift(spec: TrainingSpec, tokens: int, layers: int, iterations: int) -> float:
+    """The ``moe_token_imbalance`` that independent per-token routing reaches at most, in
+    expectation, at the busiest of ``iterations`` logged steps: a stated assumption of
+    statistics, not what a trained router does (it learns preferences no config gives).
+
+    Each of the ``T etp ep`` tokens whose rows a rank's experts may receive (``tokens`` is
+    ``T``, the dispatcher exchanges them over ``G``) picks ``k`` distinct experts; under
+    exchangeable routing the picks landing on the rank's ``E_l`` of ``E`` experts are
+    hypergeometric: mean ``k q`` and variance ``k q (1 - q) (E - k) / (E - 1)``, ``q = E_l / E``.
+    The peak holds at least one microbatch of ``layers`` MoE layers, whose independent routings
+    add up; the expected maximum of ``iterations`` normal draws is at most ``sqrt(2 ln R)``
+    standard deviations, so the factor is ``1 + sqrt(2 ln R) sqrt(var / (N layers)) / mean``
+    (more in-flight microbatches only shrink it). The per-token law is checked against
+    megatron-core's ``TopKRouter`` at init in ``tests/test_static_moe_terms.py``."""
+    m, p = spec.model, spec.parallel
+    assert m.num_experts is not None
+    experts, k = m.num_experts, m.moe_router_topk
+    q = (experts // p.ep) / experts
+    if q >= 1 or layers < 1 or iterations < 2:
+        return 1.0
+    mean = k * q
+    var = k * q * (1 - q) * (experts - k) / (experts - 1)
+    n = tokens * p.expert_tp * p.ep * layers
+    return 1 + math.sqrt(2 * math.log(iterations)) * math.sqrt(var / n) / mean
+
+
 def imbalance_range(
     spec: TrainingSpec, peak: Callable[[TrainingSpec], int]
 ) -> dict[str, float] | None:

@@ -838,7 +838,8 @@ def apply(spec: TrainingSpec, layout: Layout) -> TrainingSpec:
              cpu_offloading=offloading is not None,
              cpu_offloading_num_layers=offloading or 0,
              micro_batch_size=layout.micro_batch_size,
-             num_microbatches=layout.num_microbatches, **extra))  # fmt: skip
+             num_microbatches=layout.num_microbatches,
+             tp_comm_overlap=layout.tp_comm_overlap and layout.tp > 1, **extra))  # fmt: skip
 
 
 def calibration(comparisons: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

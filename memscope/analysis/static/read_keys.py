@@ -43,6 +43,7 @@ READ_KEYS = frozenset(NEGATED_FLAGS) | frozenset(
         "use_megatron_fsdp",
         "use_torch_fsdp2",
         "fine_grained_activation_offloading",
+        "tp_comm_overlap",
         "offload_modules",
         "min_offloaded_tensor_size",
         "optimizer_cpu_offload",

@@ -23,6 +23,16 @@ Each size below is what the named source computes from the GPU's compute capabil
   cpp_extensions/gemm.py): a ``uint8`` tensor of 32 MiB when the major is 9 or more (Hopper,
   Blackwell, every later GPU), 4 MiB before, created at the first TE GEMM. (Newer TE adds
   1 KiB of scale/alignment room for NVFP4, below what these estimates resolve.)
+- **The MoE router's GEMM through Transformer Engine, also with the local spec**
+  (megatron/core/transformer/moe/moe_utils.py ``RouterGatingLinearFunction``, since
+  megatron-core 0.13): the gating GEMM and its backward call megatron's ``te_general_gemm``
+  (megatron/core/extensions/transformer_engine.py) whenever Transformer Engine imports and the
+  router dtype is not fp64, so a local-spec MoE run holds TE's GEMM workspace too. Assumed:
+  TE is installed (Megatron-LM's containers pin it). Evidence it is real: the golden steady
+  allocation of Megatron-LM's local-spec ``gpt3_mcore_tp2_pp2_ep2_te_4experts2parallel`` is
+  32 MiB higher in the refreshes after that change (2025-06-14, 0f058666) than before, 32 MiB
+  lower again while megatron's wrapper failed to import against TE without
+  ``module.base.get_workspace`` (NGC 26.02, fixed by d3528a21, 2026-03-06), and higher since.
 - **Transformer Engine's multi-stream cuBLAS workspaces** (same file,
   ``get_multi_stream_cublas_workspace``): one workspace of that size per cuBLAS stream
   (``num_compute_streams`` = 4, transformer_engine/common/util/multi_stream.h), created at the
@@ -30,6 +40,18 @@ Each size below is what the named source computes from the GPU's compute capabil
   (``moe_grouped_gemm`` with the TE spec and not ``moe_use_legacy_grouped_gemm``,
   megatron/core/extensions/transformer_engine_spec_provider.py ``grouped_mlp_modules``);
   transformer_engine/pytorch/module/grouped_linear.py passes them to every grouped GEMM.
+- **Transformer Engine's userbuffer GEMM workspace** (``tp_comm_overlap``: Megatron's
+  ``initialize_tp_communicators`` calls TE's ``initialize_ub`` and gives its TE linears the
+  ``ub_*`` options): a GEMM overlapped with a TP collective splits over up to
+  ``_NUM_MAX_UB_STREAMS`` = 3 compute streams and needs that many workspaces. From TE 2.11
+  (NVIDIA/TransformerEngine#2377, cpp_extensions/gemm.py ``get_cublas_workspace(device, ub,
+  grouped_gemm)``, cached per argument tuple) a GEMM with ``ub`` gets its own ``uint8``
+  tensor of 3 x the workspace size beside the one the other GEMMs use (TE still runs those:
+  a row-parallel linear's weight gradient has no ``ub``); up to TE 2.10
+  (module/base.py ``initialize_ub``) the one workspace is replaced by a 3x ``repeat`` of it,
+  2 x the size more. The userbuffers themselves are ``cudaMalloc``ed by TE
+  (common/comm_gemm_overlap, ``register_user_buffer_collective``), outside PyTorch's caching
+  allocator, like NCCL's buffers: not in the estimate.
 
 These are the only constants of the estimator that are not derived from tensor shapes; each
 is the number the named source file uses.
@@ -77,6 +99,13 @@ TE_WORKSPACE_OLDER = 4 * MIB
 # backward thread for the device (torch/csrc/autograd/engine.cpp)
 TORCH_GEMM_THREADS = 2
 TE_CUBLAS_STREAMS = 4  # transformer_engine/common/util/multi_stream.h num_compute_streams
+# transformer_engine/pytorch/cpp_extensions/gemm.py (module/base.py up to TE 2.10)
+TE_UB_STREAMS = 3  # _NUM_MAX_UB_STREAMS
+# the first TE whose userbuffer GEMMs get a workspace of their own (NVIDIA/TransformerEngine
+# #2377, in v2.11); the one assumed is what Megatron-LM's main branch pins (pyproject.toml at
+# d98e8a64: TE rev 4329ff84, build_tools/VERSION.txt 2.17.1), stated in docs/static-estimator.md
+TE_SEPARATE_UB_WORKSPACE_SINCE = (2, 11)
+ASSUMED_TE = (2, 17)
 _PAIR = re.compile(r":([0-9]+):([0-9]+)")
 
 
@@ -125,6 +154,18 @@ def te_workspace_bytes(capability: tuple[int, int]) -> int:
     return TE_WORKSPACE_HOPPER if capability[0] >= 9 else TE_WORKSPACE_OLDER
 
 
+def te_userbuffer_workspace_bytes(
+    capability: tuple[int, int], te_version: tuple[int, int] = ASSUMED_TE
+) -> int:
+    """What ``tp_comm_overlap`` adds to Transformer Engine's GEMM workspaces: a separate
+    ``_NUM_MAX_UB_STREAMS`` x workspace from TE 2.11, else the one workspace grown to that
+    many (see the module docstring)."""
+    one = te_workspace_bytes(capability)
+    if te_version >= TE_SEPARATE_UB_WORKSPACE_SINCE:
+        return TE_UB_STREAMS * one
+    return (TE_UB_STREAMS - 1) * one
+
+
 def workspace_terms(spec: TrainingSpec) -> dict[str, int]:
     """The fixed workspaces of one rank of ``spec``, by source (empty on CPU)."""
     if spec.device != "cuda":
@@ -132,8 +173,13 @@ def workspace_terms(spec: TrainingSpec) -> dict[str, int]:
     capability = compute_capability(spec.gpu)
     one = torch_cublas_workspace_bytes(capability, spec.cublas_workspace_config)
     out = {"torch_cublas_workspaces": TORCH_GEMM_THREADS * one}
+    router_through_te = spec.model.num_experts and spec.model.moe_router_dtype != "fp64"
+    if spec.model.transformer_impl == "local" and router_through_te:
+        out["te_cublas_workspace"] = te_workspace_bytes(capability)  # the router's GEMM
     if spec.model.transformer_impl == "transformer_engine":
         out["te_cublas_workspace"] = te_workspace_bytes(capability)
+        if spec.tp_comm_overlap and spec.parallel.tp > 1:  # TE linears get userbuffers
+            out["te_userbuffer_gemm_workspace"] = te_userbuffer_workspace_bytes(capability)
         m = spec.model
         if m.num_experts and grouped_gemm_experts(m) and not legacy_grouped_mlp(m):
             out["te_grouped_gemm_workspaces"] = TE_CUBLAS_STREAMS * te_workspace_bytes(capability)
