@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib.metadata
 import importlib.util
 import json
@@ -90,10 +91,11 @@ def measure(name: str, world: int, overrides: dict[str, Any], steps: int = 3) ->
     outdir = tempfile.mkdtemp(prefix=f"memscope-acc-{name}-")
     argv = ["--memscope", "--memscope-backend", "storage", "--memscope-outdir", outdir]
     mode = ARGS_MODE.get(name, "full")
-    results = spawn(
-        world, instrumented_worker, free_port(), cfg, steps, argv, None, None, False, None,
-        None, mode,
-    )  # fmt: skip
+    # by keyword: the harness's optional arguments are many, and a positional list that
+    # falls one short hands the mode to another parameter (it once became the W&B folder,
+    # so every row ran with full args)
+    worker = functools.partial(instrumented_worker, megatron_args=mode)
+    results = spawn(world, worker, free_port(), cfg, steps, argv)
     rows = []
     for res in results:
         assert res.report_path is not None
@@ -115,10 +117,28 @@ def measure(name: str, world: int, overrides: dict[str, Any], steps: int = 3) ->
                 "in_report": report["comparisons"].get("static_peak_memory_bytes"),
                 "args_mode": mode,
                 "spec_inputs": report["comparisons"].get("spec_inputs"),
+                "spec_sources": report["comparisons"].get("spec_sources"),
                 "disagreements": report["comparisons"].get("spec_disagreements"),
             }
         )
+    for row in rows:
+        check_args_mode(row)
     return rows
+
+
+def check_args_mode(row: dict) -> None:
+    """The run's in-run spec came from the Megatron args its mode says: some keys from the
+    args in a full run, none of ``MINIMAL_ARGS_DROP`` from them in a minimal one, nothing from
+    args at all without them (the report's ``spec_sources``)."""
+    sources = row.get("spec_sources") or {}
+    from_args = {k for k, v in sources.items() if v == "args"}
+    mode, where = row["args_mode"], (row["config"], row["rank"])
+    if mode == "none":
+        assert sources and not from_args, (where, sorted(from_args))
+    elif mode == "minimal":
+        assert from_args and not from_args & set(MINIMAL_ARGS_DROP), (where, sorted(from_args))
+    else:
+        assert from_args, where
 
 
 def _estimate(source: Any, row: dict) -> Any:
