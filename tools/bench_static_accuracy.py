@@ -70,6 +70,10 @@ MATRIX: list[tuple[str, int, dict[str, Any]]] = [
     ("pp2-selective-gqa", 2, dict(pp=2, num_layers=4, num_microbatches=4, recompute="selective",
                                   num_query_groups=2)),
     ("pp2-vpp2-m4", 2, dict(pp=2, vpp=2, num_layers=4, num_microbatches=4)),
+    # megatron-core's pipeline_model_parallel_layout: uneven stages, and uneven chunks under VPP
+    ("pp2-layout", 2, dict(pp=2, num_layers=4, num_microbatches=4, pipeline_layout="Et|tttL")),
+    ("pp2-vpp2-layout", 2, dict(pp=2, vpp=2, num_layers=5, num_microbatches=4,
+                                pipeline_layout="Et|tt|t|tL")),
     # args lacking Megatron's fusion and transformer_impl keys (traced_training's
     # MINIMAL_ARGS_DROP), and no Megatron args at all (MemScopeTorchRuntime, batch sizes
     # passed as training=): the spec comes from the model
@@ -77,11 +81,14 @@ MATRIX: list[tuple[str, int, dict[str, Any]]] = [
     ("minimal-args-tp2+sp", 2, dict(tp=2, sequence_parallel=True)),
     ("no-args", 1, dict(num_query_groups=2, swiglu=True)),
     ("no-args-pp2-m4", 2, dict(pp=2, num_layers=4, num_microbatches=4)),
+    ("no-args-pp2-layout", 2, dict(pp=2, num_layers=4, num_microbatches=4,
+                                   pipeline_layout="Et|tttL")),
 ]  # fmt: skip
 # how each configuration's runtime gets its Megatron args (traced_training.ARGS_MODES)
 ARGS_MODE = {"minimal-args": "minimal", "minimal-args-tp2+sp": "minimal", "no-args": "none",
-             "no-args-pp2-m4": "none"}  # fmt: skip
-QUICK = ("base", "gqa+swiglu", "full-recompute", "tp2+sp", "pp2-m4", "minimal-args", "no-args")
+             "no-args-pp2-m4": "none", "no-args-pp2-layout": "none"}  # fmt: skip
+QUICK = ("base", "gqa+swiglu", "full-recompute", "tp2+sp", "pp2-m4", "minimal-args", "no-args",
+         "no-args-pp2-layout")  # fmt: skip
 MIB = 1024 * 1024
 
 
