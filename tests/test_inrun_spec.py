@@ -96,6 +96,101 @@ def test_moe_and_mla_settings_are_read_from_an_mla_transformer_config():
     assert (v["normalization"], v["disable_bias_linear"]) == ("RMSNorm", True)
 
 
+# TransformerConfig settings beyond the fusions that change what a rank holds: (the config
+# both runs share, the settings as TransformerConfig fields, the same as Megatron-LM arguments
+# (core_transformer_config_from_args copies them by name; fp8_param_gather -> fp8_param), the
+# module-class facts of the model).
+TE = {"transformer_impl": "transformer_engine", "attention_backend": "flash"}
+MOE = dict(num_moe_experts=4, moe_ffn_hidden_size=32, moe_router_topk=2, add_bias_linear=False,
+           moe_token_dispatcher_type="alltoall")  # fmt: skip
+CONFIG_ONLY_CASES: dict[str, tuple[dict, dict, dict, dict]] = {
+    "fp8-tensorwise-primary-weights-bf16-ends": (
+        {},
+        dict(fp8="hybrid", fp8_recipe="tensorwise", fp8_param=True, first_last_layers_bf16=True,
+             disable_parameter_transpose_cache=True),
+        dict(fp8_format="hybrid", fp8_recipe="tensorwise", fp8_param_gather=True,
+             first_last_layers_bf16=True, disable_parameter_transpose_cache=True),
+        TE,
+    ),
+    "fp4-nvfp4": ({}, dict(fp4="e2m1", fp4_recipe="nvfp4", fp4_param=True),
+                  dict(fp4="e2m1", fp4_recipe="nvfp4", fp4_param=True), TE),
+    "moe-z-loss-shared-overlap": (
+        MOE,
+        dict(moe_z_loss_coeff=1e-3, moe_shared_expert_intermediate_size=64,
+             moe_shared_expert_overlap=True),
+        dict(moe_z_loss_coeff=1e-3, moe_shared_expert_intermediate_size=64,
+             moe_shared_expert_overlap=True),
+        TE,
+    ),
+    "fine-grained-offloading": (
+        {},
+        dict(fine_grained_activation_offloading=True, offload_modules=["attn_norm", "core_attn"],
+             min_offloaded_tensor_size=64),
+        dict(fine_grained_activation_offloading=True, offload_modules=["attn_norm", "core_attn"],
+             min_offloaded_tensor_size=64),
+        {"transformer_impl": "local", "attention_backend": "local"},
+    ),
+    "pipeline-layout": (
+        dict(pipeline_model_parallel_size=2, pipeline_dtype=torch.bfloat16),
+        dict(pipeline_model_parallel_layout="Et|tttL"),
+        dict(pipeline_model_parallel_layout="Et|tttL"),
+        TE,
+    ),
+}  # fmt: skip
+# what the model object (not its TransformerConfig) and the trainer give in every case
+RUN = dict(padded_vocab_size=256, max_position_embeddings=128, seq_length=128,
+           micro_batch_size=2, num_microbatches=4, world_size=2, optimizer="adam")  # fmt: skip
+
+
+def _real_config(extra: dict[str, Any]) -> Any:
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    kw: dict[str, Any] = dict(num_layers=4, hidden_size=64, num_attention_heads=4, bf16=True,
+                              params_dtype=torch.bfloat16, use_cpu_initialization=True)  # fmt: skip
+    return TransformerConfig(**{**kw, **extra})
+
+
+def _peaks(values: dict[str, Any]) -> list[int]:
+    from memscope.analysis.static.estimator import estimate_rank
+    from memscope.analysis.static.params import RankPosition
+    from memscope.inputs.megatron_args import spec_from_megatron_args
+
+    spec = spec_from_megatron_args(values)
+    return [
+        estimate_rank(spec, RankPosition(0, stage)).peak_memory_bytes
+        for stage in range(spec.parallel.pp)
+    ]
+
+
+@pytest.mark.parametrize("name", list(CONFIG_ONLY_CASES))
+def test_settings_only_the_transformer_config_carries_give_the_args_estimate(name):
+    """FP8/FP4, MoE z-loss and shared-expert overlap, fine-grained offloading and the pipeline
+    layout are read from a real TransformerConfig, so a run with no Megatron args gets the
+    estimate the Megatron-LM arguments that built the model give, on every pipeline stage."""
+    shared, config_kw, args_kw, modules = CONFIG_ONLY_CASES[name]
+    with_settings = ModelFacts({**_config_values(_real_config({**shared, **config_kw})),
+                                **modules})  # fmt: skip
+    without = ModelFacts({**_config_values(_real_config(shared)), **modules})
+    from_model = inrun_inputs(with_settings, None, RUN).values
+    from_args = {**inrun_inputs(without, None, RUN).values, **args_kw}
+    assert _peaks(from_model) == _peaks(from_args), name
+    # and the settings matter: the model without them is estimated differently
+    assert _peaks(inrun_inputs(without, None, RUN).values) != _peaks(from_args), name
+
+
+def test_moe_permute_fusion_the_model_was_built_without_is_a_disagreement():
+    """Megatron-LM's --moe-permute-fusion in the args of a model built without it (the fused
+    permute needs Transformer Engine): the model's value is used and the report says so."""
+    config = _real_config(dict(num_moe_experts=4, moe_ffn_hidden_size=32, moe_router_topk=2,
+                               moe_token_dispatcher_type="alltoall"))  # fmt: skip
+    facts = ModelFacts({**_config_values(config), **TE})
+    args = argparse.Namespace(moe_permute_fusion=True, num_layers=4, **RUN)
+    inputs = inrun_inputs(facts, args)
+    assert inputs.values["moe_permute_fusion"] is False
+    assert inputs.sources["moe_permute_fusion"] == MODEL
+    assert Disagreement("moe_permute_fusion", False, True) in inputs.disagreements
+
+
 class TEDotProductAttention(torch.nn.Module):
     """Stands in for megatron's ``TEDotProductAttention`` (Transformer Engine does not install
     on this CPU machine): only its class name and module are read."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib.metadata
 import importlib.util
 import json
@@ -69,6 +70,10 @@ MATRIX: list[tuple[str, int, dict[str, Any]]] = [
     ("pp2-selective-gqa", 2, dict(pp=2, num_layers=4, num_microbatches=4, recompute="selective",
                                   num_query_groups=2)),
     ("pp2-vpp2-m4", 2, dict(pp=2, vpp=2, num_layers=4, num_microbatches=4)),
+    # megatron-core's pipeline_model_parallel_layout: uneven stages, and uneven chunks under VPP
+    ("pp2-layout", 2, dict(pp=2, num_layers=4, num_microbatches=4, pipeline_layout="Et|tttL")),
+    ("pp2-vpp2-layout", 2, dict(pp=2, vpp=2, num_layers=5, num_microbatches=4,
+                                pipeline_layout="Et|tt|t|tL")),
     # args lacking Megatron's fusion and transformer_impl keys (traced_training's
     # MINIMAL_ARGS_DROP), and no Megatron args at all (MemScopeTorchRuntime, batch sizes
     # passed as training=): the spec comes from the model
@@ -76,11 +81,14 @@ MATRIX: list[tuple[str, int, dict[str, Any]]] = [
     ("minimal-args-tp2+sp", 2, dict(tp=2, sequence_parallel=True)),
     ("no-args", 1, dict(num_query_groups=2, swiglu=True)),
     ("no-args-pp2-m4", 2, dict(pp=2, num_layers=4, num_microbatches=4)),
+    ("no-args-pp2-layout", 2, dict(pp=2, num_layers=4, num_microbatches=4,
+                                   pipeline_layout="Et|tttL")),
 ]  # fmt: skip
 # how each configuration's runtime gets its Megatron args (traced_training.ARGS_MODES)
 ARGS_MODE = {"minimal-args": "minimal", "minimal-args-tp2+sp": "minimal", "no-args": "none",
-             "no-args-pp2-m4": "none"}  # fmt: skip
-QUICK = ("base", "gqa+swiglu", "full-recompute", "tp2+sp", "pp2-m4", "minimal-args", "no-args")
+             "no-args-pp2-m4": "none", "no-args-pp2-layout": "none"}  # fmt: skip
+QUICK = ("base", "gqa+swiglu", "full-recompute", "tp2+sp", "pp2-m4", "minimal-args", "no-args",
+         "no-args-pp2-layout")  # fmt: skip
 MIB = 1024 * 1024
 
 
@@ -90,10 +98,11 @@ def measure(name: str, world: int, overrides: dict[str, Any], steps: int = 3) ->
     outdir = tempfile.mkdtemp(prefix=f"memscope-acc-{name}-")
     argv = ["--memscope", "--memscope-backend", "storage", "--memscope-outdir", outdir]
     mode = ARGS_MODE.get(name, "full")
-    results = spawn(
-        world, instrumented_worker, free_port(), cfg, steps, argv, None, None, False, None,
-        None, mode,
-    )  # fmt: skip
+    # by keyword: the harness's optional arguments are many, and a positional list that
+    # falls one short hands the mode to another parameter (it once became the W&B folder,
+    # so every row ran with full args)
+    worker = functools.partial(instrumented_worker, megatron_args=mode)
+    results = spawn(world, worker, free_port(), cfg, steps, argv)
     rows = []
     for res in results:
         assert res.report_path is not None
@@ -115,10 +124,28 @@ def measure(name: str, world: int, overrides: dict[str, Any], steps: int = 3) ->
                 "in_report": report["comparisons"].get("static_peak_memory_bytes"),
                 "args_mode": mode,
                 "spec_inputs": report["comparisons"].get("spec_inputs"),
+                "spec_sources": report["comparisons"].get("spec_sources"),
                 "disagreements": report["comparisons"].get("spec_disagreements"),
             }
         )
+    for row in rows:
+        check_args_mode(row)
     return rows
+
+
+def check_args_mode(row: dict) -> None:
+    """The run's in-run spec came from the Megatron args its mode says: some keys from the
+    args in a full run, none of ``MINIMAL_ARGS_DROP`` from them in a minimal one, nothing from
+    args at all without them (the report's ``spec_sources``)."""
+    sources = row.get("spec_sources") or {}
+    from_args = {k for k, v in sources.items() if v == "args"}
+    mode, where = row["args_mode"], (row["config"], row["rank"])
+    if mode == "none":
+        assert sources and not from_args, (where, sorted(from_args))
+    elif mode == "minimal":
+        assert from_args and not from_args & set(MINIMAL_ARGS_DROP), (where, sorted(from_args))
+    else:
+        assert from_args, where
 
 
 def _estimate(source: Any, row: dict) -> Any:

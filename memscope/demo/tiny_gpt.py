@@ -81,11 +81,14 @@ class TinyGPTConfig:
     # Keep every ``.grad`` allocated and zero it in place each step, as Megatron's DDP keeps
     # its persistent gradient buffer (False: ``set_to_none``, grads appear during backward).
     grad_buffer: bool = True
+    # megatron-core's pipeline_model_parallel_layout (e.g. "Et|tttL"): per virtual stage its
+    # layers, embedding (E) and loss (L); vpp must match its stages per rank
+    pipeline_layout: str | None = None
 
     def validate(self, world_size: int | None = None) -> None:
         """Raise ``ValueError`` for inconsistent settings."""
         chunks = self.vpp or 1
-        if self.num_layers % (self.pp * chunks):
+        if self.pipeline_layout is None and self.num_layers % (self.pp * chunks):
             raise ValueError("num_layers must be divisible by pp * (vpp or 1)")
         if self.vpp is not None and (self.pp < 2 or self.vpp < 1):
             raise ValueError("vpp needs pp > 1 and vpp >= 1")
@@ -226,6 +229,7 @@ def _transformer_config(cfg: TinyGPTConfig) -> Any:
         **FUSIONS_OFF,
         deallocate_pipeline_outputs=cfg.deallocate_pipeline_outputs,
         recompute_granularity=cfg.recompute,
+        pipeline_model_parallel_layout=cfg.pipeline_layout,
         **kwargs,
     )
 

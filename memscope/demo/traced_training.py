@@ -96,6 +96,7 @@ def megatron_like_args(cfg: TinyGPTConfig, memscope_argv: list[str]) -> argparse
     args.tensor_model_parallel_size = cfg.tp
     args.pipeline_model_parallel_size = cfg.pp
     args.virtual_pipeline_model_parallel_size = cfg.vpp
+    args.pipeline_model_parallel_layout = cfg.pipeline_layout
     args.context_parallel_size = 1
     args.expert_model_parallel_size = 1
     args.params_dtype = torch.float32

@@ -12,7 +12,11 @@ Each size below is what the named source computes from the GPU's compute capabil
   compute capability 9.0 exactly (``major == 9 && minor == 0``, pytorch/pytorch#89027);
   from torch 2.11 majors 9, 10 and 12 (pytorch/pytorch#175344, "32MiB for Hopper and
   Blackwell"). Any other capability (8.x, 11.x, 9.x before 2.11 with minor != 0) gets
-  8.125 MiB. cuBLAS handles and their workspaces are per thread and autograd runs backward
+  8.125 MiB. (PyTorch's main branch later also gives major 11 32 MiB; whether 2.13 does is not
+  checked here: its CPU wheel ships the headers only. Those headers key the workspaces by
+  (handle, stream) and have no ``CUDABlasHandleWithWorkspace``, i.e. 2.13 still allocates them
+  through the caching allocator per thread, as counted below.)
+  cuBLAS handles and their workspaces are per thread and autograd runs backward
   on its own device thread, so a training step that runs torch GEMMs in forward and backward
   on one stream (``CUDA_DEVICE_MAX_CONNECTIONS=1``) holds two.
 - **torch's cuBLASLt workspace**: with the unified workspaces torch builds by default

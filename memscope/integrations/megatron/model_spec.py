@@ -43,7 +43,12 @@ SAME_NAME = (
     "moe_layer_freq", "moe_router_topk", "moe_grouped_gemm", "moe_use_legacy_grouped_gemm",
     "moe_router_enable_expert_bias", "moe_token_dispatcher_type", "moe_router_dtype",
     "moe_router_score_function", "moe_router_load_balancing_type", "moe_aux_loss_coeff",
-    "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity",
+    "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity", "moe_permute_fusion",
+    "moe_shared_expert_overlap", "moe_z_loss_coeff",
+    "fp8", "fp8_recipe", "fp8_amax_history_len", "fp4", "fp4_recipe", "fp4_param",
+    "first_last_layers_bf16", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16",
+    "disable_parameter_transpose_cache",
+    "fine_grained_activation_offloading", "offload_modules", "min_offloaded_tensor_size",
 )  # fmt: skip
 # MLATransformerConfig's own fields (megatron/core/transformer/transformer_config.py).
 MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
@@ -52,6 +57,8 @@ RENAMED = {
     "num_moe_experts": "num_experts",
     "num_layers_in_first_pipeline_stage": "decoder_first_pipeline_num_layers",
     "num_layers_in_last_pipeline_stage": "decoder_last_pipeline_num_layers",
+    # core_transformer_config_from_args: kw_args['fp8_param'] = args.fp8_param_gather
+    "fp8_param": "fp8_param_gather",
 }
 TE_MODULES = ("transformer_engine", "megatron.core.extensions.transformer_engine")
 
@@ -99,8 +106,12 @@ def _config_values(config: Any) -> dict[str, Any]:
     groups, heads = getattr(config, "num_query_groups", None), config.num_attention_heads
     out["group_query_attention"] = groups is not None and groups != heads
     layout = getattr(config, "pipeline_model_parallel_layout", None)
-    if isinstance(layout, (str, list)):  # a parsed layout object is not a Megatron argument
-        out["pipeline_model_parallel_layout"] = plain(layout)
+    # TransformerConfig.__post_init__ replaces the string or list by a parsed
+    # PipelineParallelLayerLayout, which keeps what it was given as ``input_data``
+    # (transformer/pipeline_parallel_layer_layout.py)
+    given = getattr(layout, "input_data", layout)
+    if isinstance(given, (str, list)):
+        out["pipeline_model_parallel_layout"] = plain(given)
     return out
 
 
