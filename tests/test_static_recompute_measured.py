@@ -9,9 +9,12 @@ output-discarding checkpoint (``layernorm``: ``CheckpointWithoutOutput``) shrink
 of what it discards to nothing, which this counts as freed; a plain checkpoint (``mlp``,
 ``shared_experts``) never saves what runs inside it. A module's saving is the layer's saved
 bytes without the module minus with it; the estimate's is the module's entry of
-``recompute_discarded``. Dense layers: ``layernorm``, ``mlp`` and both; a MoE layer with
-shared experts (alltoall dispatcher): ``shared_experts`` and ``layernorm``. ``core_attn`` is
-measured on whole training runs by the CPU accuracy matrix (``selective*`` rows).
+``recompute_discarded``. Tensors the forward leaves in the layer's attributes stay as well and
+are counted with them, once per storage: a checkpointed MoE layer (``moe``) still holds its
+token dispatcher's routing state. Dense layers: ``layernorm``, ``mlp`` and both; a MoE layer
+with shared experts (alltoall dispatcher): ``shared_experts``, ``layernorm`` and ``moe``.
+``core_attn`` is measured on whole training runs by the CPU accuracy matrix (``selective*``
+rows).
 
 Test stand-ins, and only these: megatron-core 0.16.1's ``CheckpointWithoutOutput`` sets
 ``self.fp8 = fp8 is not None`` (True for its default ``fp8=False``) and then calls Transformer
@@ -53,6 +56,7 @@ CASES: list[tuple[str, tuple[str, ...]]] = [
     ("moe", ()),
     ("moe", ("shared_experts",)),
     ("moe", ("layernorm",)),
+    ("moe", ("moe",)),
 ]
 
 
@@ -72,11 +76,37 @@ def _te_with_fp8_off() -> None:
     tp_random.fp8_autocast = lambda **kw: contextlib.nullcontext()  # type: ignore[attr-defined]
 
 
+def _held_attributes(layer: Any) -> dict[tuple[str, str], Any]:
+    """The tensors the layer's modules, and the megatron-core objects they hold that are no
+    modules (the MoE layer's token dispatcher), keep as plain attributes."""
+    import torch
+
+    owners: list[tuple[str, Any]] = []
+    for name, module in layer.named_modules():
+        owners.append((name, module))
+        owners += [
+            (f"{name}.{attr}", value)
+            for attr, value in vars(module).items()
+            if type(value).__module__.startswith("megatron.")
+            and not isinstance(value, torch.nn.Module)
+            and hasattr(value, "__dict__")
+        ]
+    return {
+        (owner, attr): value
+        for owner, obj in owners
+        for attr, value in vars(obj).items()
+        if isinstance(value, torch.Tensor)
+    }
+
+
 def _saved_bytes(layer: Any, x: Any, mask: Any) -> int:
-    """Bytes of the distinct non-parameter storages autograd keeps after ``layer``'s forward."""
+    """Bytes of the distinct non-parameter storages that stay after ``layer``'s forward: what
+    autograd keeps for backward and the tensors the forward left in attributes (a checkpointed
+    MoE layer's dispatcher keeps its routing state so: ``moe`` recompute cannot drop it)."""
     import torch
 
     params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    before = _held_attributes(layer)  # set at construction, not by the forward
     kept: list[Any] = []
 
     def pack(t: Any) -> Any:
@@ -85,6 +115,7 @@ def _saved_bytes(layer: Any, x: Any, mask: Any) -> int:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         layer(x, attention_mask=mask)
+    kept += [t for key, t in _held_attributes(layer).items() if before.get(key) is not t]
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage() for t in kept}
     return sum(s.nbytes() for ptr, s in storages.items() if ptr not in params)
 

@@ -29,6 +29,7 @@ from memscope.analysis.static.fp8 import quantized_saved
 from memscope.analysis.static.fsdp import InFlight
 from memscope.analysis.static.mla import mla_saved, mla_up_proj_discarded
 from memscope.analysis.static.moe import (
+    dispatcher_held,
     moe_act_discarded,
     moe_global_buffer,
     moe_layer_saved,
@@ -288,7 +289,8 @@ def recompute_discarded(spec: TrainingSpec, x: Dims, saved: dict[str, int]) -> d
       stays (local spec). Transformer Engine's spec fuses the pre-MLP norm into fc1, so the
       checkpoint's input is the residual and the norm's output and statistics go too.
     * ``moe`` (transformer/moe/moe_layer.py ``moe_layer_recompute``): the whole MoE MLP
-      (router, dispatcher, experts, shared experts).
+      (router, dispatcher, experts, shared experts) but what its token dispatcher holds
+      through its attributes, set inside the checkpoint and kept (:func:`.moe.dispatcher_held`).
     * ``moe_act`` (transformer/moe/experts.py ``activation_recompute``): the experts'
       activation outputs (:func:`.moe.moe_act_discarded`).
     * ``shared_experts`` (moe_layer.py ``shared_experts_recompute``): the shared experts.
@@ -310,7 +312,7 @@ def recompute_discarded(spec: TrainingSpec, x: Dims, saved: dict[str, int]) -> d
             # input is the residual and fc1's normalised input and statistics are inside it
             out["mlp"] += (saved["norm_outputs"] + saved["norm_statistics"]) // 2
     if moe and spec.recomputes("moe"):
-        out["moe"] = saved["mlp"]
+        out["moe"] = saved["mlp"] - dispatcher_held(spec, x.s, x.b, x.sp, x.e)
     elif moe:
         parts = moe_layer_saved(spec, x.s, x.b, x.sp, x.e)
         if spec.recomputes("moe_act"):

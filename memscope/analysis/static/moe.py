@@ -38,8 +38,9 @@ rank's experts.
   megatron_versions.py), and holds ``probs``, ``routing_map`` and (``E_l > 1``) the per-expert
   token counts as attributes; padded to capacity it keeps two int64 index vectors of
   ``C E`` instead of the transposed copies. With ``moe_permute_fusion`` (Transformer Engine)
-  the fused permute keeps one int32 ``[E, T]`` row map instead of the sort indices and the
-  transposed copies (read from TE's permutation.py, not measurable on CPU). The allgather
+  the fused permute keeps one int32 ``[E, T]`` row map instead of the sort indices (and, for
+  alltoall, the transposed copies: allgather makes its own outside ``permute``), read from
+  TE's permutation.py, not measurable on CPU. The allgather
   dispatcher with ``G > 1`` gathers the hidden states into megatron's global memory buffer
   (``T G h`` at the activation dtype, one buffer per process, counted with the global buffer).
 - **Experts** (experts.py): the permuted tokens (``n h``), the probabilities applied inside
@@ -179,6 +180,74 @@ def _permute_saved(spec: TrainingSpec, r: int, cells: int) -> int:
     return (r + 1) * cells
 
 
+def _dispatcher_parts(spec: TrainingSpec, tokens: int, r: int, n: int) -> tuple[int, int]:
+    """The dispatcher term of :func:`moe_layer_saved` in two parts: (what the token
+    dispatcher holds through its own attributes after the forward, what only autograd keeps).
+
+    Read from megatron-core 0.16.1 transformer/moe/token_dispatcher.py. The alltoall
+    dispatcher's ``dispatch_preprocess`` sets ``self.probs`` and ``self.routing_map`` (the
+    router's ``[T, E]`` outputs, lines 610-611) and
+    ``self.reversed_local_input_permutation_mapping`` (lines 634-644: what moe_utils.py
+    ``permute`` returns, the int64 sort indices that its ``index_select`` also saves, TE's
+    int32 row map when fused), and ``preprocess`` sets
+    ``self.num_global_tokens_per_local_expert`` (line 578 for ``E_l > 1``; padded to capacity
+    line 502 sets it always, on the host unless fused, line 404; unfused dropless it is moved
+    to the host at the device-to-host point, lines 891-894: counted as device bytes here as
+    in the layer's term, measured so on CPU). None of them is cleared: they live until the
+    next forward. The allgather dispatcher's ``dispatch_postprocess`` sets ``self.local_map``
+    (line 287, the bool ``[T G, E_l]`` local routing map), the reversed mapping (line 297)
+    and ``self.local_probs`` (line 304, the experts' probabilities, counted with the experts:
+    see :func:`dispatcher_held`), and clears ``self.routing_map`` (line 307). The held part
+    counts each such storage once; the autograd part is what else the backward keeps."""
+    m, p = spec.model, spec.parallel
+    assert m.num_experts is not None
+    k, experts = m.moe_router_topk, m.num_experts
+    local, etp = experts // p.ep, p.expert_tp
+    gathered = tokens * etp * p.ep
+    padded = m.moe_pad_expert_input_to_capacity and m.moe_expert_capacity_factor is not None
+    fused = m.moe_permute_fusion and m.transformer_impl == "transformer_engine"
+    counts = INT64 * experts * etp if local > 1 else 0  # num_global_tokens_per_local_expert
+    if m.moe_token_dispatcher == "allgather":
+        # local_map, then the reversed mapping: Transformer Engine's fused permute
+        # (moe_utils.permute -> TE moe_permute, permutation.py _moe_permute_mask_map) returns
+        # and saves its int32 [E_l, T G] row map; unfused, the int64 sort indices of n rows
+        mapping = INT32 * local * gathered if fused else INT64 * n
+        held = gathered * local + mapping
+        # local_probs.T.contiguous().masked_select(local_map.T.contiguous()) keeps the
+        # transposed probabilities and mask, fused or not (it runs outside permute)
+        return held, (r + 1) * gathered * local
+    probs_and_map = (r + 1) * tokens * experts  # self.probs and self.routing_map
+    if fused:
+        # TE's moe_permute_with_probs saves only its int32 [E, T] row map, which is the
+        # reversed mapping held (not measurable on CPU: needs Transformer Engine)
+        return INT32 * experts * tokens + probs_and_map + counts, 0
+    if padded:
+        # moe_utils.permute with drop_and_pad: the sort indices of C E rows (held, and saved
+        # by the tokens' index_select) and the probabilities' int64 index (autograd only)
+        capacity = math.ceil(tokens * k / experts * (m.moe_expert_capacity_factor or 1.0))
+        return INT64 * capacity * experts + probs_and_map + counts, INT64 * capacity * experts
+    # alltoall (and flex, estimated alike): the sort indices of the T k local rows held
+    # (from 0.17 argsort-based: the held part is not checked past 0.16), the probabilities'
+    # backward in permute's masked_select (or the 0.17 argsort) kept by autograd only
+    return INT64 * tokens * k + probs_and_map + counts, _permute_saved(spec, r, tokens * experts)
+
+
+def dispatcher_held(spec: TrainingSpec, s: int, b: int, sp: int, e: int) -> int:
+    """Bytes one MoE layer's token dispatcher still holds through its attributes after its
+    forward (:func:`_dispatcher_parts`), which a checkpointed MoE layer (``recompute_modules``
+    ``moe``) cannot drop: they outlive the layer's backward too. For the allgather dispatcher
+    this includes ``local_probs``, the ``r n`` probabilities :func:`moe_layer_saved` counts
+    with the experts. Measured for the unfused alltoall dispatcher
+    (``tests/test_static_recompute_measured.py``); the rest is read from the source."""
+    m = spec.model
+    tokens = s // sp * b
+    r, n = router_bytes(spec, e), routed_rows(spec, tokens)
+    held = _dispatcher_parts(spec, tokens, r, n)[0]
+    if m.moe_token_dispatcher == "allgather":
+        held += r * n  # self.local_probs (token_dispatcher.py dispatch_postprocess)
+    return held
+
+
 def moe_layer_saved(
     spec: TrainingSpec, s: int, b: int, sp: int, e: int, rows: int | None = None
 ) -> dict[str, int]:
@@ -190,7 +259,6 @@ def moe_layer_saved(
     h, k, experts = m.hidden_size, m.moe_router_topk, m.num_experts
     local, etp = experts // p.ep, p.expert_tp
     tokens = s // sp * b
-    gathered = tokens * etp * p.ep
     r = router_bytes(spec, e)
     n = routed_rows(spec, tokens) if rows is None else rows
 
@@ -202,25 +270,8 @@ def moe_layer_saved(
     if m.moe_z_loss:  # logsumexp keeps the [T, E] logits and its [T] result; the scaler the loss
         router += r * tokens * experts + r * tokens + r
 
-    padded = m.moe_pad_expert_input_to_capacity and m.moe_expert_capacity_factor is not None
-    counts = INT64 * experts * etp if local > 1 else 0  # per-expert token counts (alltoall)
-    if m.moe_permute_fusion and m.transformer_impl == "transformer_engine":
-        # Transformer Engine's fused permute (moe_utils.permute -> TE moe_permute_with_probs,
-        # permutation.py _moe_permute_mask_map) saves only its int32 [experts, tokens]
-        # row_id_map; the fused unpermute of the combine keeps the same map. The dispatcher
-        # still holds probs and routing_map (alltoall) or the local map (allgather).
-        if m.moe_token_dispatcher == "allgather":
-            dispatcher = INT32 * local * gathered + gathered * local
-        else:
-            dispatcher = INT32 * experts * tokens + (r + 1) * tokens * experts + counts
-    elif m.moe_token_dispatcher == "allgather":
-        dispatcher = INT64 * n + (r + 1) * gathered * local + gathered * local
-    elif padded:
-        capacity = math.ceil(tokens * k / experts * (m.moe_expert_capacity_factor or 1.0))
-        dispatcher = 2 * INT64 * capacity * experts + (r + 1) * tokens * experts + counts
-    else:  # alltoall (and flex, estimated alike)
-        dispatcher = INT64 * tokens * k + _permute_saved(spec, r, tokens * experts)
-        dispatcher += (r + 1) * tokens * experts + counts  # probs and routing_map held
+    held, autograd_only = _dispatcher_parts(spec, tokens, r, n)
+    dispatcher = held + autograd_only
 
     legacy_grouped, per_row = _expert_rows(spec)
     experts_bytes = n * h * e + r * n + per_row * n * (m.moe_ffn // etp) * e
