@@ -16,6 +16,7 @@ from memscope.analysis.static.coverage import config_coverage
 from memscope.analysis.static.estimator import estimate_all_ranks, estimate_rank
 from memscope.analysis.static.mla import mla_saved, mla_up_proj_discarded
 from memscope.analysis.static.moe import (
+    dispatcher_held,
     imbalance_bound,
     moe_layer_saved,
     routed_rows,
@@ -51,6 +52,42 @@ def test_fused_permute_keeps_an_int32_row_map_instead_of_indices_and_transposed_
     # unfused: int64 indices of T k rows + transposed probs and mask; fused: int32 [E, T]
     assert saved == 8 * T * K + (r + 1) * T * E - 4 * E * T
     assert _moe(plain)["moe_experts"] == _moe(fused)["moe_experts"]
+
+
+EP, ETP = 2, TP  # expert tensor parallelism defaults to tensor parallelism
+GATHERED, LOCAL = T * ETP * EP, E // EP  # the allgather dispatcher's tokens and local experts
+
+
+def test_fused_allgather_still_keeps_its_own_masked_select_copies():
+    plain = _spec(moe_token_dispatcher_type="allgather")
+    fused = _spec(moe_token_dispatcher_type="allgather", moe_permute_fusion=True)
+    n, r = routed_rows(plain, T), 2
+    # token_dispatcher.py dispatch_postprocess line 304 runs fused or not: only the int64 sort
+    # indices of n rows become TE's int32 [E_l, T G] row map
+    saved = _moe(plain)["moe_dispatcher"] - _moe(fused)["moe_dispatcher"]
+    assert saved == 8 * n - 4 * LOCAL * GATHERED
+    assert _moe(fused)["moe_dispatcher"] >= (r + 1) * GATHERED * LOCAL
+
+
+@pytest.mark.parametrize("dispatcher", ["alltoall", "alltoall-fused", "allgather"])
+def test_moe_recompute_keeps_what_each_dispatcher_holds_as_attributes(dispatcher):
+    kw: dict[str, Any] = dict(moe_token_dispatcher_type=dispatcher.split("-")[0])
+    if dispatcher.endswith("fused"):
+        kw.update(moe_permute_fusion=True)
+    spec = _spec(recompute_granularity="selective", recompute_modules=["moe"], **kw)
+    whole, kept = _moe(spec), dispatcher_held(spec, S, B, TP, 2)
+    n, r = routed_rows(spec, T), 2
+    expected = {
+        # int64 sort indices of T k rows, probs and routing_map [T, E], int64 counts [etp E]
+        "alltoall": 8 * T * K + (r + 1) * T * E + 8 * E * ETP,
+        # TE's row map, probs, routing_map, counts: the whole dispatcher term stays
+        "alltoall-fused": whole["moe_dispatcher"],
+        # local_map [T G, E_l], int64 sort indices of n rows, local_probs (r n)
+        "allgather": GATHERED * LOCAL + 8 * n + r * n,
+    }
+    assert kept == expected[dispatcher]
+    x = dims(spec)
+    assert recompute_discarded(spec, x, layer_saved(spec, x))["moe"] == sum(whole.values()) - kept
 
 
 def test_shared_expert_overlap_keeps_the_gathered_input_under_sequence_parallelism():
