@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from harness import InstrumentedResult, instrumented_worker
 from layer_guard import LayerGuard
+from megatron_newest import NewestMegatronSelection
 
 from memscope.demo.launcher import free_port
 from memscope.demo.tiny_gpt import TinyGPTConfig
@@ -51,6 +52,8 @@ def pytest_configure(config: pytest.Config) -> None:
     guard = LayerGuard()
     guard.install()
     config.pluginmanager.register(guard, "memscope-layer-guard")
+    # the tests CI runs a second time on the newest megatron-core (tests/megatron_newest.py)
+    config.pluginmanager.register(NewestMegatronSelection(), "memscope-megatron-newest")
 
 
 def run_in_process(

@@ -25,14 +25,18 @@ FP8 = ("gpt", "gpt3_345m_weekly_dgx_h100_1N8G_mcore_tp4_cp2_native_fp8_tp_sp_cp_
 def results() -> dict[str, dict]:
     tree = pristine_tree()
     recipes = bench.recipe_world_sizes(tree)
+    release, _ = bench.versions(tree)
     cases = []
     for family, name in (TP2_PP2, MOE, FP8):
-        case = bench.prepare_case(tree, family, name, "h100", "dev", recipes)
+        case = bench.prepare_case(tree, family, name, "h100", "dev", recipes, release)
         assert case is not None and "reason" not in case, (name, case)
         cases.append(case)
     jobs = [{k: c[k] for k in ("name", "argv", "env", "world_size")} for c in cases]
     parsed = bench.parse_with_megatron(tree, jobs, "h100")
-    out = {c["name"]: bench.estimate_case(c, parsed[c["name"]]) for c in cases}
+    out = {
+        c["name"]: bench.estimate_case(c, parsed[c["name"]], megatron_core=c["megatron_core"])
+        for c in cases
+    }
     # The TP2 PP2 case with 3 query groups for its 8 heads: a contradiction the estimator
     # refuses (ValueError); the case must land on the separate list with that reason.
     contradictory = {**parsed[TP2_PP2[1]], "group_query_attention": True, "num_query_groups": 3}
@@ -56,6 +60,8 @@ def test_world_size_and_last_rank(results):
     assert (row["rank"], row["tp_rank"], row["pp_rank"]) == (7, 1, 1)
     assert row["dtype"] == "bfloat16"
     assert row["vocab"]["tokenizer"] == bench.GPT2_BPE_VOCAB
+    # estimated for the release that ran the case (the tree's), not the installed one
+    assert row["megatron_core"] == bench.versions(pristine_tree())[0] == "0.15.0rc5"
     moe = results[MOE[1]]
     assert "reason" not in moe, moe.get("reason")
     assert (moe["rank"], moe["tp_rank"], moe["pp_rank"]) == (7, 1, 0)

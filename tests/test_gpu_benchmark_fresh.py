@@ -41,6 +41,9 @@ def test_committed_table_is_what_the_benchmark_prints_now(fresh):
 def test_committed_rows_are_what_the_benchmark_computes_now(fresh):
     paths = bench.committed_paths()
     assert json.loads(_read(paths["json"])) == json.loads(bench.json_text(fresh)), REGENERATE
+    # every case follows the release that ran it, so the installed megatron-core (CI runs two)
+    # cannot change the committed figures
+    assert {r["megatron_core"] for r in fresh["rows"]} == {fresh["megatron"]}
 
 
 def test_package_summary_is_the_fresh_runs_last_line(fresh):

@@ -135,3 +135,51 @@ def test_megatron_fsdp_gradients_take_the_named_dtype_from_0_19():
     assert grads("0.19.2", megatron_fsdp_main_grads_dtype="auto") == 2 * count
     with pytest.raises(ValueError, match="megatron_fsdp_main_grads_dtype"):
         _spec("0.19.2", **fsdp, megatron_fsdp_main_grads_dtype="fp8")
+
+
+def test_mtp_stage_embedding_copy_goes_to_adam_from_0_18():
+    from memscope.analysis.static.muon import muon_managed
+
+    pp2 = dict(num_experts=None, mtp_num_layers=1, pipeline_model_parallel_size=2,
+               world_size=2, num_layers=2)  # fmt: skip
+
+    def embedding(version: str) -> Any:
+        last = rank_params(_spec(version, **pp2), RankPosition(0, 1))  # MTP's stage
+        return next(t for t in last if t.name == "embedding.word_embeddings.weight")
+
+    # language_module.py setup_embeddings_and_output_layer tags mtp_process's copy from 0.18
+    assert not embedding("0.17.1").embedding_or_output and muon_managed(embedding("0.17.1"))
+    assert embedding("0.18.0").embedding_or_output and not muon_managed(embedding("0.18.0"))
+
+
+def test_mla_query_norm_without_query_latent_from_0_19_refused_locally_named_with_te():
+    mla = dict(num_experts=None, multi_latent_attention=True, q_lora_rank=None, kv_lora_rank=16,
+               qk_head_dim=8, qk_pos_emb_head_dim=4, v_head_dim=12)  # fmt: skip
+
+    def spec(version: str, impl: str = "local") -> Any:
+        base = _spec(version, **mla, transformer_impl=impl)  # (qk_layernorm off: any release)
+        return dataclasses.replace(base, model=dataclasses.replace(base.model, qk_layernorm=True))
+
+    from memscope.analysis.static.coverage import approximated_features
+
+    validate_spec(spec("0.18.0"))  # the query is not normalised: nothing refused
+    validate_spec(spec("0.19.2", "transformer_engine"))  # TE's fused norm+linear builds it
+    with pytest.raises(ValueError, match="cannot build the query norm"):
+        validate_spec(spec("0.19.2"))
+    # the fused query norm TE builds from 0.19 is named, not silently left out
+    named = "MLA's query norm"
+    assert not any(named in a for a in approximated_features(spec("0.18.0", "transformer_engine")))
+    assert any(named in a for a in approximated_features(spec("0.19.2", "transformer_engine")))
+
+
+def test_layer_wise_muon_bucket_layout_is_named_approximated_from_0_18():
+    from memscope.analysis.static.coverage import approximated_features
+
+    def lines(version: str) -> str:
+        spec = _spec(version, num_experts=None, optimizer="dist_muon", world_size=2,
+                     global_batch_size=2 * B)  # fmt: skip
+        return " ".join(approximated_features(spec))
+
+    assert "Muon step temporaries" in lines("0.17.1") and "DDP bucket" not in lines("0.17.1")
+    assert "lays them out by DDP bucket" in lines("0.18.0")
+    assert "--no-use-layer-wise-param-layout" in lines("0.19.2")

@@ -1,18 +1,20 @@
 """Muon (``--optimizer muon``) and the layer-wise distributed Muon (``dist_muon``) in the
-static estimator, against megatron-core 0.16.1.
+static estimator, against the installed megatron-core (CI: 0.16.1 and the newest).
 
 Which tensors Muon updates is checked on real GPTModels (the layout test covers the MTP
-chunk's untagged embedding copy); how ``dist_muon`` deals whole tensors to data-parallel ranks
-is checked by running megatron-core's own ``LayerWiseDistributedOptimizer.shard_params`` on two
-gloo ranks. Muon's step itself needs the ``emerging_optimizers`` package, which is not
-installable here: the two parameter groups are carried by plain ``torch.optim.SGD``
-instances (``shard_params`` reads only their ``param_groups``), and the Newton-Schulz
-temporaries are derived from source (stated in the report's ``approximated`` list).
+chunk's embedding copy, tagged from 0.18); how ``dist_muon`` deals whole tensors to
+data-parallel ranks is checked by running megatron-core's own
+``LayerWiseDistributedOptimizer.shard_params`` on two gloo ranks (its size-sorted ping-pong
+split; from 0.18 Megatron-LM passes a bucket layout instead unless
+``--no-use-layer-wise-param-layout``, which the estimate does not model and says so). Muon's
+step itself needs the ``emerging_optimizers`` package, which is not installable here: the two
+parameter groups are carried by plain ``torch.optim.SGD`` instances (``shard_params`` reads
+only their ``param_groups``), and the Newton-Schulz temporaries are derived from source
+(stated in the report's ``approximated`` list).
 """
 
 from __future__ import annotations
 
-import types
 from typing import Any
 
 import pytest
@@ -66,10 +68,15 @@ def _shard_worker(rank: int, world: int, port: int) -> dict[str, Any]:
         ]
         adam = [n for n in named if n not in muon]  # fmt: skip
         carriers = [torch.optim.SGD([named[n] for n in group], lr=0.0) for group in (muon, adam)]
-        holder = types.SimpleNamespace(
-            pg_collection=ProcessGroupCollection.use_mpu_process_groups()
-        )
-        LayerWiseDistributedOptimizer.shard_params(holder, carriers)  # type: ignore[arg-type]
+        # the optimizer without its __init__ (which would build the Muon step): what
+        # shard_params reads of it are the process groups (0.16.1), or the dp_cp and expt_dp
+        # groups __init__ caches (0.18+, where no full_param_layouts means the
+        # ping-pong split: Megatron-LM's --no-use-layer-wise-param-layout; the default bucket
+        # layout is megatron_versions.LAYER_WISE_PARAM_LAYOUT, not modelled)
+        groups = ProcessGroupCollection.use_mpu_process_groups()
+        holder = LayerWiseDistributedOptimizer.__new__(LayerWiseDistributedOptimizer)
+        holder.pg_collection, holder.dp_cp, holder.expt_dp = groups, groups.dp_cp, groups.expt_dp
+        holder.shard_params(carriers)
         by_id = {id(p): n for n, p in named.items()}
         own = [by_id[id(p)] for opt in carriers for g in opt.param_groups for p in g["params"]]
         return {"muon": muon, "own": sorted(own), "numel": {n: p.numel() for n, p in named.items()}}

@@ -52,6 +52,12 @@ a case with neither (the ``*_release`` ones) is listed as not modelled.
 
 The estimator runs with ``device="cuda"`` (bool dropout masks) and the precision the flags
 give (``--bf16`` / ``--fp16``). Nothing is tuned to these numbers.
+
+**The release** each case estimates for is the one that ran it: the tree's Megatron-LM
+(``megatron/core/package_info.py``, 0.15.0rc5 in FlagScale 0.8.0), carried by every case as
+``megatron_core`` (``spec.model.megatron_core_version``, where releases differ:
+``memscope/analysis/static/megatron_versions.py``), never the installed megatron-core, so the
+output is the same whichever release CI installs.
 """
 
 from __future__ import annotations
@@ -342,16 +348,27 @@ def parse_with_megatron(tree: str, jobs: list[dict[str, Any]], gpu: str) -> dict
 
 
 def prepare_case(
-    tree: str, family: str, name: str, gpu: str, golden: str, recipes: dict[str, int]
+    tree: str,
+    family: str,
+    name: str,
+    gpu: str,
+    golden: str,
+    recipes: dict[str, int],
+    megatron_core: str,
 ) -> dict[str, Any] | None:
-    """One GPT-family case read from the tree: measured numbers, world size, argv and env
-    for Megatron's parser; or, with a ``reason``, why it goes to the separate list. ``None``
-    when the case has no memory golden values."""
+    """One GPT-family case read from the tree: measured numbers, the megatron-core release
+    that ran it, world size, argv and env for Megatron's parser; or, with a ``reason``, why it
+    goes to the separate list. ``None`` when the case has no memory golden values."""
     case_dir = os.path.join(cases_root(tree), family, name)
     path = golden_file(case_dir, gpu, golden)
     if path is None:
         return None
-    case: dict[str, Any] = {"name": name, "family": family, "measured": measured(path)}
+    case: dict[str, Any] = {
+        "name": name,
+        "family": family,
+        "measured": measured(path),
+        "megatron_core": megatron_core,
+    }
     config = load_case_config(case_dir)
     if str(config.get("MODE", "pretraining")) == "inference":
         return {**case, "reason": "inference-only case (MODE: inference)"}
@@ -369,13 +386,17 @@ def estimate_cases(tree: str, cases: list[dict[str, Any]], gpu: str) -> list[dic
     """Parse every prepared case with Megatron's code (one subprocess), then estimate each."""
     jobs = [{k: c[k] for k in ("name", "argv", "env", "world_size")} for c in cases]
     parsed = parse_with_megatron(tree, jobs, gpu) if jobs else {}
-    return [estimate_case(case, parsed[case["name"]], gpu) for case in cases]
+    return [
+        estimate_case(case, parsed[case["name"]], gpu, megatron_core=case["megatron_core"])
+        for case in cases
+    ]
 
 
 def collect(tree: str, gpu: str, golden: str, substr: str | None) -> dict[str, Any]:
     """Every case with memory golden values: modelled rows and the rest with reasons."""
     root = cases_root(tree)
     recipes = recipe_world_sizes(tree)
+    megatron_core, _ = versions(tree)  # the release whose functional tests these are
     skipped_families: dict[str, dict[str, Any]] = {}
     separate: list[dict[str, Any]] = []
     jobs: list[dict[str, Any]] = []
@@ -392,7 +413,7 @@ def collect(tree: str, gpu: str, golden: str, substr: str | None) -> dict[str, A
                 )
                 entry["cases"].append(name)
                 continue
-            case = prepare_case(tree, family, name, gpu, golden, recipes)
+            case = prepare_case(tree, family, name, gpu, golden, recipes, megatron_core)
             if case is not None:
                 (separate if "reason" in case else jobs).append(case)
     rows: list[dict[str, Any]] = []
@@ -417,7 +438,8 @@ def estimate_case(
 
     The estimate is for the GPU the golden file names and the ``CUBLAS_WORKSPACE_CONFIG``
     the case's ``ENV_VARS`` export (both size the fixed workspaces), and for the
-    megatron-core release ``megatron_core`` that ran the case (default: the installed one)."""
+    megatron-core release ``megatron_core`` that ran the case (``None``: the installed one, as
+    the args reader records it)."""
     from memscope.analysis.static.coverage import not_modelled
     from memscope.analysis.static.estimator import estimate_rank, position_of_rank
     from memscope.inputs.megatron_args import spec_from_megatron_args

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from memscope.analysis.static.megatron_versions import legacy_grouped_mlp
+from memscope.analysis.static.megatron_versions import (
+    MLA_QK_NORM_RESOLVER,
+    at_least,
+    legacy_grouped_mlp,
+)
 
 if TYPE_CHECKING:
     from memscope.analysis.static.config import ModelSpec, ParallelSpec, TrainingSpec
@@ -92,6 +96,12 @@ def validate_mla_mtp(m: ModelSpec, p: ParallelSpec) -> None:
             raise ValueError(
                 f"parallel.tp ({p.tp}) must divide model.q_lora_rank ({m.q_lora_rank}) with the "
                 "local MLA spec"
+            )
+        if m.qk_layernorm and m.q_lora_rank is None and at_least(m, MLA_QK_NORM_RESOLVER):
+            raise ValueError(  # megatron_versions.MLA_QK_NORM_RESOLVER
+                f"model.qk_layernorm without model.q_lora_rank: megatron-core "
+                f"{m.megatron_core_version}'s local MLA spec cannot build the query norm (it "
+                "needs Transformer Engine's fused norm+linear)"
             )
 
 

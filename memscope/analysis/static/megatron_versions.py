@@ -18,6 +18,24 @@ release that changed it. Each change, with where it is in megatron-core's source
   multi_token_prediction.py`` ``MultiTokenPredictionLayer`` holds its transformer layer as
   ``mtp_model_layer`` (it may be a Mamba stack), before as ``transformer_layer``: the
   parameters' names change, not their sizes.
+- **0.18: MTP's embedding copy tagged** (:data:`MTP_EMBEDDING_TAGGED`). ``models/common/
+  language_module/language_module.py`` ``LanguageModule.setup_embeddings_and_output_layer``
+  tags the word embedding of the MTP stage (``mtp_process``) ``is_embedding_or_output_parameter``
+  like the first stage's (before: only ``pre_process``'s): Muon's split (``optimizer/muon.py``)
+  gives the copy to Adam instead of Muon.
+- **0.18: layer-wise Muon shards by bucket layout** (:data:`LAYER_WISE_PARAM_LAYOUT`).
+  ``optimizer/layer_wise_optimizer.py`` ``LayerWiseDistributedOptimizer.shard_params`` takes
+  the DDP chunks' ``full_param_layout`` (``compute_full_param_layout``: per bucket, whole Muon
+  tensors bin-packed onto the data-parallel shards; the other tensors byte-sharded by a
+  ``DistributedOptimizer``), which Megatron-LM builds unless ``--no-use-layer-wise-param-layout``;
+  the size-sorted ping-pong split the estimate models is its fallback. Not modelled: the
+  report's assumptions say so.
+- **0.19: MLA's query norm needs a query latent or a fused norm** (:data:`MLA_QK_NORM_RESOLVER`).
+  ``transformer/mla_qk_norm_config.py`` ``QKNormConfigResolver`` (called from
+  ``MLASelfAttention.__init__``): with ``qk_layernorm`` and no ``q_lora_rank`` the query
+  projection becomes the backend's fused norm+linear, which the local spec does not have
+  (``LocalSpecProvider.column_parallel_layer_norm_linear`` is ``None``), so megatron-core
+  refuses to build it; up to 0.18 the query was simply not normalised.
 - **0.19: Megatron-FSDP's gradient dtype** (:data:`MEGATRON_FSDP_GRADS_DTYPE`).
   ``distributed/fsdp/mcore_fsdp_adapter.py`` takes the main-gradient dtype from
   ``megatron_fsdp_main_grads_dtype`` alone (Megatron-LM's ``--megatron-fsdp-main-grads-dtype``,
@@ -39,7 +57,10 @@ Release = tuple[int, int]
 ARGSORT_PERMUTE: Release = (0, 17)
 NO_LEGACY_GROUPED_MLP: Release = (0, 17)
 MTP_MODEL_LAYER: Release = (0, 17)
+MTP_EMBEDDING_TAGGED: Release = (0, 18)
+LAYER_WISE_PARAM_LAYOUT: Release = (0, 18)
 MEGATRON_FSDP_GRADS_DTYPE: Release = (0, 19)
+MLA_QK_NORM_RESOLVER: Release = (0, 19)
 
 _RELEASE = re.compile(r"^\s*(\d+)\.(\d+)")
 
@@ -76,6 +97,12 @@ def grouped_gemm_experts(model: ModelSpec) -> bool:
 def mtp_inner_layer(model: ModelSpec) -> str:
     """The attribute name of an MTP layer's transformer layer (:data:`MTP_MODEL_LAYER`)."""
     return "mtp_model_layer" if at_least(model, MTP_MODEL_LAYER) else "transformer_layer"
+
+
+def embedding_tagged(model: ModelSpec, first_stage: bool, mtp: bool) -> bool:
+    """Whether a chunk's word embedding is tagged ``is_embedding_or_output_parameter``: the
+    first stage's always, the MTP stage's copy from 0.18 (:data:`MTP_EMBEDDING_TAGGED`)."""
+    return first_stage or (mtp and at_least(model, MTP_EMBEDDING_TAGGED))
 
 
 def megatron_fsdp_grad_bytes(spec: TrainingSpec) -> int:

@@ -27,7 +27,11 @@ from memscope.analysis.static.config import (
     chunk_layer_offset,
     chunk_roles,
 )
-from memscope.analysis.static.megatron_versions import grouped_gemm_experts, mtp_inner_layer
+from memscope.analysis.static.megatron_versions import (
+    embedding_tagged,
+    grouped_gemm_experts,
+    mtp_inner_layer,
+)
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,8 @@ class ParamTensor:
     ndim: int = 2  # 1: norm weights and biases
     # megatron-core LanguageModule.setup_embeddings_and_output_layer tags the word embedding
     # of the pre_process chunk and the output layer of the post_process chunk
-    # (``is_embedding_or_output_parameter``); the MTP chunk's embedding copy is not tagged
+    # (``is_embedding_or_output_parameter``); the MTP chunk's embedding copy from 0.18 on
+    # (megatron_versions.MTP_EMBEDDING_TAGGED)
     embedding_or_output: bool = False
 
 
@@ -192,7 +197,7 @@ def rank_params(spec: TrainingSpec, pos: RankPosition) -> list[ParamTensor]:
         roles = chunk_roles(m, p, pos.pp_rank, chunk)
         tag = f"chunk{chunk}." if chunks > 1 else ""
         if roles.embedding:  # MTP needs the embedding on its stage too (a tied copy)
-            out += _embedding(spec, tag, tagged=roles.first)
+            out += _embedding(spec, tag, tagged=embedding_tagged(m, roles.first, roles.mtp))
         start = chunk_layer_offset(m, p, pos.pp_rank, chunk)
         for i in range(start, start + per_chunk[chunk]):
             out += layer_params(spec, f"{tag}decoder.layers.{i}", m.is_moe_layer(i))
