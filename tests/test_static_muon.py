@@ -144,3 +144,28 @@ def test_muon_tp_duplicated_mode_orthogonalises_the_full_matrix():
 def test_what_megatron_refuses_for_muon_is_refused(kw, match):
     with pytest.raises(ValueError, match=match):
         spec_from_megatron_args(dict(ARGS, **kw))
+
+
+@pytest.mark.parametrize("version", ["0.19.2", "0.16.1"])
+def test_muon_with_the_distributed_optimizer_is_layer_wise_muon_from_0_19(monkeypatch, version):
+    import memscope.inputs.megatron_args as megatron_args
+
+    monkeypatch.setattr(megatron_args, "package_version", lambda name: version)
+    args = dict(ARGS, world_size=4, optimizer="muon", use_distributed_optimizer=True)
+    if version == "0.16.1":  # megatron-core 0.16's Muon refuses the distributed optimizer
+        with pytest.raises(ValueError, match="dist_muon"):
+            spec_from_megatron_args(args)
+        return
+    spec = spec_from_megatron_args(args)
+    assert (spec.precision.optimizer, spec.precision.distributed_optimizer) == ("dist_muon", False)
+    layer_wise = estimate_rank(spec, RankPosition(0, 0)).persistent.optimizer_bytes
+    assert layer_wise == _optimizer_bytes(optimizer="dist_muon", world_size=4)[0]
+
+
+def test_a_parsed_namespaces_layer_wise_flag_means_layer_wise_muon_on_any_release(monkeypatch):
+    import memscope.inputs.megatron_args as megatron_args
+
+    monkeypatch.setattr(megatron_args, "package_version", lambda name: "0.16.1")
+    spec = spec_from_megatron_args(dict(ARGS, world_size=4, optimizer="muon",
+                                        use_layer_wise_distributed_optimizer=True))  # fmt: skip
+    assert spec.precision.optimizer == "dist_muon"

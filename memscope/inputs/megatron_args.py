@@ -24,6 +24,10 @@ from memscope.analysis.static.config import (
     TrainingSpec,
     padded_vocab_size,
 )
+from memscope.analysis.static.megatron_versions import (
+    MUON_DISTRIBUTED_IS_LAYER_WISE,
+    release_at_least,
+)
 from memscope.analysis.static.read_keys import NEGATED_FLAGS
 from memscope.analysis.static.spec_checks import validate_spec
 from memscope.analysis.static.validation import MAX_LAYERS, check_batch, show
@@ -101,7 +105,7 @@ def spec_from_megatron_args(
     dtype = _params_dtype(args)
     model = _model_spec(args, num_layers, seq, vocab)
     parallel = parallel_spec(args, tp, num_layers)
-    precision = _precision_spec(args, dtype)
+    precision = _precision_spec(args, dtype, model.megatron_core_version)
     spec = _training_spec(args, model, parallel, precision)
     kd = distillation_from_args(args, spec, spec_from_megatron_args)  # the teacher: same args
     return replace(spec, distillation=kd) if kd is not None else spec
@@ -204,20 +208,37 @@ def _bias_activation_fusion(args: Any) -> bool:
     return get_flag(args, "bias_gelu_fusion", True) and _bias_linear(args)
 
 
-def _precision_spec(args: Any, dtype: str) -> PrecisionSpec:
+def _precision_spec(args: Any, dtype: str, version: str | None) -> PrecisionSpec:
     """Parameter dtype, gradient buffer, optimizer and its state (Megatron-LM names)."""
     savers = _optimizer_savers(args)
+    optimizer, distributed = _optimizer(args, version)
     return PrecisionSpec(
         params_dtype=dtype,
         grads_in_fp32=_grads_in_fp32(args, dtype == "bfloat16", savers["main_grads_dtype"]),
         megatron_fsdp_main_grads_dtype=_fsdp_grads_dtype(args),
         **savers,
-        optimizer=get_name(args, "optimizer", "adam"),
-        distributed_optimizer=get_flag(args, "use_distributed_optimizer"),
+        optimizer=optimizer,
+        distributed_optimizer=distributed,
         torch_optimizer=get_flag(args, "torch_optimizer"),
         distributed_optimizer_instances=get_size(args, "num_distributed_optimizer_instances"),
         sgd_momentum=get_float(args, "sgd_momentum", 0.9, 0.0) > 0,
     )
+
+
+def _optimizer(args: Any, version: str | None) -> tuple[str, bool]:
+    """The optimizer and whether the distributed optimizer shards it, as Megatron-LM's
+    ``validate_args`` leaves them. Layer-wise distributed Muon is our ``dist_muon``: spelled so
+    up to 0.18; a parsed namespace says ``use_layer_wise_distributed_optimizer``; from 0.19
+    (:data:`~memscope.analysis.static.megatron_versions.MUON_DISTRIBUTED_IS_LAYER_WISE`) a
+    command line says ``--optimizer muon --use-distributed-optimizer``, which megatron-core
+    0.16 refuses (``analysis/static/muon.py`` ``validate_muon``)."""
+    name = get_name(args, "optimizer", "adam")
+    distributed = get_flag(args, "use_distributed_optimizer")
+    if name == "muon":
+        translated = distributed and release_at_least(version, MUON_DISTRIBUTED_IS_LAYER_WISE)
+        if translated or get_flag(args, "use_layer_wise_distributed_optimizer"):
+            return "dist_muon", False
+    return name, distributed
 
 
 def _training_spec(

@@ -36,6 +36,12 @@ release that changed it. Each change, with where it is in megatron-core's source
   projection becomes the backend's fused norm+linear, which the local spec does not have
   (``LocalSpecProvider.column_parallel_layer_norm_linear`` is ``None``), so megatron-core
   refuses to build it; up to 0.18 the query was simply not normalised.
+- **0.19: distributed Muon is spelled ``muon`` + ``--use-distributed-optimizer``**
+  (:data:`MUON_DISTRIBUTED_IS_LAYER_WISE`). Megatron-LM ``megatron/training/arguments.py``
+  ``validate_args`` ("emerging optimizer check", core_r0.19.0) turns ``--optimizer muon`` with
+  ``--use-distributed-optimizer`` into the layer-wise distributed optimizer (and
+  ``dist_muon`` into ``muon`` with it, deprecated); megatron-core 0.16's Muon refuses the
+  distributed optimizer. 0.17 and 0.18 are not checked: read as 0.16.
 - **0.19: Megatron-FSDP's gradient dtype** (:data:`MEGATRON_FSDP_GRADS_DTYPE`).
   ``distributed/fsdp/mcore_fsdp_adapter.py`` takes the main-gradient dtype from
   ``megatron_fsdp_main_grads_dtype`` alone (Megatron-LM's ``--megatron-fsdp-main-grads-dtype``,
@@ -61,6 +67,7 @@ MTP_EMBEDDING_TAGGED: Release = (0, 18)
 LAYER_WISE_PARAM_LAYOUT: Release = (0, 18)
 MEGATRON_FSDP_GRADS_DTYPE: Release = (0, 19)
 MLA_QK_NORM_RESOLVER: Release = (0, 19)
+MUON_DISTRIBUTED_IS_LAYER_WISE: Release = (0, 19)
 
 _RELEASE = re.compile(r"^\s*(\d+)\.(\d+)")
 
@@ -73,7 +80,12 @@ def release(version: str | None) -> Release | None:
 
 def at_least(model: ModelSpec, first: Release) -> bool:
     """Whether the spec's megatron-core is ``first`` or later (unknown: no)."""
-    have = release(model.megatron_core_version)
+    return release_at_least(model.megatron_core_version, first)
+
+
+def release_at_least(version: str | None, first: Release) -> bool:
+    """Whether the version string names release ``first`` or later (unknown: no)."""
+    have = release(version)
     return have is not None and have >= first
 
 

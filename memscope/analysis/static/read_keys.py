@@ -150,6 +150,7 @@ READ_KEYS = frozenset(NEGATED_FLAGS) | frozenset(
         "transformer_impl",
         "untie_embeddings_and_output_weights",
         "use_distributed_optimizer",
+        "use_layer_wise_distributed_optimizer",
         "use_flash_attn",
         "use_rotary_position_embeddings",
         "v_head_dim",
