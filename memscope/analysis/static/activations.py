@@ -27,6 +27,7 @@ from memscope.analysis.static.config import TrainingSpec, chunk_roles
 from memscope.analysis.static.distillation import distillation_extras, distillation_moments
 from memscope.analysis.static.fp8 import quantized_saved
 from memscope.analysis.static.fsdp import InFlight
+from memscope.analysis.static.megatron_versions import logits_shift_copy
 from memscope.analysis.static.mla import mla_saved, mla_up_proj_discarded
 from memscope.analysis.static.moe import (
     moe_act_discarded,
@@ -883,12 +884,17 @@ def loss_moments(spec: TrainingSpec, x: Dims, ce_saved: int) -> dict[str, int]:
     of updating the saved softmax in place, so the backward holds one more of them: measured
     on CPU by tools/measure_fused_cross_entropy.py (backward peak 1.5 fp32 logits compiled,
     0.5 eager; the forward is the same both ways), tests/test_fused_cross_entropy_measured.py.
+    Before megatron-core 0.8 (:data:`.megatron_versions.INPLACE_LOGITS_SHIFT`) the caller's
+    fp32 copy stays alive beside the out-of-place shifted one that becomes the softmax: one
+    fp32 ``[s, b, V/t]`` more, at any activation dtype.
     ``output_layer_backward``: the fp32 softmax is gone, the logits' gradient (activation
     dtype), the input gradient ``[s, b, h]`` and, without ``gradient_accumulation_fusion``,
     the ``[V/t, h]`` weight-gradient temporary are alive (megatron/core/tensor_parallel/
     layers.py, ``LinearWithGradAccumulationAndAsyncCommunication``)."""
     upcast = 0 if spec.cross_entropy == "te" or x.e == FP32 else x.logits
     if spec.cross_entropy == "native":
+        upcast += x.logits // x.e * FP32
+    if spec.cross_entropy == "unfused" and logits_shift_copy(spec.model):
         upcast += x.logits // x.e * FP32
     if spec.model.mtp_num_layers:  # the last MTP depth's logits are still referenced
         upcast += x.logits
