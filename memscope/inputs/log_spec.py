@@ -8,12 +8,14 @@ names, its defaults, the non-GPT refusals), with the world size the log itself s
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 import warnings
 from dataclasses import dataclass
 from typing import Any
 
 from memscope.analysis.static.config import TrainingSpec
+from memscope.analysis.static.megatron_versions import DATING_ARGUMENTS, release_before_arguments
 from memscope.analysis.static.validation import ConfigWarning
 from memscope.inputs.config_files import spec_from_flagscale_yaml
 from memscope.inputs.training_log import LogRun
@@ -114,4 +116,24 @@ def run_spec(run: LogRun, vocab_size: int | None = None, world_size: int | None 
         warnings.simplefilter("always", ConfigWarning)
         spec = spec_from_flagscale_yaml({"system": args}, vocab, world)
     notes = tuple(str(w.message) for w in caught)
+    if origin == "arguments block":  # a command line names only the flags it sets
+        spec, dated = dated_spec(spec, set(args))
+        notes += (dated,) if dated else ()
     return RunSpec(spec, origin, where, world, world_origin, notes)
+
+
+def dated_spec(spec: TrainingSpec, names: set[str]) -> tuple[TrainingSpec, str | None]:
+    """``spec`` following the newest megatron-core release an arguments block printing
+    ``names`` can come from (:func:`release_before_arguments`), with a note saying so; the
+    spec unchanged when the block does not date the run."""
+    older = release_before_arguments(names)
+    if older is None:
+        return spec, None
+    missing = next(name for name, _ in DATING_ARGUMENTS if name not in names)
+    model = dataclasses.replace(spec.model, megatron_core_version=older)
+    note = (
+        f"the arguments block has no {missing}: the run's Megatron-LM predates megatron-core "
+        f"{older.split('.')[0]}.{int(older.split('.')[1]) + 1}, so the estimate follows "
+        f"megatron-core {older}'s terms (analysis/static/megatron_versions.py)"
+    )
+    return dataclasses.replace(spec, model=model), note

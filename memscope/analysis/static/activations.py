@@ -27,6 +27,7 @@ from memscope.analysis.static.config import TrainingSpec, chunk_roles
 from memscope.analysis.static.distillation import distillation_extras, distillation_moments
 from memscope.analysis.static.fp8 import quantized_saved
 from memscope.analysis.static.fsdp import InFlight
+from memscope.analysis.static.megatron_versions import logits_shift_copy
 from memscope.analysis.static.mla import mla_saved, mla_up_proj_discarded
 from memscope.analysis.static.moe import (
     dispatcher_held,
@@ -36,7 +37,9 @@ from memscope.analysis.static.moe import (
     routed_rows,
 )
 from memscope.analysis.static.offload import fine_grained_moved
+from memscope.analysis.static.params import ParamTensor
 from memscope.analysis.static.pipeline_layout import ChunkRoles
+from memscope.analysis.static.terms import optimizer_shards
 
 FP32 = 4
 INT64 = 8
@@ -885,12 +888,17 @@ def loss_moments(spec: TrainingSpec, x: Dims, ce_saved: int) -> dict[str, int]:
     of updating the saved softmax in place, so the backward holds one more of them: measured
     on CPU by tools/measure_fused_cross_entropy.py (backward peak 1.5 fp32 logits compiled,
     0.5 eager; the forward is the same both ways), tests/test_fused_cross_entropy_measured.py.
+    Before megatron-core 0.8 (:data:`.megatron_versions.INPLACE_LOGITS_SHIFT`) the caller's
+    fp32 copy stays alive beside the out-of-place shifted one that becomes the softmax: one
+    fp32 ``[s, b, V/t]`` more, at any activation dtype.
     ``output_layer_backward``: the fp32 softmax is gone, the logits' gradient (activation
     dtype), the input gradient ``[s, b, h]`` and, without ``gradient_accumulation_fusion``,
     the ``[V/t, h]`` weight-gradient temporary are alive (megatron/core/tensor_parallel/
     layers.py, ``LinearWithGradAccumulationAndAsyncCommunication``)."""
     upcast = 0 if spec.cross_entropy == "te" or x.e == FP32 else x.logits
     if spec.cross_entropy == "native":
+        upcast += x.logits // x.e * FP32
+    if spec.cross_entropy == "unfused" and logits_shift_copy(spec.model):
         upcast += x.logits // x.e * FP32
     if spec.model.mtp_num_layers:  # the last MTP depth's logits are still referenced
         upcast += x.logits
@@ -1008,14 +1016,37 @@ def retained_inputs_bytes(spec: TrainingSpec, pp_rank: int, chunks: int) -> int:
     return receiving * 2 * dims(spec).hidden
 
 
-def optimizer_step_bytes(spec: TrainingSpec, largest_param_numel: int) -> int:
+def optimizer_step_bytes(spec: TrainingSpec, params: list[ParamTensor]) -> int:
     """Temporaries of the optimizer step (beyond its state).
 
-    ``torch.optim.Adam`` (single-tensor path) builds the denominator of one parameter at a
-    time: ``sqrt`` then the division, two fp32 tensors of that parameter's size. Megatron's
-    fused Adam works in place.
+    ``torch.optim.Adam``/``AdamW`` (Megatron's optimizer when neither Transformer Engine's
+    nor Apex's FusedAdam imports: megatron/core/optimizer/__init__.py) picks its path in
+    torch/optim/optimizer.py ``_default_to_fused_or_foreach``: on CPU the single-tensor path
+    builds the denominator of one parameter at a time (``sqrt`` then the division, two fp32
+    tensors of that parameter's size); on CUDA the foreach path (``_multi_tensor_adam``)
+    builds it for the whole parameter group at once (``torch._foreach_sqrt`` of the
+    ``exp_avg_sq`` list, then in-place ops): one fp32 copy of the largest group's main
+    parameters (:func:`optimizer_group_numels`). Megatron's fused Adam works in place.
     """
     prec = spec.precision
-    if prec.torch_optimizer and prec.optimizer == "adam":
-        return 2 * largest_param_numel * FP32
-    return 0
+    if not (prec.torch_optimizer and prec.optimizer == "adam"):
+        return 0
+    if spec.device == "cuda":
+        return max(optimizer_group_numels(spec, params), default=0) * FP32
+    return 2 * max((t.numel for t in params), default=0) * FP32
+
+
+def optimizer_group_numels(spec: TrainingSpec, params: list[ParamTensor]) -> list[int]:
+    """Elements of each parameter group the rank's optimizer updates: megatron/core/
+    optimizer/__init__.py ``_get_param_groups`` parts weight-decayed from not (1-D tensors
+    and biases) and dense from expert parameters; the distributed optimizer updates its
+    shard of each (:func:`.terms.optimizer_shards`)."""
+    groups: dict[tuple[bool, bool], int] = {}
+    for t in params:
+        key = (t.expert, t.ndim == 1)
+        groups[key] = groups.get(key, 0) + t.numel
+    if not spec.precision.distributed_optimizer:
+        return list(groups.values())
+    dense_shards, expert_shards = optimizer_shards(spec)
+    shards = {False: dense_shards, True: expert_shards}
+    return [-(-n // shards[expert]) for (expert, _), n in groups.items()]

@@ -148,7 +148,6 @@ def estimate_rank(spec: TrainingSpec, position: RankPosition) -> RankEstimate:
         raise ValueError(f"rank position {position} is outside tp={p.tp} x pp={p.pp}")
     params = rank_params(spec, position)
     per_chunk = layers_per_chunk(spec, position.pp_rank)
-    largest = max((t.numel for t in params), default=0)
     extra = weight_terms(spec, params, position)
     persistent = persistent_terms(spec, params)
     persistent = replace(persistent, weight_bytes=persistent.weight_bytes + sum(extra.values()))
@@ -170,7 +169,7 @@ def estimate_rank(spec: TrainingSpec, position: RankPosition) -> RankEstimate:
         persistent=persistent,
         activations=activations,
         optimizer_step_bytes=max(
-            optimizer_step_bytes(spec, largest),
+            optimizer_step_bytes(spec, params),
             muon_step_bytes(spec, params, spec.precision.muon_tp_mode) if is_muon(spec) else 0,
         ),
         workspaces=workspace_terms(spec),

@@ -4,6 +4,17 @@ The terms are read from megatron-core 0.15 (FlagScale 0.8.0's bundled Megatron-L
 Where a later release allocates or builds differently, the term asks :func:`at_least` for the
 release that changed it. Each change, with where it is in megatron-core's source:
 
+- **0.8: the cross entropy shifts the logits in place** (:data:`INPLACE_LOGITS_SHIFT`).
+  Up to 0.7 the caller upcast the logits (``logits.float()`` in ``models/common/
+  language_module/language_module.py`` ``compute_language_model_loss``, ``output.float()`` in
+  Megatron-LM's legacy ``gpt_model.py`` ``post_language_model_processing``) and
+  ``tensor_parallel/cross_entropy.py`` ``_VocabParallelCrossEntropy.forward`` subtracted the
+  maximum out of place (``vocab_parallel_logits - logits_max.unsqueeze(-1)``): while the loss
+  is computed the 16-bit logits, their fp32 copy and the shifted fp32 copy (kept as the
+  softmax) are all alive. Megatron-LM commit 9634c0e4a3 (2024-06-13, "Reduce logit memory
+  pressure by using in-place operation", first in core_r0.8.0) subtracts in place, and 0.8
+  moved the upcast into ``calculate_logits_max``: one fp32 copy fewer.
+
 - **0.17: argsort permute** (:data:`ARGSORT_PERMUTE`). ``transformer/moe/moe_utils.py``
   ``permute`` (dropless, unfused) picks the routed rows with an ``argsort`` of the flattened
   ``[E, T]`` routing mask instead of ``masked_select``, and gathers the probabilities by
@@ -60,6 +71,7 @@ if TYPE_CHECKING:  # (config imports the checks that import this module)
 
 Release = tuple[int, int]
 
+INPLACE_LOGITS_SHIFT: Release = (0, 8)
 ARGSORT_PERMUTE: Release = (0, 17)
 NO_LEGACY_GROUPED_MLP: Release = (0, 17)
 MTP_MODEL_LAYER: Release = (0, 17)
@@ -87,6 +99,36 @@ def release_at_least(version: str | None, first: Release) -> bool:
     """Whether the version string names release ``first`` or later (unknown: no)."""
     have = release(version)
     return have is not None and have >= first
+
+
+def older_than(model: ModelSpec, first: Release) -> bool:
+    """Whether the spec's megatron-core is known to predate ``first`` (unknown: no)."""
+    have = release(model.megatron_core_version)
+    return have is not None and have < first
+
+
+def logits_shift_copy(model: ModelSpec) -> bool:
+    """Whether the unfused cross entropy makes a second fp32 copy of the logits
+    (:data:`INPLACE_LOGITS_SHIFT`)."""
+    return older_than(model, INPLACE_LOGITS_SHIFT)
+
+
+# Megatron-LM's arguments whose presence in a printed arguments block dates it: each with the
+# release of the first megatron-core that its training code came with (``_print_args`` in
+# megatron/training/arguments.py prints every argument, default or not).
+# ``cross_entropy_loss_fusion``: added by commit 7b4a6d76c9 (2024-06-14, "Added cross entropy
+# fusion"), the day after the in-place shift (9634c0e4a3, its ancestor); first in core_r0.8.0.
+DATING_ARGUMENTS: tuple[tuple[str, Release], ...] = (("cross_entropy_loss_fusion", (0, 8)),)
+
+
+def release_before_arguments(names: set[str]) -> str | None:
+    """The newest release an arguments block without one of :data:`DATING_ARGUMENTS` can
+    come from (``"0.7"`` for a block without ``cross_entropy_loss_fusion``), or None when
+    the block names them all (its release is not told apart: the estimate follows 0.16)."""
+    for name, first in DATING_ARGUMENTS:
+        if name not in names:
+            return f"{first[0]}.{first[1] - 1}"
+    return None
 
 
 def legacy_grouped_mlp(model: ModelSpec) -> bool:
