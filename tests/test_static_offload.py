@@ -11,7 +11,9 @@ offload manager itself needs CUDA streams and pinned memory and does not run her
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
 
@@ -30,8 +32,10 @@ ARGS = dict(num_layers=1, hidden_size=H, num_attention_heads=A, padded_vocab_siz
 SIMPLE = ("attn_norm", "qkv_linear", "attn_proj", "mlp_norm")
 
 
-def _saved_per_module() -> dict[str, int]:
-    """Bytes of non-parameter tensors autograd saves inside each module's forward."""
+@contextlib.contextmanager
+def _one_layer_gpt(**config: Any) -> Iterator[tuple[Any, Callable[[], Any]]]:
+    """A one-layer local-spec megatron-core GPTModel on CPU (gloo, bf16, fusions off; ``config``
+    overrides TransformerConfig fields) and a function running one forward of it."""
     import torch
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt import gpt_layer_specs as specs
@@ -45,13 +49,31 @@ def _saved_per_module() -> dict[str, int]:
         cfg = TransformerConfig(
             num_layers=1, hidden_size=H, num_attention_heads=A, bf16=True,
             params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16,
-            use_cpu_initialization=True, **FUSIONS_OFF,
+            use_cpu_initialization=True, **{**FUSIONS_OFF, **config},
         )  # fmt: skip
         with mock.patch("torch.cuda.current_device", lambda: torch.device("cpu")):  # CPU build
             model = GPTModel(
                 config=cfg, transformer_layer_spec=specs.get_gpt_layer_local_spec(),
                 vocab_size=256, max_sequence_length=S, position_embedding_type="rope",
             )  # fmt: skip
+
+        def forward() -> Any:
+            tokens = torch.randint(0, 256, (B, S))
+            positions = torch.arange(S).expand(B, S)
+            mask = torch.triu(torch.ones(S, S, dtype=torch.bool), 1).view(1, 1, S, S)
+            with mock.patch("torch.cuda.current_device", lambda: torch.device("cpu")):
+                return model(tokens, positions, mask, labels=tokens)
+
+        yield model, forward
+    finally:
+        destroy_process()
+
+
+def _saved_per_module() -> dict[str, int]:
+    """Bytes of non-parameter tensors autograd saves inside each module's forward."""
+    import torch
+
+    with _one_layer_gpt() as (model, forward):
         layer = model.decoder.layers[0]
         modules = {
             "attn_norm": layer.input_layernorm,
@@ -80,15 +102,9 @@ def _saved_per_module() -> dict[str, int]:
 
             module.register_forward_pre_hook(pre)
             module.register_forward_hook(post)
-        tokens = torch.randint(0, 256, (B, S))
-        positions = torch.arange(S).expand(B, S)
-        mask = torch.triu(torch.ones(S, S, dtype=torch.bool), 1).view(1, 1, S, S)
-        with mock.patch("torch.cuda.current_device", lambda: torch.device("cpu")):
-            model(tokens, positions, mask, labels=tokens)
+        forward()
         # a norm also saves its [s*b] fp32 statistics: below any offload threshold
         return {n: sum(b for b in v.values() if b >= S * B * H) for n, v in saved.items()}
-    finally:
-        destroy_process()
 
 
 @pytest.mark.integration
@@ -193,26 +209,9 @@ def _core_attention_saved_twice(attention_dropout: float, softmax_in_fp32: bool)
     manager's offload/reload copy each entry, fine_grained_activation_offload.py), and sum the
     entries that repeat an earlier one (same tensor: same data pointer and size)."""
     import torch
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt import gpt_layer_specs as specs
-    from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from memscope.demo.launcher import free_port
-    from memscope.demo.tiny_gpt import FUSIONS_OFF, TinyGPTConfig, destroy_process, init_process
-
-    init_process(0, 1, free_port(), TinyGPTConfig())
-    try:
-        cfg = TransformerConfig(
-            num_layers=1, hidden_size=H, num_attention_heads=A, bf16=True,
-            params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16,
-            use_cpu_initialization=True, attention_dropout=attention_dropout,
-            attention_softmax_in_fp32=softmax_in_fp32, **FUSIONS_OFF,
-        )  # fmt: skip
-        with mock.patch("torch.cuda.current_device", lambda: torch.device("cpu")):  # CPU build
-            model = GPTModel(
-                config=cfg, transformer_layer_spec=specs.get_gpt_layer_local_spec(),
-                vocab_size=256, max_sequence_length=S, position_embedding_type="rope",
-            )  # fmt: skip
+    config = dict(attention_dropout=attention_dropout, attention_softmax_in_fp32=softmax_in_fp32)
+    with _one_layer_gpt(**config) as (model, forward):
         core = model.decoder.layers[0].self_attention.core_attention
         entries: list[tuple[int, int, int]] = []
 
@@ -223,20 +222,14 @@ def _core_attention_saved_twice(attention_dropout: float, softmax_in_fp32: bool)
         hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
         core.register_forward_pre_hook(lambda *_: hooks.__enter__())
         core.register_forward_hook(lambda *_: hooks.__exit__(None, None, None))
-        tokens = torch.randint(0, 256, (B, S))
-        positions = torch.arange(S).expand(B, S)
-        mask = torch.triu(torch.ones(S, S, dtype=torch.bool), 1).view(1, 1, S, S)
-        with mock.patch("torch.cuda.current_device", lambda: torch.device("cpu")):
-            model(tokens, positions, mask, labels=tokens)
-        seen: set[tuple[int, int]] = set()
-        twice = 0
-        for ptr, numel, size in entries:
-            if (ptr, numel) in seen:
-                twice += size
-            seen.add((ptr, numel))
-        return twice
-    finally:
-        destroy_process()
+        forward()
+    seen: set[tuple[int, int]] = set()
+    twice = 0
+    for ptr, numel, size in entries:
+        if (ptr, numel) in seen:
+            twice += size
+        seen.add((ptr, numel))
+    return twice
 
 
 @pytest.mark.integration
