@@ -386,7 +386,8 @@ def softmax_output_saved_twice(spec: TrainingSpec, x: Dims) -> int:
     Without attention dropout the context ``bmm`` takes the softmax output itself and saves
     it, and the softmax saves the same tensor for its backward: megatron's and Transformer
     Engine's fused scale-mask-softmax ``autograd.Function``s (megatron/core/fusions/
-    fused_softmax.py, transformer_engine/pytorch/attention/dot_product_attention/softmax.py:
+    fused_softmax.py, transformer_engine/pytorch/attention/dot_product_attention/softmax.py
+    at TE 4329ff84, the rev Megatron-LM d98e8a64 pins:
     ``ctx.save_for_backward(softmax_results, ...)``) and ``torch.softmax`` (its backward uses
     the output) alike; then ``torch.bmm(attention_probs, value)`` (dot_product_attention.py
     ``DotProductAttention.forward``, TE backends.py ``UnfusedDotProductAttention``). With an
