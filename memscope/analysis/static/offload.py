@@ -72,7 +72,8 @@ def reloaded_duplicate(spec: TrainingSpec, saved_twice: int, element_bytes: int)
     own tag; ``bulk_offload_group`` copies every tag to its own host buffer and
     ``bulk_reload_group`` / ``reload`` allocate a fresh GPU tensor per tag (megatron-core
     0.16.1 fine_grained_activation_offload.py, and 0.20 at Megatron-LM d98e8a64, whose warmup
-    only reports such repeats, ``_set_duplicate_storage_info``: nothing deduplicates). So an
+    statistics, ``_set_duplicate_storage_info``, count repeated storages without merging
+    them: nothing deduplicates). So an
     offloaded layer's backward gets two copies where the forward had one; the ``bmm``'s is
     freed after its backward, the softmax's after the softmax backward, so both are alive
     at the score gradient's high-water mark. A layer whose groups stayed on the GPU keeps the
