@@ -11,7 +11,9 @@ offload manager itself needs CUDA streams and pinned memory and does not run her
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
 
@@ -30,8 +32,10 @@ ARGS = dict(num_layers=1, hidden_size=H, num_attention_heads=A, padded_vocab_siz
 SIMPLE = ("attn_norm", "qkv_linear", "attn_proj", "mlp_norm")
 
 
-def _saved_per_module() -> dict[str, int]:
-    """Bytes of non-parameter tensors autograd saves inside each module's forward."""
+@contextlib.contextmanager
+def _one_layer_gpt(**config: Any) -> Iterator[tuple[Any, Callable[[], Any]]]:
+    """A one-layer local-spec megatron-core GPTModel on CPU (gloo, bf16, fusions off; ``config``
+    overrides TransformerConfig fields) and a function running one forward of it."""
     import torch
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt import gpt_layer_specs as specs
@@ -45,13 +49,31 @@ def _saved_per_module() -> dict[str, int]:
         cfg = TransformerConfig(
             num_layers=1, hidden_size=H, num_attention_heads=A, bf16=True,
             params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16,
-            use_cpu_initialization=True, **FUSIONS_OFF,
+            use_cpu_initialization=True, **{**FUSIONS_OFF, **config},
         )  # fmt: skip
         with mock.patch("torch.cuda.current_device", lambda: torch.device("cpu")):  # CPU build
             model = GPTModel(
                 config=cfg, transformer_layer_spec=specs.get_gpt_layer_local_spec(),
                 vocab_size=256, max_sequence_length=S, position_embedding_type="rope",
             )  # fmt: skip
+
+        def forward() -> Any:
+            tokens = torch.randint(0, 256, (B, S))
+            positions = torch.arange(S).expand(B, S)
+            mask = torch.triu(torch.ones(S, S, dtype=torch.bool), 1).view(1, 1, S, S)
+            with mock.patch("torch.cuda.current_device", lambda: torch.device("cpu")):
+                return model(tokens, positions, mask, labels=tokens)
+
+        yield model, forward
+    finally:
+        destroy_process()
+
+
+def _saved_per_module() -> dict[str, int]:
+    """Bytes of non-parameter tensors autograd saves inside each module's forward."""
+    import torch
+
+    with _one_layer_gpt() as (model, forward):
         layer = model.decoder.layers[0]
         modules = {
             "attn_norm": layer.input_layernorm,
@@ -80,15 +102,9 @@ def _saved_per_module() -> dict[str, int]:
 
             module.register_forward_pre_hook(pre)
             module.register_forward_hook(post)
-        tokens = torch.randint(0, 256, (B, S))
-        positions = torch.arange(S).expand(B, S)
-        mask = torch.triu(torch.ones(S, S, dtype=torch.bool), 1).view(1, 1, S, S)
-        with mock.patch("torch.cuda.current_device", lambda: torch.device("cpu")):
-            model(tokens, positions, mask, labels=tokens)
+        forward()
         # a norm also saves its [s*b] fp32 statistics: below any offload threshold
         return {n: sum(b for b in v.values() if b >= S * B * H) for n, v in saved.items()}
-    finally:
-        destroy_process()
 
 
 @pytest.mark.integration
@@ -184,3 +200,79 @@ def test_a_chunk_without_decoder_layers_offloads_nothing():
     assert "offloaded_to_host" not in detail and detail["layers"] == 0
     _, _, _, two = chunk_activations(spec, 2, False, True)
     assert two["offloaded_to_host"] == two["fine_grained_last_layer"] > 0  # one layer of two
+
+
+def _core_attention_saved_twice(attention_dropout: float, softmax_in_fp32: bool) -> int:
+    """Bytes megatron-core's offload manager would reload twice for one layer's core_attn
+    group: run the real local-spec core attention (CPU, torch softmax) under a pack hook that
+    records every save as ``ChunkOffloadHandler.tensor_push`` does (one entry per save; the
+    manager's offload/reload copy each entry, fine_grained_activation_offload.py), and sum the
+    entries that repeat an earlier one (same tensor: same data pointer and size)."""
+    import torch
+
+    config = dict(attention_dropout=attention_dropout, attention_softmax_in_fp32=softmax_in_fp32)
+    with _one_layer_gpt(**config) as (model, forward):
+        core = model.decoder.layers[0].self_attention.core_attention
+        entries: list[tuple[int, int, int]] = []
+
+        def pack(t: Any) -> Any:
+            entries.append((t.data_ptr(), t.numel(), t.numel() * t.element_size()))
+            return t
+
+        hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+        core.register_forward_pre_hook(lambda *_: hooks.__enter__())
+        core.register_forward_hook(lambda *_: hooks.__exit__(None, None, None))
+        forward()
+    seen: set[tuple[int, int]] = set()
+    twice = 0
+    for ptr, numel, size in entries:
+        if (ptr, numel) in seen:
+            twice += size
+        seen.add((ptr, numel))
+    return twice
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("dropout, fp32", [(0.0, False), (0.0, True), (0.1, False)])
+def test_a_reloaded_core_attention_holds_the_softmax_output_twice(dropout, fp32):
+    # without dropout and without an fp32 upcast the softmax output is saved by the softmax
+    # and by the context bmm: two offload entries, two GPU copies after the reload
+    real = _core_attention_saved_twice(dropout, fp32)
+    spec = spec_from_megatron_args(dict(
+        ARGS, attention_dropout=dropout, attention_softmax_in_fp32=fp32,
+        masked_softmax_fusion=False, fine_grained_activation_offloading=True,
+        offload_modules=["core_attn"], min_offloaded_tensor_size=1,
+    ))  # fmt: skip
+    x = dims(spec)
+    from memscope.analysis.static.activations import softmax_output_saved_twice
+    from memscope.analysis.static.offload import reloaded_duplicate
+
+    assert reloaded_duplicate(spec, softmax_output_saved_twice(spec, x), x.e) == real
+    assert real == (x.scores if (dropout, fp32) == (0.0, False) else 0)
+
+
+def test_an_offloaded_layer_backward_holds_one_more_score_tensor_than_a_kept_one():
+    # four layers, unfused attention without dropout (local spec), only the [b, a, s, s]
+    # softmax output above the threshold: the first three layers' core_attn groups come back
+    # from the host with that tensor twice; the last layer's stayed on the GPU (one copy)
+    kw = dict(num_layers=4, use_flash_attn=False, transformer_impl="local", hidden_dropout=0.0,
+              attention_dropout=0.0, fine_grained_activation_offloading=True,
+              offload_modules=["core_attn"],
+              min_offloaded_tensor_size=2 * 1024 * 1024 + 1)  # fmt: skip
+    scores = 8 * 2048 * 2048 * 2  # [b, a, s, s] bf16, 32M elements; q, k, v are 2M each
+    off = _estimate(**kw)
+    with mock.patch("memscope.analysis.static.activations.reloaded_duplicate", lambda *a: 0):
+        single = _estimate(**kw)
+    assert off.activations.detail["offloaded_to_host"] == 3 * scores  # layers 0-2
+    assert single.activations.peak_moment == "layer 3 attention_backward"  # kept, one copy
+    assert off.activations.peak_moment == "layer 2 attention_backward"  # reloaded, two
+    # the peak moves from the kept last layer to layer 2, whose moment without the second
+    # copy sits a few [s, b, h]-sized tensors below it: the rise is one score tensor less those
+    rise = off.peak_memory_bytes - single.peak_memory_bytes
+    assert scores - 2048 * 1024 * 2 < rise <= scores
+    # above the threshold only: a score tensor that stays on the GPU is one copy
+    kept = _estimate(**{**kw, "min_offloaded_tensor_size": scores})
+    with mock.patch("memscope.analysis.static.activations.reloaded_duplicate", lambda *a: 0):
+        assert _estimate(**{**kw, "min_offloaded_tensor_size": scores}).peak_memory_bytes == (
+            kept.peak_memory_bytes
+        )

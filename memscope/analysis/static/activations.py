@@ -36,7 +36,7 @@ from memscope.analysis.static.moe import (
     moe_layer_saved,
     routed_rows,
 )
-from memscope.analysis.static.offload import fine_grained_moved
+from memscope.analysis.static.offload import fine_grained_moved, reloaded_duplicate
 from memscope.analysis.static.params import ParamTensor
 from memscope.analysis.static.pipeline_layout import ChunkRoles
 from memscope.analysis.static.terms import optimizer_shards
@@ -381,6 +381,25 @@ def attention_backward_work(
         work += 2 * x.heads
         work += gqa_recomputed_copies(spec, x)
     return work - released
+
+
+def softmax_output_saved_twice(spec: TrainingSpec, x: Dims) -> int:
+    """Bytes of the one attention tensor that two autograd nodes save (unfused attention).
+
+    Without attention dropout the context ``bmm`` takes the softmax output itself and saves
+    it, and the softmax saves the same tensor for its backward: megatron's and Transformer
+    Engine's fused scale-mask-softmax ``autograd.Function``s (megatron/core/fusions/
+    fused_softmax.py, transformer_engine/pytorch/attention/dot_product_attention/softmax.py
+    at TE 4329ff84, the rev Megatron-LM d98e8a64 pins:
+    ``ctx.save_for_backward(softmax_results, ...)``) and ``torch.softmax`` (its backward uses
+    the output) alike; then ``torch.bmm(attention_probs, value)`` (dot_product_attention.py
+    ``DotProductAttention.forward``, TE backends.py ``UnfusedDotProductAttention``). With an
+    fp32 softmax on 16-bit scores the ``bmm`` keeps the cast copy instead, and with dropout
+    the dropout's output: two different tensors. 0 where no scores are kept."""
+    if spec.flash_attention or spec.recomputes("core_attn") or spec.model.attention_dropout > 0:
+        return 0
+    upcast = spec.model.attention_softmax_in_fp32 and x.e < FP32 and not fused_softmax(spec, x)
+    return 0 if upcast else x.scores
 
 
 def gqa_checkpoint_inputs(spec: TrainingSpec, x: Dims) -> int:
@@ -843,8 +862,12 @@ def chunk_activations(
         output_stored = i + 1 < n_layers or last or roles.final_norm or group is not None
         ends_group = i + 1 == n_layers or groups[i + 1] != group
         held = ends_group if group is not None else not output_stored
+        attention_work = attention_backward_work(spec, x, full, output_stored)
+        if spec.fine_grained_offloading and group is None and i < offloaded:
+            # its core_attn group came back from the host: a tensor saved twice is two copies
+            attention_work += reloaded_duplicate(spec, softmax_output_saved_twice(spec, x), x.e)
         for name, work in (
-            ("attention_backward", attention_backward_work(spec, x, full, output_stored)),
+            ("attention_backward", attention_work),
             ("mlp_backward", mlp_backward_work(spec, x, full, output_stored, held)),
         ):
             if partner is not None:

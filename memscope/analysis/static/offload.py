@@ -62,6 +62,29 @@ def fine_grained_moved(spec: TrainingSpec, items: dict[str, int], element_bytes:
     return int(moved)
 
 
+def reloaded_duplicate(spec: TrainingSpec, saved_twice: int, element_bytes: int) -> int:
+    """Bytes a reloaded ``core_attn`` group holds twice at its layer's attention backward.
+
+    ``saved_twice``: one tensor the core attention's forward saves for two autograd nodes
+    (the softmax output, kept by the softmax's backward and by the context ``bmm``: see
+    :func:`.activations.softmax_output_saved_twice`). Each save reaches
+    ``on_save_for_backward`` separately and ``ChunkOffloadHandler.tensor_push`` gives it its
+    own tag; ``bulk_offload_group`` copies every tag to its own host buffer and
+    ``bulk_reload_group`` / ``reload`` allocate a fresh GPU tensor per tag (megatron-core
+    0.16.1 fine_grained_activation_offload.py, and 0.20 at Megatron-LM d98e8a64, whose warmup
+    statistics, ``_set_duplicate_storage_info``, count repeated storages without merging
+    them: nothing deduplicates). So an
+    offloaded layer's backward gets two copies where the forward had one; the ``bmm``'s is
+    freed after its backward, the softmax's after the softmax backward, so both are alive
+    at the score gradient's high-water mark. A layer whose groups stayed on the GPU keeps the
+    single tensor."""
+    if not spec.fine_grained_offloading or "core_attn" not in spec.offload_modules:
+        return 0
+    if saved_twice // element_bytes < spec.min_offloaded_tensor_size:
+        return 0  # tensor_need_offloading_checker: stays on the GPU, one tensor
+    return saved_twice
+
+
 def validate_offload(spec: TrainingSpec) -> None:
     """What megatron-core 0.16.1 ``TransformerConfig.__post_init__`` asserts."""
     if not spec.fine_grained_offloading:
