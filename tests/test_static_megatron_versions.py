@@ -172,14 +172,21 @@ def test_mla_query_norm_without_query_latent_from_0_19_refused_locally_named_wit
     assert any(named in a for a in approximated_features(spec("0.19.2", "transformer_engine")))
 
 
-def test_layer_wise_muon_bucket_layout_is_named_approximated_from_0_18():
-    from memscope.analysis.static.coverage import approximated_features
+def test_layer_wise_muon_bucket_layout_is_modelled_from_0_18_only_its_padding_named():
+    from memscope.analysis.static.coverage import approximated_features, modelled_features
 
-    def lines(version: str) -> str:
-        spec = _spec(version, num_experts=None, optimizer="dist_muon", world_size=2,
-                     global_batch_size=2 * B)  # fmt: skip
-        return " ".join(approximated_features(spec))
+    def spec(version: str, **kw: Any) -> Any:
+        return _spec(version, num_experts=None, optimizer="dist_muon", world_size=2,
+                     global_batch_size=2 * B, **kw)  # fmt: skip
 
-    assert "Muon step temporaries" in lines("0.17.1") and "DDP bucket" not in lines("0.17.1")
-    assert "lays them out by DDP bucket" in lines("0.18.0")
-    assert "--no-use-layer-wise-param-layout" in lines("0.19.2")
+    def approx(version: str, **kw: Any) -> str:
+        return " ".join(approximated_features(spec(version, **kw)))
+
+    def modelled(version: str, **kw: Any) -> str:
+        return " ".join(modelled_features(spec(version, **kw)))
+
+    assert "Muon step temporaries" in approx("0.17.1") and "bucket" not in approx("0.17.1")
+    assert "bucket layout pads" in approx("0.18.0")
+    assert "bin-packed per DDP bucket" in modelled("0.19.2")
+    legacy = dict(no_use_layer_wise_param_layout=True)
+    assert "bucket" not in approx("0.19.2", **legacy) + modelled("0.19.2", **legacy)

@@ -5,8 +5,9 @@ Which tensors Muon updates is checked on real GPTModels (the layout test covers 
 chunk's embedding copy, tagged from 0.18); how ``dist_muon`` deals whole tensors to
 data-parallel ranks is checked by running megatron-core's own
 ``LayerWiseDistributedOptimizer.shard_params`` on two gloo ranks (its size-sorted ping-pong
-split; from 0.18 Megatron-LM passes a bucket layout instead unless
-``--no-use-layer-wise-param-layout``, which the estimate does not model and says so). Muon's
+split, Megatron-LM's ``--no-use-layer-wise-param-layout``); from 0.18 Megatron-LM passes the
+bucket layout by default, checked by running ``compute_full_param_layout`` and
+``shard_params``' layout path on the newest megatron-core (skipped before 0.18). Muon's
 step itself needs the ``emerging_optimizers`` package, which is not installable here: the two
 parameter groups are carried by plain ``torch.optim.SGD`` instances (``shard_params`` reads
 only their ``param_groups``), and the Newton-Schulz temporaries are derived from source
@@ -328,3 +329,23 @@ def test_bucket_layout_packs_whole_tensors_largest_first_per_bucket():
     assert names(bucket_layout_owned(small, 2, 10)) == [["s3", "s1"], ["s2", "s0"]]
     assert names(bucket_layout_owned(small, 2, None)) == [["s3", "s1"], ["s2", "s0"]]
     assert names(bucket_layout_owned(small, 3, None)) == [["s3", "s0"], ["s2"], ["s1"]]
+
+
+@pytest.mark.megatron_versions
+@pytest.mark.parametrize("version, refused", [("0.19.2", True), ("0.16.1", False)])
+def test_expert_biases_under_the_bucket_layout_are_refused_as_megatron_refuses_them(
+    monkeypatch, version, refused
+):
+    """megatron-core 0.19 optimizer/__init__.py (``get_megatron_optimizer``'s layer-wise +
+    DistributedOptimizer path) asserts that no expert-parallel group is Adam's."""
+    import memscope.inputs.megatron_args as megatron_args
+
+    monkeypatch.setattr(megatron_args, "package_version", lambda name: version)
+    args = dict(ARGS, world_size=2, optimizer="dist_muon", num_experts=2, mtp_num_layers=None)
+    if refused:
+        with pytest.raises(ValueError, match="expert biases"):
+            spec_from_megatron_args(args)
+        spec_from_megatron_args(dict(args, disable_bias_linear=True))  # no biases: taken
+        spec_from_megatron_args(dict(args, no_use_layer_wise_param_layout=True))  # ping-pong
+    else:
+        spec_from_megatron_args(args)

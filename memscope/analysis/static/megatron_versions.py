@@ -28,8 +28,8 @@ release that changed it. Each change, with where it is in megatron-core's source
   the DDP chunks' ``full_param_layout`` (``compute_full_param_layout``: per bucket, whole Muon
   tensors bin-packed onto the data-parallel shards; the other tensors byte-sharded by a
   ``DistributedOptimizer``), which Megatron-LM builds unless ``--no-use-layer-wise-param-layout``;
-  the size-sorted ping-pong split the estimate models is its fallback. Not modelled: the
-  report's assumptions say so.
+  the size-sorted ping-pong split is its fallback. Modelled in ``muon.py``
+  (``bucket_layout_owned``); the buffers' shard padding is not counted (said so).
 - **0.19: MLA's query norm needs a query latent or a fused norm** (:data:`MLA_QK_NORM_RESOLVER`).
   ``transformer/mla_qk_norm_config.py`` ``QKNormConfigResolver`` (called from
   ``MLASelfAttention.__init__``): with ``qk_layernorm`` and no ``q_lora_rank`` the query
