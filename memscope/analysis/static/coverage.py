@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from memscope.analysis.static.config import TrainingSpec
-from memscope.analysis.static.megatron_versions import MLA_QK_NORM_RESOLVER, at_least
 from memscope.analysis.static.moe import imbalance_bound
 from memscope.analysis.static.muon import uses_bucket_layout
 from memscope.analysis.static.offload import UNMODELLED_MODULES
@@ -383,12 +382,6 @@ def approximated_features(spec: TrainingSpec) -> tuple[str, ...]:
             out.append("the flex (DeepEP) dispatcher as alltoall: its buffers are not counted")
     if m.multi_latent_attention:
         out.append("MLA activations (first order)")
-        if m.qk_layernorm and m.q_lora_rank is None and at_least(m, MLA_QK_NORM_RESOLVER):
-            out.append(
-                f"MLA's query norm: megatron-core {m.megatron_core_version} fuses a norm of the "
-                "hidden input into the query projection (qk_layernorm without q_lora_rank); its "
-                "weights and saved output are not counted"
-            )
     if spec.fine_grained_offloading:
         unmodelled = [m for m in spec.offload_modules if m in UNMODELLED_MODULES]
         out.append(
