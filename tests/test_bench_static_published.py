@@ -90,11 +90,13 @@ def test_newer_flags_are_set_as_megatron_main_sets_them(result):
     argv = ["--optimizer", "muon", "--use-distributed-optimizer", "--bf16"]
     assert bench.parser_argv(argv) == ["--optimizer", "adam", *argv[2:]]
     parsed = {"optimizer": "adam", "use_distributed_optimizer": True}
-    # muon with the distributed optimizer is the layer-wise variant; main's newer param layout
-    # is not what the estimator models, the legacy one (opted into by a flag) is
-    assert "use_layer_wise_param_layout" in bench.with_newer_flags(argv, parsed)["reason"]
+    # muon with the distributed optimizer is the layer-wise variant, with main's bucket
+    # layout unless the (store_false) flag asks for the legacy ping-pong split
+    layout = bench.with_newer_flags(argv, parsed)
+    assert layout["optimizer"] == "dist_muon" and layout["use_layer_wise_param_layout"] is True
     legacy = bench.with_newer_flags([*argv, "--no-use-layer-wise-param-layout"], parsed)
     assert legacy["optimizer"] == "dist_muon" and legacy["use_distributed_optimizer"] is False
+    assert legacy["use_layer_wise_param_layout"] is False
     assert legacy["muon_tp_mode"] == "duplicated"  # main's default, not megatron-core's
     plain = bench.with_newer_flags(["--optimizer", "muon", "--muon-tp-mode", "blockwise"], {})
     assert plain["optimizer"] == "muon" and plain["muon_tp_mode"] == "blockwise"

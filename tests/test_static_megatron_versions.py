@@ -160,26 +160,59 @@ def test_mla_query_norm_without_query_latent_from_0_19_refused_locally_named_wit
         base = _spec(version, **mla, transformer_impl=impl)  # (qk_layernorm off: any release)
         return dataclasses.replace(base, model=dataclasses.replace(base.model, qk_layernorm=True))
 
-    from memscope.analysis.static.coverage import approximated_features
-
     validate_spec(spec("0.18.0"))  # the query is not normalised: nothing refused
     validate_spec(spec("0.19.2", "transformer_engine"))  # TE's fused norm+linear builds it
     with pytest.raises(ValueError, match="cannot build the query norm"):
         validate_spec(spec("0.19.2"))
-    # the fused query norm TE builds from 0.19 is named, not silently left out
-    named = "MLA's query norm"
-    assert not any(named in a for a in approximated_features(spec("0.18.0", "transformer_engine")))
-    assert any(named in a for a in approximated_features(spec("0.19.2", "transformer_engine")))
 
 
-def test_layer_wise_muon_bucket_layout_is_named_approximated_from_0_18():
-    from memscope.analysis.static.coverage import approximated_features
+@pytest.mark.parametrize("norm, stats", [("RMSNorm", 1), ("LayerNorm", 2)])
+def test_mla_fused_query_norm_weights_and_saved_output_counted_with_te_from_0_19(norm, stats):
+    """megatron-core 0.19 transformer/mla_qk_norm_config.py ``QKNormConfigResolver``: with
+    ``qk_layernorm`` and no ``q_lora_rank`` TE's ``linear_q_proj`` is
+    ``TELayerNormColumnParallelLinear``: ``layer_norm_weight`` [h] (``_bias`` for LayerNorm)
+    more, and per layer the normalised [s, b, h] plus fp32 statistics per row kept."""
+    from memscope.analysis.static.mla import mla_saved, mla_up_proj_discarded
 
-    def lines(version: str) -> str:
-        spec = _spec(version, num_experts=None, optimizer="dist_muon", world_size=2,
-                     global_batch_size=2 * B)  # fmt: skip
-        return " ".join(approximated_features(spec))
+    mla = dict(num_experts=None, multi_latent_attention=True, q_lora_rank=None, kv_lora_rank=16,
+               qk_head_dim=8, qk_pos_emb_head_dim=4, v_head_dim=12, normalization=norm,
+               transformer_impl="transformer_engine")  # fmt: skip
 
-    assert "Muon step temporaries" in lines("0.17.1") and "DDP bucket" not in lines("0.17.1")
-    assert "lays them out by DDP bucket" in lines("0.18.0")
-    assert "--no-use-layer-wise-param-layout" in lines("0.19.2")
+    def spec(version: str) -> Any:
+        base = _spec(version, **mla)
+        return dataclasses.replace(base, model=dataclasses.replace(base.model, qk_layernorm=True))
+
+    old, new = spec("0.18.0"), spec("0.19.2")
+    extra = {t.name: t.numel for t in rank_params(new, RankPosition())}
+    for t in rank_params(old, RankPosition()):
+        assert extra.pop(t.name) == t.numel
+    parts = ["weight", "bias"][:stats]
+    assert extra == {f"decoder.layers.{i}.self_attention.linear_q_proj.layer_norm_{p}": H
+                     for i in range(2) for p in parts}  # fmt: skip
+    e = 2  # bf16
+    saved_old, saved_new = mla_saved(old, S, B, 2, 1, e), mla_saved(new, S, B, 2, 1, e)
+    assert saved_new.pop("mla_q_norm") == S * B * H * e + stats * S * B * 4
+    assert saved_new == saved_old
+    # linear_q_proj runs inside mla_up_proj's checkpoint: its norm output is dropped too
+    dropped = mla_up_proj_discarded(new, S, B, 2, 1, e) - mla_up_proj_discarded(old, S, B, 2, 1, e)
+    assert dropped == S * B * H * e + stats * S * B * 4
+
+
+def test_layer_wise_muon_bucket_layout_is_modelled_from_0_18_only_its_padding_named():
+    from memscope.analysis.static.coverage import approximated_features, modelled_features
+
+    def spec(version: str, **kw: Any) -> Any:
+        return _spec(version, num_experts=None, optimizer="dist_muon", world_size=2,
+                     global_batch_size=2 * B, **kw)  # fmt: skip
+
+    def approx(version: str, **kw: Any) -> str:
+        return " ".join(approximated_features(spec(version, **kw)))
+
+    def modelled(version: str, **kw: Any) -> str:
+        return " ".join(modelled_features(spec(version, **kw)))
+
+    assert "Muon step temporaries" in approx("0.17.1") and "bucket" not in approx("0.17.1")
+    assert "bucket layout pads" in approx("0.18.0")
+    assert "bin-packed per DDP bucket" in modelled("0.19.2")
+    legacy = dict(no_use_layer_wise_param_layout=True)
+    assert "bucket" not in approx("0.19.2", **legacy) + modelled("0.19.2", **legacy)

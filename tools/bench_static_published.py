@@ -31,9 +31,9 @@ the parsed arguments afterwards as Megatron-LM at ``SOURCE_COMMIT`` sets them
   ``--use-distributed-optimizer`` (or the deprecated ``dist_muon``) is the layer-wise
   distributed optimizer (``use_layer_wise_distributed_optimizer``, the distributed optimizer
   switched off), our ``dist_muon``; without it plain Muon. ``--muon-tp-mode`` defaults to
-  ``duplicated`` there. A layer-wise case that keeps that commit's precomputed param layout
-  (``use_layer_wise_param_layout``, newer than megatron-core 0.16.1's ping-pong buffer the
-  estimator models) is listed with that reason.
+  ``duplicated`` there. ``--no-use-layer-wise-param-layout`` (a ``store_false`` switch)
+  clears ``use_layer_wise_param_layout``: the layer-wise optimizer's ping-pong split instead of
+  the precomputed bucket layout (``analysis/static/muon.py``).
 - Fine-grained activation offloading: ``--fine-grained-activation-offloading``,
   ``--offload-modules``, ``--min-offloaded-tensor-size`` (``TransformerConfig`` fields).
 - A newer flag the estimator warns it does not model (``coverage.NOT_MODELLED``, e.g.
@@ -284,13 +284,14 @@ def with_newer_flags(argv: list[str], parsed: dict[str, Any]) -> dict[str, Any]:
     if optimizer in MUON:
         # arguments.py validate_args ("emerging optimizer check") at SOURCE_COMMIT
         layer_wise = optimizer == "dist_muon" or bool(parsed.get("use_distributed_optimizer"))
-        if layer_wise and _flag_values(argv, "--no-use-layer-wise-param-layout") is None:
-            return {
-                "reason": "layer-wise distributed Muon with Megatron-LM main's precomputed "
-                "param layout (use_layer_wise_param_layout), newer than the megatron-core "
-                "0.16.1 ping-pong buffer the estimator models"
-            }
-        out.update(optimizer="dist_muon" if layer_wise else "muon", use_distributed_optimizer=False)
+        # --no-use-layer-wise-param-layout (store_false, unknown to the 0.15 parser): the
+        # legacy ping-pong split instead of the precomputed bucket layout
+        layout = _flag_values(argv, "--no-use-layer-wise-param-layout") is None
+        out.update(
+            optimizer="dist_muon" if layer_wise else "muon",
+            use_distributed_optimizer=False,
+            use_layer_wise_param_layout=layout,
+        )
     return out
 
 

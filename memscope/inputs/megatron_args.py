@@ -314,6 +314,10 @@ def _optimizer_savers(args: Any) -> dict[str, Any]:
         store_param_remainders=get_flag(args, "store_param_remainders", True),
         optimizer_cpu_offload=get_flag(args, "optimizer_cpu_offload"),
         optimizer_offload_fraction=get_float(args, "optimizer_offload_fraction", 1.0, 0.0, 1.0),
+        # megatron-core 0.18+ dist_muon (analysis/static/muon.py): Megatron-LM's default on
+        layer_wise_param_layout=get_flag(args, "use_layer_wise_param_layout", True),
+        overlap_grad_reduce=get_flag(args, "overlap_grad_reduce"),
+        ddp_bucket_size=get_int(args, "ddp_bucket_size", None),
     )
 
 

@@ -205,6 +205,13 @@ class PrecisionSpec:
     optimizer_offload_fraction: float = 1.0  # Megatron-LM's default
     # Muon's tensor-parallel Newton-Schulz (megatron-core OptimizerConfig.muon_tp_mode)
     muon_tp_mode: str = "blockwise"
+    # dist_muon from megatron-core 0.18: shard by the DDP bucket layout (Megatron-LM's
+    # --no-use-layer-wise-param-layout clears it; analysis/static/muon.py)
+    layer_wise_param_layout: bool = True
+    # DDP buckets (megatron/training/training.py resolve_ddp_bucket_size): one bucket per
+    # buffer without --overlap-grad-reduce; --ddp-bucket-size (None: Megatron's default)
+    overlap_grad_reduce: bool = False
+    ddp_bucket_size: int | None = None
 
     @property
     def param_bytes(self) -> int:

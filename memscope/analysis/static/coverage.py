@@ -14,12 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from memscope.analysis.static.config import TrainingSpec
-from memscope.analysis.static.megatron_versions import (
-    LAYER_WISE_PARAM_LAYOUT,
-    MLA_QK_NORM_RESOLVER,
-    at_least,
-)
 from memscope.analysis.static.moe import imbalance_bound
+from memscope.analysis.static.muon import uses_bucket_layout
 from memscope.analysis.static.offload import UNMODELLED_MODULES
 from memscope.analysis.static.pipeline_layout import mtp_chunk
 from memscope.analysis.static.read_keys import READ_KEYS, memscope_keys
@@ -293,6 +289,11 @@ def modelled_features(spec: TrainingSpec) -> tuple[str, ...]:
         out.append("precision-aware optimizer (modelled from source, not measured on a GPU here)")
     if prec.optimizer in ("muon", "dist_muon"):
         shards = ", whole tensors per data-parallel rank" if prec.optimizer == "dist_muon" else ""
+        if uses_bucket_layout(spec):
+            shards = (
+                ", whole Muon tensors bin-packed per DDP bucket onto the data-parallel ranks "
+                "and the rest's Adam state byte-sharded (megatron-core's layer-wise layout)"
+            )
         out.append(
             "Muon on 2-D tensors (one fp32 momentum), Adam on norms, biases, embedding and "
             f"output layer{shards}"
@@ -381,12 +382,6 @@ def approximated_features(spec: TrainingSpec) -> tuple[str, ...]:
             out.append("the flex (DeepEP) dispatcher as alltoall: its buffers are not counted")
     if m.multi_latent_attention:
         out.append("MLA activations (first order)")
-        if m.qk_layernorm and m.q_lora_rank is None and at_least(m, MLA_QK_NORM_RESOLVER):
-            out.append(
-                f"MLA's query norm: megatron-core {m.megatron_core_version} fuses a norm of the "
-                "hidden input into the query projection (qk_layernorm without q_lora_rank); its "
-                "weights and saved output are not counted"
-            )
     if spec.fine_grained_offloading:
         unmodelled = [m for m in spec.offload_modules if m in UNMODELLED_MODULES]
         out.append(
@@ -407,11 +402,10 @@ def approximated_features(spec: TrainingSpec) -> tuple[str, ...]:
             "after a dist_muon step) from megatron-core's source: Muon needs emerging_optimizers, "
             "not run here"
         )
-    if spec.precision.optimizer == "dist_muon" and at_least(m, LAYER_WISE_PARAM_LAYOUT):
+    if uses_bucket_layout(spec):
         out.append(
-            "dist_muon's shards as the size-sorted ping-pong split of whole tensors: "
-            f"megatron-core {m.megatron_core_version} lays them out by DDP bucket (the non-Muon "
-            "tensors byte-sharded) unless --no-use-layer-wise-param-layout"
+            "dist_muon's bucket layout pads the DDP gradient and parameter buffers' shards to "
+            "the fullest one: that padding is not counted"
         )
     mtp_at = mtp_chunk(spec.parallel.pp, 1, spec.parallel.layout)
     if m.mtp_num_layers and mtp_at is not None and mtp_at[0] != spec.parallel.pp - 1:

@@ -149,7 +149,7 @@ def estimate_rank(spec: TrainingSpec, position: RankPosition) -> RankEstimate:
     params = rank_params(spec, position)
     per_chunk = layers_per_chunk(spec, position.pp_rank)
     extra = weight_terms(spec, params, position)
-    persistent = persistent_terms(spec, params)
+    persistent = persistent_terms(spec, params, position.pp_rank)
     persistent = replace(persistent, weight_bytes=persistent.weight_bytes + sum(extra.values()))
     fsdp = in_flight(spec, params)  # FSDP's all-gathered units by moment (fsdp.py)
     activations = activation_estimate(spec, position.pp_rank, per_chunk, fsdp)

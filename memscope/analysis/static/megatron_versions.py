@@ -39,14 +39,16 @@ release that changed it. Each change, with where it is in megatron-core's source
   the DDP chunks' ``full_param_layout`` (``compute_full_param_layout``: per bucket, whole Muon
   tensors bin-packed onto the data-parallel shards; the other tensors byte-sharded by a
   ``DistributedOptimizer``), which Megatron-LM builds unless ``--no-use-layer-wise-param-layout``;
-  the size-sorted ping-pong split the estimate models is its fallback. Not modelled: the
-  report's assumptions say so.
+  the size-sorted ping-pong split is its fallback. Modelled in ``muon.py``
+  (``bucket_layout_owned``); the buffers' shard padding is not counted (said so).
 - **0.19: MLA's query norm needs a query latent or a fused norm** (:data:`MLA_QK_NORM_RESOLVER`).
   ``transformer/mla_qk_norm_config.py`` ``QKNormConfigResolver`` (called from
   ``MLASelfAttention.__init__``): with ``qk_layernorm`` and no ``q_lora_rank`` the query
   projection becomes the backend's fused norm+linear, which the local spec does not have
   (``LocalSpecProvider.column_parallel_layer_norm_linear`` is ``None``), so megatron-core
-  refuses to build it; up to 0.18 the query was simply not normalised.
+  refuses to build it; up to 0.18 the query was simply not normalised. With Transformer
+  Engine (:func:`mla_fused_q_norm`) the estimate counts that norm's weights
+  (``params.py``) and its saved output and statistics (``mla.py``).
 - **0.19: distributed Muon is spelled ``muon`` + ``--use-distributed-optimizer``**
   (:data:`MUON_DISTRIBUTED_IS_LAYER_WISE`). Megatron-LM ``megatron/training/arguments.py``
   ``validate_args`` ("emerging optimizer check", core_r0.19.0) turns ``--optimizer muon`` with
@@ -157,6 +159,20 @@ def embedding_tagged(model: ModelSpec, first_stage: bool, mtp: bool) -> bool:
     """Whether a chunk's word embedding is tagged ``is_embedding_or_output_parameter``: the
     first stage's always, the MTP stage's copy from 0.18 (:data:`MTP_EMBEDDING_TAGGED`)."""
     return first_stage or (mtp and at_least(model, MTP_EMBEDDING_TAGGED))
+
+
+def mla_fused_q_norm(model: ModelSpec) -> bool:
+    """Whether MLA's query projection is Transformer Engine's fused norm+linear
+    (``TELayerNormColumnParallelLinear``): ``qk_layernorm`` without ``q_lora_rank`` from 0.19
+    (:data:`MLA_QK_NORM_RESOLVER`, ``QKNormConfigResolver._resolve_mla_qk_layernorm``); the
+    local spec is refused there (``spec_checks``)."""
+    return (
+        model.multi_latent_attention
+        and model.qk_layernorm
+        and model.q_lora_rank is None
+        and model.transformer_impl == "transformer_engine"
+        and at_least(model, MLA_QK_NORM_RESOLVER)
+    )
 
 
 def megatron_fsdp_grad_bytes(spec: TrainingSpec) -> int:

@@ -22,6 +22,11 @@ parallelism, ``b`` micro batch, ``a`` heads per TP rank, ``e`` activation bytes)
   keeps the whole ``kl + pe`` storage (local spec without SP). Under SP the local spec's scatter
   of the split view copies it (``S b kl``); TE takes a contiguous ``kl``-wide copy (assumption:
   TE's linear layers make non-contiguous inputs contiguous before saving them).
+- **Fused query norm** (megatron-core 0.19+, Transformer Engine, ``qk_layernorm`` without
+  ``q_lora_rank``: ``mla_qk_norm_config.py`` ``QKNormConfigResolver``). ``linear_q_proj`` is
+  ``TELayerNormColumnParallelLinear`` over the hidden input: the normalised ``[S, b, h]`` and
+  fp32 statistics over ``S b`` rows besides that input (already kept). It runs inside
+  ``mla_up_proj``'s checkpoint. Up to 0.18 the query was not normalised.
 - **Up projections and RoPE.** Their outputs are split, rotated and concatenated into new
   ``query``/``key`` (``[s, b, a, qk + pe]``) and a contiguous ``value`` (``[s, b, a, v]``); the
   up-projection outputs themselves are not kept. Unfused RoPE (rope_utils.py
@@ -51,6 +56,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memscope.analysis.static.config import TrainingSpec
+from memscope.analysis.static.megatron_versions import mla_fused_q_norm
 
 FP32 = 4
 
@@ -130,6 +136,11 @@ def mla_saved(spec: TrainingSpec, s: int, b: int, a: int, sp: int, e: int) -> di
     }
     if m.q_lora_rank:
         items["mla_q_latent"] = _latent_norm(spec, x, m.q_lora_rank, _q_input(spec, x))
+    elif mla_fused_q_norm(m):
+        # 0.19+ TE (mla_qk_norm_config.py QKNormConfigResolver): linear_q_proj is
+        # TELayerNormColumnParallelLinear; it keeps its input (the layer's input-norm output,
+        # counted there), the normalised [S, b, h] output and fp32 statistics per row
+        items["mla_q_norm"] = x.rows * m.hidden_size * x.e + x.stats * x.rows * FP32
     if not m.rope_fusion:
         items["rope_cos_sin"] = 2 * 2 * s * pe * e
     return items
@@ -143,6 +154,7 @@ def mla_up_proj_discarded(spec: TrainingSpec, s: int, b: int, a: int, sp: int, e
     dropped = items["attention_qkv"] + items.get("rope_cos_sin", 0)
     if x.te:  # the up projections (and the norms fused into them) are inside the checkpoint
         dropped += items["mla_kv_latent"] + items.get("mla_q_latent", 0)
+        dropped += items.get("mla_q_norm", 0)  # linear_q_proj runs inside the checkpoint
         kept = _q_input(spec, x) + x.rows * (m.kv_lora_rank + m.qk_pos_emb_head_dim) * e
     else:  # local: the norms run before the checkpoint; their outputs stay as its inputs
         kept = 0

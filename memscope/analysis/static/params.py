@@ -30,6 +30,7 @@ from memscope.analysis.static.config import (
 from memscope.analysis.static.megatron_versions import (
     embedding_tagged,
     grouped_gemm_experts,
+    mla_fused_q_norm,
     mtp_inner_layer,
 )
 
@@ -97,6 +98,10 @@ def _mla_attention(m: ModelSpec, tp: int, prefix: str) -> list[ParamTensor]:
     down_tp = tp if m.transformer_impl == "local" else 1  # TE: TELinear, "duplicated"
     if m.q_lora_rank is None:
         out = _linear(f"{prefix}.linear_q_proj", heads * q_head // tp, h, False)
+        if mla_fused_q_norm(m):  # 0.19+ TE: the query norm fused into linear_q_proj
+            # TELayerNormColumnParallelLinear: layer_norm_weight [h] (and _bias for LayerNorm)
+            parts = ("weight", "bias") if m.normalization == "LayerNorm" else ("weight",)
+            out += [ParamTensor(f"{prefix}.linear_q_proj.layer_norm_{p}", h, ndim=1) for p in parts]
     else:
         out = _linear(f"{prefix}.linear_q_down_proj", m.q_lora_rank // down_tp, h, False)
         out += _linear(f"{prefix}.linear_q_up_proj", heads * q_head // tp, m.q_lora_rank, False)

@@ -21,6 +21,7 @@ NEGATED_FLAGS = {
     "no_gradient_accumulation_fusion": "gradient_accumulation_fusion",
     "no_rope_fusion": "apply_rope_fusion",
     "no_overlap_p2p_communication": "overlap_p2p_comm",
+    "no_use_layer_wise_param_layout": "use_layer_wise_param_layout",
 }
 # Megatron argument names (and the JSON config's own) that the estimator reads.
 READ_KEYS = frozenset(NEGATED_FLAGS) | frozenset(
@@ -38,6 +39,9 @@ READ_KEYS = frozenset(NEGATED_FLAGS) | frozenset(
         "main_params_dtype",
         "moe_layer_recompute",
         "muon_tp_mode",
+        "use_layer_wise_param_layout",
+        "overlap_grad_reduce",
+        "ddp_bucket_size",
         "data_parallel_sharding_strategy",
         "use_custom_fsdp",
         "use_megatron_fsdp",

@@ -51,14 +51,17 @@ def optimizer_shards(spec: TrainingSpec) -> tuple[int, int]:
     return p.dp * p.cp // instances, max(1, p.expert_dp // instances)
 
 
-def persistent_terms(spec: TrainingSpec, params: list[ParamTensor]) -> PersistentTerms:
-    """Weights, gradients and optimizer state for one rank's parameter tensors."""
+def persistent_terms(
+    spec: TrainingSpec, params: list[ParamTensor], pp_rank: int = 0
+) -> PersistentTerms:
+    """Weights, gradients and optimizer state for one rank's parameter tensors (on pipeline
+    stage ``pp_rank``: dist_muon's bucket layout has no buckets after the first stage)."""
     prec = spec.precision
     count = sum(t.numel for t in params)
     weights = count * prec.param_bytes
     grads = count * (FP32 if prec.grads_in_fp32 else prec.param_bytes)
     if is_muon(spec):  # Muon: its own state and main-copy split (muon.py)
-        return PersistentTerms(count, weights, grads, muon_optimizer_bytes(spec, params))
+        return PersistentTerms(count, weights, grads, muon_optimizer_bytes(spec, params, pp_rank))
     shard = sharding(spec)
     if shard is not None:  # Megatron-FSDP / torch FSDP2 (fsdp.py)
         return _fsdp_terms(spec, params, shard)
