@@ -72,8 +72,12 @@ def test_two_steps_of_one_run_differ_by_what_leaked_between_them(runs, tmp_path,
     composition = pair["diff"]["composition"]
     assert composition["available"]
     top = max(composition["rows"], key=lambda r: r["delta_bytes"])
-    assert (top["category"], top["module"], top["microbatch"], top["delta_bytes"]) == (
-        "activations", "decoder.layers.0.mlp.linear_fc2", 0, 2 * _leaked(small_cfg))  # fmt: skip
+    assert (top["category"], top["module"], top["delta_bytes"]) == (
+        "activations", "decoder.layers.0.mlp.linear_fc2", 2 * _leaked(small_cfg))  # fmt: skip
+    # the leak is kept from microbatch 0; the two microbatches' peaks differ by a few bytes, so
+    # a loaded machine can put step 3's peak in the other one: then the rows are summed over
+    # microbatches and name none
+    assert top["microbatch"] == (None if composition["over_microbatches"] else 0)
     peak = pair["diff"]["peak"]
     assert sum(r["delta_bytes"] for r in composition["rows"]) == peak["delta_bytes"]
     report = load_json(str(leak / "runtime_report.json"))
@@ -117,11 +121,20 @@ def test_bad_input_is_one_line_and_exit_code_2(runs, tmp_path, capsys, args, mes
 
 
 def test_a_peak_that_moved_to_another_microbatch_is_compared_over_microbatches(tmp_path, capsys):
-    """Two real runs, 2 and 4 microbatches: the peak is in the last microbatch's backward of
-    each (1 and 3), so per microbatch every item of microbatch 1 would vanish and reappear as
-    microbatch 3. Summed over microbatches, one row per (category, module) is left, each
-    naming the microbatches it had on each side."""
-    from memscope.analysis.diff import _composition, diff_compositions
+    """Two real runs, 2 and 4 microbatches. Per microbatch, every item of the microbatch holding
+    one run's peak would vanish and reappear under the other's. Summed over microbatches, one
+    row per (category, module) is left, each naming the microbatches it had on each side.
+
+    Which microbatch (and step) holds a run's peak is a near tie: the microbatches' backward
+    peaks differ by a few hundred bytes, usually the last one's is highest, and a loaded
+    machine can move it. So the test takes the moments the runs report and checks the command
+    against them, and checks the summing itself on the two real peak compositions."""
+    from memscope.analysis.diff import (
+        _composition,
+        _live_microbatches,
+        diff_compositions,
+        diff_compositions_over_microbatches,
+    )
     from memscope.demo.tiny_gpt import TinyGPTConfig
 
     folders = []
@@ -135,23 +148,34 @@ def test_a_peak_that_moved_to_another_microbatch_is_compared_over_microbatches(t
     assert main(["diff", *map(str, folders), "--out", str(tmp_path / "out")]) == 0
     (pair,) = load_json(str(tmp_path / "out" / "diff.json"))["ranks"]
     diff, comp = pair["diff"], pair["diff"]["composition"]
-    # the peak is in a later microbatch with 4 (which one can differ by a few bytes)
-    mb_a, mb_b = diff["peak"]["moved"]["microbatch"]
-    assert mb_a == 1 and mb_b in (2, 3)
-    assert comp["over_microbatches"]
-    keys = [(r["category"], r["module"]) for r in comp["rows"]]
-    assert len(keys) == len(set(keys))  # one row per (category, module)
-    assert sum(r["delta_bytes"] for r in comp["rows"]) == diff["peak"]["delta_bytes"]
     a, b = (load_json(str(f / "runtime_report.json")) for f in folders)
-    per_microbatch = diff_compositions(_composition(a), _composition(b))
-    offsetting = [r for r in per_microbatch if r["status"] in ("new", "vanished")]
-    assert len(comp["rows"]) < len(per_microbatch) and len(offsetting) > len(comp["rows"])
-    moved = [r for r in comp["rows"] if r["microbatches_a"] != r["microbatches_b"]]
-    assert moved and all(set(r["microbatches_b"]) - {0, 1} for r in moved)
-    md = (tmp_path / "out" / "diff.md").read_text()
-    assert "summed over microbatches" in md
+    comp_a, comp_b = _composition(a), _composition(b)
+    peak_mb = [r["peak"].get("microbatch") for r in (a, b)]
+    moved = diff["peak"]["moved"]
+    assert moved.get("microbatch", [peak_mb[0]] * 2) == peak_mb
+    live_differ = _live_microbatches(comp_a) != _live_microbatches(comp_b)
+    assert comp["over_microbatches"] == ("microbatch" in moved or live_differ)
     out = capsys.readouterr().out
-    assert "rank 0: peak " in out and f"microbatch 1 -> {mb_b}" in out and " bytes" not in out
+    assert "rank 0: peak " in out and " bytes" not in out
+    assert (f"microbatch {peak_mb[0]} -> {peak_mb[1]}" in out) == ("microbatch" in moved)
+
+    # summed over microbatches, on the two real compositions whatever the moments
+    rows, _ = diff_compositions_over_microbatches(comp_a, comp_b)
+    keys = [(r["category"], r["module"]) for r in rows]
+    assert len(keys) == len(set(keys))  # one row per (category, module)
+    assert sum(r["delta_bytes"] for r in rows) == sum(comp_b.values()) - sum(comp_a.values())
+    per_microbatch = diff_compositions(comp_a, comp_b)
+    assert len(rows) <= len(per_microbatch)
+    if comp["over_microbatches"]:
+        assert comp["rows"] == rows
+        assert sum(r["delta_bytes"] for r in comp["rows"]) == diff["peak"]["delta_bytes"]
+        md = (tmp_path / "out" / "diff.md").read_text()
+        assert "summed over microbatches" in md
+    if peak_mb[0] != peak_mb[1]:  # the peak's microbatch moved: per microbatch, items offset
+        offsetting = [r for r in per_microbatch if r["status"] in ("new", "vanished")]
+        assert len(rows) < len(per_microbatch) and len(offsetting) > len(rows)
+        moved_rows = [r for r in rows if r["microbatches_a"] != r["microbatches_b"]]
+        assert moved_rows
 
 
 @pytest.mark.multiprocess
