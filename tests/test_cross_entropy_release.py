@@ -16,7 +16,7 @@ import pytest
 
 from memscope.analysis.static.activations import cross_entropy_saved, dims, loss_moments
 from memscope.analysis.static.estimator import estimate_rank
-from memscope.analysis.static.megatron_versions import logits_shift_copy, release_before_arguments
+from memscope.analysis.static.megatron_versions import dating_argument, logits_shift_copy
 from memscope.analysis.static.params import RankPosition
 from memscope.cli.analyze_log_cmd import analyze_logs
 from memscope.inputs.log_spec import dated_spec
@@ -39,6 +39,16 @@ def _spec(version: str | None, **extra: Any) -> Any:
     spec = spec_from_megatron_args({**args, **extra})
     model = dataclasses.replace(spec.model, megatron_core_version=version)
     return dataclasses.replace(spec, model=model, device="cuda")
+
+
+def _dated_releases(run: dict[str, Any]) -> list[str]:
+    """The releases a run's notes say its arguments block dates it to."""
+    return [
+        m[1]
+        for n in run["notes"]
+        for m in [re.search(r"follows megatron-core (\S+)'s", str(n))]
+        if m
+    ]
 
 
 def _forward_above_logits(spec: Any) -> int:
@@ -94,12 +104,12 @@ def test_recorded_0_7_measurement_is_the_estimate():
 
 
 def test_an_arguments_block_without_cross_entropy_loss_fusion_predates_0_8():
-    assert release_before_arguments({"fp16", "num_layers"}) == "0.7"
-    assert release_before_arguments({"fp16", "cross_entropy_loss_fusion"}) is None
+    newer = {"fp16", "bias_swiglu_fusion", "glu_linear_offset"}  # from 0.5 and from 0.15
+    assert dating_argument(newer) == ("cross_entropy_loss_fusion", "0.7")
     spec = _spec(None)
-    dated, note = dated_spec(spec, {"fp16"})
+    dated, note = dated_spec(spec, newer)
     assert dated.model.megatron_core_version == "0.7" and note and "0.8" in note
-    assert dated_spec(spec, {"cross_entropy_loss_fusion"}) == (spec, None)
+    assert dated_spec(spec, newer | {"cross_entropy_loss_fusion"}) == (spec, None)
 
 
 def test_published_runs_follow_the_release_their_arguments_block_dates():
@@ -109,7 +119,7 @@ def test_published_runs_follow_the_release_their_arguments_block_dates():
     allocated, in four layouts (DP 4, TP 2 x PP 2, TP 4, PP 4), last stages included."""
     five = analyze_logs([str(LOGS / "gpt2_345m_fp16_five_runs_pp4_tp2pp2.log")])["runs"][1:]
     two = analyze_logs([str(LOGS / "gpt2_345m_tp4_fp16_two_runs.log")])["runs"]
-    dated = [any("predates megatron-core 0.8" in str(n) for n in run["notes"])
+    dated = [any(logits_shift_copy(_spec(v).model) for v in _dated_releases(run))
              for run in five + two]  # fmt: skip
     assert dated == [True, True, True, True, False, True]
     rows = [row for run in five + two[1:] for row in run["ranks"]]

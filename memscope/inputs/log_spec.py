@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memscope.analysis.static.config import TrainingSpec
-from memscope.analysis.static.megatron_versions import DATING_ARGUMENTS, release_before_arguments
+from memscope.analysis.static.megatron_versions import dating_argument
 from memscope.analysis.static.validation import ConfigWarning
 from memscope.inputs.config_files import spec_from_flagscale_yaml
 from memscope.inputs.training_log import LogRun
@@ -124,12 +124,12 @@ def run_spec(run: LogRun, vocab_size: int | None = None, world_size: int | None 
 
 def dated_spec(spec: TrainingSpec, names: set[str]) -> tuple[TrainingSpec, str | None]:
     """``spec`` following the newest megatron-core release an arguments block printing
-    ``names`` can come from (:func:`release_before_arguments`), with a note saying so; the
+    ``names`` can come from (:func:`dating_argument`), with a note saying so; the
     spec unchanged when the block does not date the run."""
-    older = release_before_arguments(names)
-    if older is None:
+    dated = dating_argument(names)
+    if dated is None:
         return spec, None
-    missing = next(name for name, _ in DATING_ARGUMENTS if name not in names)
+    missing, older = dated
     model = dataclasses.replace(spec.model, megatron_core_version=older)
     note = (
         f"the arguments block has no {missing}: the run's Megatron-LM predates megatron-core "

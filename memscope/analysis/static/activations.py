@@ -27,7 +27,11 @@ from memscope.analysis.static.config import TrainingSpec, chunk_roles
 from memscope.analysis.static.distillation import distillation_extras, distillation_moments
 from memscope.analysis.static.fp8 import quantized_saved
 from memscope.analysis.static.fsdp import InFlight
-from memscope.analysis.static.megatron_versions import logits_shift_copy
+from memscope.analysis.static.megatron_versions import (
+    glu_fused,
+    glu_linear_copies,
+    logits_shift_copy,
+)
 from memscope.analysis.static.mla import mla_saved, mla_up_proj_discarded
 from memscope.analysis.static.moe import (
     dispatcher_held,
@@ -154,13 +158,14 @@ def mlp_tensors(spec: TrainingSpec) -> int:
 
     GeLU: fc1's output and the activation (with ``bias_activation_fusion``,
     ``bias_gelu_impl`` keeps the same two). SwiGLU unfused: the ``2f``-wide fc1 output, the
-    silu output, the linear branch and the product (5, measured on CPU); fused
-    (``bias_swiglu_impl``, megatron/core/fusions/fused_bias_swiglu.py): its ``2f``-wide
-    input and the product fc2 keeps (3)."""
+    silu output, the linear branch's copy (from 0.15, :func:`.glu_linear_copies`) and the
+    product (5, measured on CPU; 4 before 0.15); fused (``bias_swiglu_impl``,
+    megatron/core/fusions/fused_bias_swiglu.py, from 0.5): its ``2f``-wide input and the
+    product fc2 keeps (3)."""
     m = spec.model
     if not m.gated_linear_unit:
         return 2
-    return 3 if m.bias_activation_fusion else 5
+    return 3 if glu_fused(m) else 4 + glu_linear_copies(m)
 
 
 def layer_saved(spec: TrainingSpec, x: Dims) -> dict[str, int]:

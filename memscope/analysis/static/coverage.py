@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memscope.analysis.static.config import TrainingSpec
+from memscope.analysis.static.megatron_versions import glu_fused
 from memscope.analysis.static.moe import imbalance_bound
 from memscope.analysis.static.muon import uses_bucket_layout
 from memscope.analysis.static.offload import UNMODELLED_MODULES
@@ -259,8 +260,7 @@ def modelled_features(spec: TrainingSpec) -> tuple[str, ...]:
     if not spec.flash_attention and getattr(m, "masked_softmax_fusion", False):
         out.append("fused scale-mask-softmax")
     if m.gated_linear_unit:
-        fused = getattr(m, "bias_activation_fusion", False)
-        out.append("fused bias-SwiGLU" if fused else "SwiGLU")
+        out.append("fused bias-SwiGLU" if glu_fused(m) else "SwiGLU")
     cross_entropy = getattr(spec, "cross_entropy", None)  # "unfused" | "native" | "te"
     if cross_entropy not in (None, "unfused"):
         out.append(f"fused cross entropy ({cross_entropy})")

@@ -4,6 +4,12 @@ The terms are read from megatron-core 0.15 (FlagScale 0.8.0's bundled Megatron-L
 Where a later release allocates or builds differently, the term asks :func:`at_least` for the
 release that changed it. Each change, with where it is in megatron-core's source:
 
+- **0.5: SwiGLU can be fused** (:data:`SWIGLU_FUSION`). Megatron-LM commit 6b3b8844e5
+  (2024-01-09, first in core_r0.5.0) added ``--no-bias-swiglu-fusion`` and passed
+  ``bias_activation_fusion=args.bias_swiglu_fusion`` to the ``TransformerConfig``; before it
+  ``core_transformer_config_from_args`` set ``bias_gelu_fusion = False`` under ``--swiglu``,
+  and the legacy model's ``megatron/model/transformer.py`` ``ParallelMLP`` ran the plain
+  ``F.silu(x[0]) * x[1]``: SwiGLU was never fused, whatever ``bias_gelu_fusion`` said.
 - **0.8: the cross entropy shifts the logits in place** (:data:`INPLACE_LOGITS_SHIFT`).
   Up to 0.7 the caller upcast the logits (``logits.float()`` in ``models/common/
   language_module/language_module.py`` ``compute_language_model_loss``, ``output.float()`` in
@@ -15,6 +21,13 @@ release that changed it. Each change, with where it is in megatron-core's source
   pressure by using in-place operation", first in core_r0.8.0) subtracts in place, and 0.8
   moved the upcast into ``calculate_logits_max``: one fp32 copy fewer.
 
+- **0.15: the unfused GLU copies its linear half** (:data:`GLU_LINEAR_COPY`).
+  ``transformer/mlp.py`` ``MLP.forward``'s ``glu`` (and ``moe/experts.py``'s) returns
+  ``activation(x_glu) * (x_linear + glu_linear_offset)``: the sum is a new ``f``-wide tensor
+  that the product keeps for backward. Megatron-LM commit 2e29a5e1e3 (2025-09-09, "Add quick
+  geglu activation for gpt-oss", first in core_v0.15.0) added the offset; before it ``glu``
+  was ``activation(x[0]) * x[1]``, whose product keeps a view of the fc1 output instead: one
+  ``[s, b, f/t]`` fewer per unfused gated MLP.
 - **0.17: argsort permute** (:data:`ARGSORT_PERMUTE`). ``transformer/moe/moe_utils.py``
   ``permute`` (dropless, unfused) picks the routed rows with an ``argsort`` of the flattened
   ``[E, T]`` routing mask instead of ``masked_select``, and gathers the probabilities by
@@ -73,7 +86,9 @@ if TYPE_CHECKING:  # (config imports the checks that import this module)
 
 Release = tuple[int, int]
 
+SWIGLU_FUSION: Release = (0, 5)
 INPLACE_LOGITS_SHIFT: Release = (0, 8)
+GLU_LINEAR_COPY: Release = (0, 15)
 ARGSORT_PERMUTE: Release = (0, 17)
 NO_LEGACY_GROUPED_MLP: Release = (0, 17)
 MTP_MODEL_LAYER: Release = (0, 17)
@@ -117,20 +132,44 @@ def logits_shift_copy(model: ModelSpec) -> bool:
 
 # Megatron-LM's arguments whose presence in a printed arguments block dates it: each with the
 # release of the first megatron-core that its training code came with (``_print_args`` in
+def glu_fused(model: ModelSpec) -> bool:
+    """Whether a gated MLP runs the fused bias-activation (``bias_swiglu_impl``): asked with
+    ``bias_activation_fusion``, from 0.5 (:data:`SWIGLU_FUSION`)."""
+    return model.bias_activation_fusion and not older_than(model, SWIGLU_FUSION)
+
+
+def glu_linear_copies(model: ModelSpec) -> int:
+    """``f``-wide copies of the linear half an unfused gated MLP's product keeps: one from
+    0.15 (:data:`GLU_LINEAR_COPY`), none before."""
+    return 0 if older_than(model, GLU_LINEAR_COPY) else 1
+
+
+# Megatron-LM's arguments whose presence in a printed arguments block dates it: each with the
+# release of the first megatron-core that its training code came with (``_print_args`` in
 # megatron/training/arguments.py prints every argument, default or not).
+# ``bias_swiglu_fusion``: added by commit 6b3b8844e5 (2024-01-09); first in core_r0.5.0.
 # ``cross_entropy_loss_fusion``: added by commit 7b4a6d76c9 (2024-06-14, "Added cross entropy
 # fusion"), the day after the in-place shift (9634c0e4a3, its ancestor); first in core_r0.8.0.
-DATING_ARGUMENTS: tuple[tuple[str, Release], ...] = (("cross_entropy_loss_fusion", (0, 8)),)
+# ``glu_linear_offset``: added by commit 2e29a5e1e3 (2025-09-09) with the copy it names
+# (:data:`GLU_LINEAR_COPY`); first in core_v0.15.0.
+DATING_ARGUMENTS: tuple[tuple[str, Release], ...] = (
+    ("bias_swiglu_fusion", SWIGLU_FUSION),
+    ("cross_entropy_loss_fusion", INPLACE_LOGITS_SHIFT),
+    ("glu_linear_offset", GLU_LINEAR_COPY),
+)
 
 
-def release_before_arguments(names: set[str]) -> str | None:
-    """The newest release an arguments block without one of :data:`DATING_ARGUMENTS` can
-    come from (``"0.7"`` for a block without ``cross_entropy_loss_fusion``), or None when
-    the block names them all (its release is not told apart: the estimate follows 0.16)."""
-    for name, first in DATING_ARGUMENTS:
-        if name not in names:
-            return f"{first[0]}.{first[1] - 1}"
-    return None
+def dating_argument(names: set[str]) -> tuple[str, str] | None:
+    """The argument of :data:`DATING_ARGUMENTS` missing from an arguments block printing
+    ``names`` that dates it most, and the newest release the block can then come from
+    (``("cross_entropy_loss_fusion", "0.7")`` for a block with ``bias_swiglu_fusion`` but not
+    ``cross_entropy_loss_fusion``); None when the block names them all (its release is not
+    told apart: the estimate follows 0.16)."""
+    missing = [(first, name) for name, first in DATING_ARGUMENTS if name not in names]
+    if not missing:
+        return None
+    first, name = min(missing)
+    return name, f"{first[0]}.{first[1] - 1}"
 
 
 def legacy_grouped_mlp(model: ModelSpec) -> bool:

@@ -68,6 +68,8 @@ from memscope.analysis.static.config import TrainingSpec
 from memscope.analysis.static.megatron_versions import (
     ARGSORT_PERMUTE,
     at_least,
+    glu_fused,
+    glu_linear_copies,
     legacy_grouped_mlp,
 )
 
@@ -163,10 +165,14 @@ def routed_rows(spec: TrainingSpec, tokens: int) -> int:
 
 def _expert_rows(spec: TrainingSpec) -> tuple[bool, int]:
     """(legacy ``GroupedMLP``, f-wide rows an expert keeps per routed row): 3 not gated, with
-    the fused weighted SwiGLU or the compiled legacy activation, else 6."""
+    the fused weighted SwiGLU or the compiled legacy activation, else 6 (the ``2f``-wide fc1
+    output, the activation, the linear half's copy, the product and its probability-weighted
+    copy; 5 before 0.15, :func:`.glu_linear_copies`)."""
     m = spec.model
     legacy = legacy_grouped_mlp(m)
-    return legacy, 3 if not m.gated_linear_unit or m.bias_activation_fusion or legacy else 6
+    if not m.gated_linear_unit or glu_fused(m) or legacy:
+        return legacy, 3
+    return legacy, 5 + glu_linear_copies(m)
 
 
 def _permute_saved(spec: TrainingSpec, r: int, cells: int) -> int:
@@ -280,7 +286,7 @@ def moe_layer_saved(
     out = {"moe_router": router, "moe_dispatcher": dispatcher, "moe_experts": experts_bytes}
     shared = m.moe_shared_expert_intermediate_size
     if shared:
-        dense = 2 if not m.gated_linear_unit else (3 if m.bias_activation_fusion else 5)
+        dense = 2 if not m.gated_linear_unit else (3 if glu_fused(m) else 4 + glu_linear_copies(m))
         out["moe_shared_experts"] = dense * s * b * (shared // p.tp) * e
         if m.moe_shared_expert_overlap and sp > 1:
             # shared_experts.py pre_forward_comm: the input is all-gathered outside fc1 (whose
