@@ -101,9 +101,16 @@ def test_oom_messages_are_read_in_the_cuda_allocators_wording():
 def test_the_peak_of_a_step_that_never_ended_is_not_given_an_older_steps_context(oom_run):
     report = load_json(str(oom_run[2] / "runtime_report.json"))
     peak = report["peak"]
-    # the highest reading is in step 1, where training died: attributed to its own event
-    assert peak["step"] == 1 and peak["attribution"] == "interval"
-    assert "categories" not in peak and "composition" not in peak
+    # the highest reading is in step 1, where training died, never step 0's exact record
+    assert peak["step"] == 1
+    if peak["attribution"] == "exact":
+        # a phase record of step 1 itself (one that ended before the failing backward) held
+        # the highest reading: the backward died before passing it (one clean-clone CI run
+        # saw this order); its composition is then that record's, whole
+        assert sum(peak["categories"].values()) == peak["memory_bytes"]
+    else:  # a hook reading of the backward that died: its own event, no composition
+        assert peak["attribution"] == "interval"
+        assert "categories" not in peak and "composition" not in peak
 
 
 def test_the_job_page_lists_the_ranks_that_ran_out_and_the_others_headroom(
