@@ -35,6 +35,7 @@ def _spec(version: str | None, **extra: Any) -> Any:
         num_layers=4, hidden_size=64, num_attention_heads=4, padded_vocab_size=ce.VOCAB,
         seq_length=ce.SEQ, micro_batch_size=ce.BATCH, global_batch_size=4 * ce.BATCH,
         fp16=True, world_size=1, transformer_impl="local",
+        create_attention_mask_in_dataloader=False,  # the measurement is the loss alone
     )  # fmt: skip
     spec = spec_from_megatron_args({**args, **extra})
     model = dataclasses.replace(spec.model, megatron_core_version=version)

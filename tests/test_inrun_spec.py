@@ -240,6 +240,19 @@ def test_keys_the_estimator_does_not_read_are_not_taken_from_the_args():
     assert set(inputs.values) == {"num_layers"}
 
 
+def test_without_megatron_args_there_is_no_megatron_dataloader_mask():
+    """Megatron-LM's dataloader (and its ``[b, 1, s, s]`` batch mask) comes with its args:
+    without them the run settings say none, unless the trainer's settings say otherwise."""
+    facts = ModelFacts({"num_layers": 2})
+    key = "create_attention_mask_in_dataloader"
+    bare = inrun_inputs(facts, None, {"micro_batch_size": 1})
+    assert (bare.values[key], bare.sources[key]) == (False, SETTINGS)
+    told = inrun_inputs(facts, None, {key: True})
+    assert told.values[key] is True
+    with_args = inrun_inputs(facts, argparse.Namespace(micro_batch_size=1))
+    assert key not in with_args.values  # the args reader's default: Megatron-LM's (on)
+
+
 def test_without_model_or_args_there_is_nothing_to_estimate():
     with pytest.raises(ValueError, match="neither a megatron-core model"):
         inrun_inputs(None, None, {"micro_batch_size": 1})

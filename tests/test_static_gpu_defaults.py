@@ -17,6 +17,7 @@ import pytest
 from memscope.analysis.static.activations import (
     buffer_bytes,
     chunk_activations,
+    chunk_inputs,
     cp_attention_backward,
     cross_entropy_saved,
     dims,
@@ -50,6 +51,8 @@ BASE: dict[str, Any] = dict(
     bf16=True,
     hidden_dropout=0.0,
     attention_dropout=0.0,
+    # off here so that each other test sees one term; its own test turns it on
+    create_attention_mask_in_dataloader=False,
 )
 S, B, H, V = 256, 2, 64, 1024
 
@@ -108,6 +111,34 @@ def test_cross_entropy_fusion_native_adds_a_compiled_fp32_buffer_te_keeps_bf16()
     )
     assert cross_entropy_saved(te, dims(te)) == S * B * V * 2
     assert loss_moments(te, dims(te), S * B * V * 2)["cross_entropy"] == 0
+
+
+def test_the_dataloaders_attention_mask_is_alive_at_the_loss_or_kept_by_unfused_attention():
+    """GPTDataset's ``[b, 1, s/cp, s]`` bool mask (Megatron-LM's default
+    ``create_attention_mask_in_dataloader``): flash attention keeps no mask, so it is only
+    alive while the microbatch's forward step computes the loss; the unfused softmax's
+    masked fill keeps it (instead of megatron's own ``[1, 1, s, s]`` causal mask)."""
+    on = dict(create_attention_mask_in_dataloader=True)
+    for cp, flash in ((1, "transformer_engine"), (2, "transformer_engine")):
+        with_mask = spec(**on, context_parallel_size=cp, transformer_impl=flash)
+        without = spec(context_parallel_size=cp, transformer_impl=flash)
+        assert with_mask.flash_attention and with_mask.dataloader_attention_mask
+        x = dims(with_mask)
+        saved = cross_entropy_saved(with_mask, x)
+        more = (loss_moments(with_mask, x, saved)["cross_entropy"]
+                - loss_moments(without, dims(without), saved)["cross_entropy"])  # fmt: skip
+        assert more == B * (S // cp) * S
+    local = spec(**on, transformer_impl="local", masked_softmax_fusion=False)
+    plain = spec(transformer_impl="local", masked_softmax_fusion=False)
+    assert chunk_inputs(local, dims(local), first=True)["causal_mask"] == B * S * S
+    assert chunk_inputs(plain, dims(plain), first=True)["causal_mask"] == S * S
+    x = dims(local)
+    saved = cross_entropy_saved(local, x)
+    assert loss_moments(local, x, saved) == loss_moments(plain, x, saved)  # counted as saved
+    assert spec().dataloader_attention_mask is False  # BASE turns it off
+    assert spec_from_megatron_args({k: v for k, v in BASE.items()
+                                    if k != "create_attention_mask_in_dataloader"}
+                                   ).dataloader_attention_mask  # fmt: skip
 
 
 def test_gradient_accumulation_fusion_drops_the_output_layer_weight_gradient_temporary():
@@ -512,3 +543,28 @@ def test_blackwell_gpu_names_get_their_capability_workspaces():
     assert rtx == {"torch_cublas_workspaces": 64 * MIB}
     with pytest.raises(ValueError, match="unknown"):
         workspace_terms(dataclasses.replace(spec(), gpu="tpu"))
+
+
+def test_golden_cases_with_and_without_the_dataloader_mask_differ_by_it():
+    """Megatron-LM's functional tests run TP 2 x PP 2 twice with and twice without
+    ``--no-create-attention-mask-in-dataloader`` (s 1024, b 4: a 4 MiB mask). Their measured
+    transients (peak less steady allocation, benchmarks/static_gpu_golden.json) differ by
+    3 MiB and 5 MiB, 4 MiB on average; the estimates by exactly the mask."""
+    import json
+    import pathlib
+
+    path = pathlib.Path(__file__).parent.parent / "benchmarks" / "static_gpu_golden.json"
+    rows = {r["name"]: r for r in json.loads(path.read_text())["rows"]}
+    mask = 4 * 1024 * 1024
+    measured, estimated = [], []
+    for prefix in ("gpt3_mr_mcore_te_tp2_pp2_", "gpt3_mr_mcore_te_tp2_pp2_resume_torch_dist_"):
+        on = rows[prefix + "dgx_a100_1N8G"]
+        off = rows[prefix + "no_create_attention_mask_in_dataloader_dgx_a100_1N8G"]
+        for out, key in ((measured, "measured"), (estimated, "estimate")):
+            out.append(
+                (on[key]["peak_bytes"] - on[key]["steady_bytes"])
+                - (off[key]["peak_bytes"] - off[key]["steady_bytes"])
+            )
+    assert estimated == [mask, mask]
+    assert sum(measured) / len(measured) == mask
+    assert all(abs(m - mask) <= 1024 * 1024 for m in measured)

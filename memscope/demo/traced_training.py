@@ -131,6 +131,9 @@ def megatron_like_args(cfg: TinyGPTConfig, memscope_argv: list[str]) -> argparse
     args.gradient_accumulation_fusion = FUSIONS_OFF["gradient_accumulation_fusion"]
     args.apply_rope_fusion = FUSIONS_OFF["apply_rope_fusion"]
     args.overlap_p2p_comm = False  # the model's TransformerConfig default (megatron-core's)
+    # the harness's batches carry one [1, 1, s, s] causal mask each (tiny_gpt_training.py),
+    # not GPTDataset's [b, 1, s, s] one
+    args.create_attention_mask_in_dataloader = False
     return args
 
 

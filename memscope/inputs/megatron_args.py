@@ -262,6 +262,7 @@ def _training_spec(
         recompute_num_layers=get_int(args, "recompute_num_layers", 1, "recompute_num_layers"),
         flash_attention=_flash_attention(args, model.transformer_impl),
         cross_entropy=_cross_entropy(args),
+        dataloader_attention_mask=get_flag(args, "create_attention_mask_in_dataloader", True),
         defer_embedding_wgrad=get_flag(args, "defer_embedding_wgrad_compute"),
         wgrad_deferral_limit=get_int(args, "wgrad_deferral_limit", 0, "wgrad_deferral_limit"),
         gradient_accumulation_fusion=get_flag(args, "gradient_accumulation_fusion", True),

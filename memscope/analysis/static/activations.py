@@ -688,13 +688,31 @@ def _checkpointed(spec: TrainingSpec, n_layers: int) -> list[int | None]:
     return [i // k for i in range(n_layers)]
 
 
+def attention_keeps_mask(spec: TrainingSpec, x: Dims) -> bool:
+    """Whether the attention keeps its mask for backward: the unfused softmax's masked fill
+    does (megatron/core/fusions/fused_softmax.py ``forward_torch_softmax``); flash/fused
+    attention and the fused causal softmax kernel apply the causal mask themselves."""
+    return not spec.flash_attention and not fused_softmax(spec, x)
+
+
+def dataloader_mask(spec: TrainingSpec, x: Dims) -> int:
+    """The ``[b, 1, s/cp, s]`` bool attention mask each batch carries when Megatron-LM's
+    ``create_attention_mask_in_dataloader`` is on (its default): megatron/core/datasets/
+    gpt_dataset.py ``_get_ltor_masks_and_position_ids`` builds ``[1, s, s]`` per sample,
+    pretrain_gpt.py ``get_batch`` moves the batch to the GPU on the first and last stages
+    (every tensor-parallel rank holds a copy: ``get_batch_on_this_tp_rank``) and
+    ``get_batch_on_this_cp_rank`` keeps this rank's ``s/cp`` query rows. It lives while the
+    microbatch's ``forward_step`` runs; 0 without it."""
+    return x.b * x.s * spec.model.seq_length if spec.dataloader_attention_mask else 0
+
+
 def chunk_inputs(spec: TrainingSpec, x: Dims, first: bool) -> dict[str, int]:
     """What a chunk-microbatch holds before its first layer: its input (received, or the
     embedding's output), the causal mask of unfused attention and, on the first chunk, the
     token (and position) ids and the embedding dropout mask."""
     out: dict[str, int] = {"chunk_input": x.hidden}
-    if not spec.flash_attention and not fused_softmax(spec, x):
-        out["causal_mask"] = x.s * x.s  # [1, 1, s, s] bool, kept by the masked fill
+    if attention_keeps_mask(spec, x):  # the batch's mask, else megatron's [1, 1, s, s] one
+        out["causal_mask"] = dataloader_mask(spec, x) or x.s * x.s
     if first:
         positions = spec.model.position_embedding_type == "learned_absolute"
         out["token_ids"] = x.s * x.b * INT64 * (2 if positions else 1)
@@ -918,7 +936,9 @@ def loss_moments(spec: TrainingSpec, x: Dims, ce_saved: int) -> dict[str, int]:
     0.5 eager; the forward is the same both ways), tests/test_fused_cross_entropy_measured.py.
     Before megatron-core 0.8 (:data:`.megatron_versions.INPLACE_LOGITS_SHIFT`) the caller's
     fp32 copy stays alive beside the out-of-place shifted one that becomes the softmax: one
-    fp32 ``[s, b, V/t]`` more, at any activation dtype.
+    fp32 ``[s, b, V/t]`` more, at any activation dtype. The loss runs inside the
+    microbatch's ``forward_step``, so its batch's attention mask (:func:`dataloader_mask`) is
+    alive too; attention that keeps it counts it with the saved tensors instead.
     ``output_layer_backward``: the fp32 softmax is gone, the logits' gradient (activation
     dtype), the input gradient ``[s, b, h]`` and, without ``gradient_accumulation_fusion``,
     the ``[V/t, h]`` weight-gradient temporary are alive (megatron/core/tensor_parallel/
@@ -930,6 +950,8 @@ def loss_moments(spec: TrainingSpec, x: Dims, ce_saved: int) -> dict[str, int]:
         upcast += x.logits // x.e * FP32
     if spec.model.mtp_num_layers:  # the last MTP depth's logits are still referenced
         upcast += x.logits
+    if not attention_keeps_mask(spec, x):
+        upcast += dataloader_mask(spec, x)
     wgrad = 0 if spec.gradient_accumulation_fusion else x.vocab * x.h * x.e
     return {
         "cross_entropy": upcast,

@@ -267,6 +267,9 @@ class TrainingSpec:
     # cross entropy: "unfused" (tensor_parallel.vocab_parallel_cross_entropy), or with
     # cross_entropy_loss_fusion its cross_entropy_fusion_impl: "native" or "te"
     cross_entropy: str = "unfused"
+    # create_attention_mask_in_dataloader: each batch carries GPTDataset's [b, 1, s/cp, s]
+    # bool attention mask (Megatron-LM's default; off without Megatron-LM's dataloader)
+    dataloader_attention_mask: bool = False
     defer_embedding_wgrad: bool = False  # defer_embedding_wgrad_compute (last stage)
     wgrad_deferral_limit: int = 0  # most microbatches deferred (0: all of them)
     # gradient_accumulation_fusion: weight gradients accumulate straight into main_grad

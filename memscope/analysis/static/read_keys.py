@@ -70,6 +70,7 @@ READ_KEYS = frozenset(NEGATED_FLAGS) | frozenset(
         "bias_swiglu_fusion",
         "context_parallel_size",
         "cp_comm_type",
+        "create_attention_mask_in_dataloader",
         "cross_entropy_fusion_impl",
         "cross_entropy_loss_fusion",
         "data_parallel_size",
