@@ -7,18 +7,20 @@ its source (repository, commit and path, or a URL). Only small excerpts are comm
 the world size with where it came from, the measured steady allocation and peak), never the
 source files themselves.
 
-Source today: NVIDIA/Megatron-LM's main branch (commit in ``SOURCE_COMMIT``), functional-test
-cases that are not in the FlagScale 0.8.0 tree (new models and features: MLA + MoE with the
-``recompute_modules`` choices, DeepSeek-V3 proxy, Muon, fine-grained offloading, FP8 current
-scaling, MoE under CP, op-fuser grouped GEMM), with ``golden_values_*.json`` memory of the
-last rank (``mem-allocated-bytes``/``mem-max-allocated-bytes``, see the first benchmark's
-docstring for what they are).
+Source today: NVIDIA/Megatron-LM's main branch (commit in ``SOURCE_COMMIT``, megatron-core
+0.20): every GPT, MoE and Mixtral functional-test case there that trains (not ``MODE:
+inference``) and has ``golden_values_*.json`` memory of the last rank
+(``mem-allocated-bytes``/``mem-max-allocated-bytes``, see the first benchmark's docstring for
+what they are). That is the FlagScale tree's cases re-measured on 0.20 under their main-branch
+names, and the cases new since (``FEATURE_CASES``: MLA + MoE with the ``recompute_modules``
+choices, DeepSeek-V3 proxy, Muon, fine-grained offloading, FP8 current scaling, MoE under CP,
+op-fuser grouped GEMM, the 7B memory_speed runs), which the output also sums up on their own.
 
     python tools/bench_static_published.py [--json OUT]
     python tools/bench_static_published.py --extract GIT_DIR   # refresh the excerpts
 
-``--extract`` reads the cases of ``CASES`` at ``SOURCE_COMMIT`` from a Megatron-LM git
-directory (the ``fetch`` of github:NVIDIA/Megatron-LM) and rewrites the data file.
+``--extract`` reads every such case at ``SOURCE_COMMIT`` from a Megatron-LM git directory
+(the ``fetch`` of github:NVIDIA/Megatron-LM) and rewrites the data file.
 
 Each case is parsed by Megatron-LM's own argument code (FlagScale 0.8.0's tree, Megatron-LM
 0.15, as the first benchmark does) and estimated for the last rank. Flags newer than that code
@@ -65,9 +67,11 @@ SOURCE_REPO = "NVIDIA/Megatron-LM"
 SOURCE_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
 CASES_DIR = "tests/functional_tests/test_cases"
 RECIPES_DIRS = ("tests/test_utils/recipes/h100", "tests/test_utils/recipes/gb200")
+FAMILIES = ("gpt", "moe", "mixtral")  # GPTModel's families (the first benchmark's)
 # (family, case): new in Megatron-LM main relative to the FlagScale 0.8.0 tree, or (the last
-# three) kept there but re-measured on main; training cases with memory golden values.
-CASES = (
+# three) kept there but re-measured on main: the features the first benchmark lacks, summed
+# up on their own. Every other training case at SOURCE_COMMIT is in the benchmark too.
+FEATURE_CASES = (
     ("gpt", "gpt3_7b_tp1_pp4_memory_speed"),
     ("gpt", "gpt3_7b_tp4_pp1_memory_speed"),
     ("gpt", "gpt3_15b_8t_release_sm_gb200"),
@@ -96,6 +100,7 @@ NEWER_FLAGS = (
     ("--offload-modules", "offload_modules", []),
     ("--min-offloaded-tensor-size", "min_offloaded_tensor_size", 1024 * 1024),
 )
+FEATURE_NAMES = frozenset(name for _, name in FEATURE_CASES)
 MUON = ("muon", "dist_muon")
 # Why a release case has no world size: none of the public recipes lists it; NVIDIA runs its
 # release cases from a private recipe repository (.gitlab/stages/03.convergence-tests.yml at
@@ -170,15 +175,29 @@ def megatron_core_version(git_dir: str) -> str:
     return f"{parts['MAJOR']}.{parts['MINOR']}.{parts['PATCH']}"
 
 
+def training_cases(git_dir: str) -> list[tuple[str, str]]:
+    """(family, case) of every case of :data:`FAMILIES` at ``SOURCE_COMMIT`` with a golden
+    values file, sorted."""
+    paths = _git(git_dir, "ls-tree", "-r", "--name-only", SOURCE_COMMIT, CASES_DIR + "/").split()
+    found = set()
+    for path in paths:
+        parts = path[len(CASES_DIR) + 1 :].split("/")
+        if len(parts) == 3 and parts[0] in FAMILIES and _golden_path([parts[2]]):
+            found.add((parts[0], parts[1]))
+    return sorted(found)
+
+
 def extract(git_dir: str) -> list[dict[str, Any]]:
-    """The committed excerpt of every case in :data:`CASES`."""
+    """The committed excerpt of every training case :func:`training_cases` finds whose
+    golden values record memory (a ``MODE: inference`` case is left out: they hold no
+    training memory)."""
     import tempfile
 
     import yaml
 
     recipes = _recipe_world_sizes(git_dir)
     out = []
-    for family, name in CASES:
+    for family, name in training_cases(git_dir):
         folder = f"{CASES_DIR}/{family}/{name}"
         files = [
             os.path.basename(p)
@@ -189,10 +208,14 @@ def extract(git_dir: str) -> list[dict[str, Any]]:
         config = yaml.safe_load(
             _git(git_dir, "show", f"{SOURCE_COMMIT}:{folder}/model_config.yaml")
         )
+        if str(config.get("MODE", "pretraining")) == "inference":
+            continue
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, golden_name)
             with open(path, "w", encoding="utf-8") as f:
                 f.write(_git(git_dir, "show", f"{SOURCE_COMMIT}:{folder}/{golden_name}"))
+            if not golden._has_memory(path):  # its golden values record no memory
+                continue
             measured = golden.measured(path)
         world, source = golden.world_size(name, {})
         if world is None and name in recipes:
@@ -368,8 +391,10 @@ def run(tree: str, cases: list[dict[str, Any]] | None = None) -> dict[str, Any]:
             "source": c["source"],
             "measured": c["measured"],
         }
-        if c["mode"] == "inference":
-            separate.append({**base, "reason": "inference-only case (MODE: inference)"})
+        if c["mode"] != "pretraining":
+            reason = (f"MODE: {c['mode']}: a reinforcement-learning loop (an inference engine "
+                      "beside the trainer), not a training run the estimator models")  # fmt: skip
+            separate.append({**base, "reason": reason})
             continue
         if c["world_size"] is None:
             reason = f"world size unknown: {c['world_size_source']}"
@@ -409,6 +434,10 @@ def run(tree: str, cases: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         "rows": rows,
         "separate": separate,
         "summary": summary(rows, len(cases)),
+        "features": summary(
+            [r for r in rows if r["name"] in FEATURE_NAMES],
+            sum(1 for c in cases if c["name"] in FEATURE_NAMES),
+        ),
     }
 
 
@@ -517,6 +546,10 @@ def render(result: dict[str, Any]) -> str:
                 f"({s['largest_drift_case']}); the measured peak is above ours at it in "
                 f"{len(s['above_drift'])} of {s['dropless_moe']} cases"
             )
+        lines.append(
+            "the features new since the FlagScale tree (FEATURE_CASES): "
+            + doc_figures(result["features"])
+        )
         lines.append(
             f"worst: {100 * s['worst_error']:+.1f}%  median: {100 * s['median_abs_error']:.1f}%"
         )
