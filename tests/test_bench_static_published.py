@@ -123,6 +123,12 @@ def test_newer_flags_are_set_as_megatron_main_sets_them(result):
     assert legacy["muon_tp_mode"] == "duplicated"  # main's default, not megatron-core's
     plain = bench.with_newer_flags(["--optimizer", "muon", "--muon-tp-mode", "blockwise"], {})
     assert plain["optimizer"] == "muon" and plain["muon_tp_mode"] == "blockwise"
+    # Megatron-FSDP's gradient dtype (the dense ZeRO-3 case sets fp32 over the bf16 default)
+    fsdp = bench.with_newer_flags(["--megatron-fsdp-main-grads-dtype", "fp32"], {})
+    assert fsdp["megatron_fsdp_main_grads_dtype"] == "fp32"
+    assert bench.with_newer_flags([], {})["megatron_fsdp_main_grads_dtype"] == "auto"
+    dense = next(r for r in result["rows"] if r["name"].endswith("zp_z3_resume_fsdp_dtensor"))
+    assert dense["estimate"]["grad_bytes"] == 2 * dense["estimate"]["weight_bytes"]  # fp32
     offload = bench.with_newer_flags(
         ["--fine-grained-activation-offloading", "--offload-modules", "core_attn", "moe_act"], {}
     )
@@ -151,10 +157,11 @@ def test_cases_are_estimated_for_the_megatron_core_release_that_ran_them(result,
     # package_info.py at SOURCE_COMMIT, recorded by --extract; not the release installed here
     assert result["megatron_core_version"] == bench.load_megatron_core_version() == "0.20.0"
     assert "0.20.0" in bench.render(result).splitlines()[0]
-    name = "deepseek_proxy_fsdp_ep2_fsdp2_ep_overlap"
+    name = "gpt3_mcore_te_tp2_zp_z3_resume_torch_dist_te_8experts2parallel_top2router"
     row = next(r for r in result["rows"] if r["name"] == name)
     # Megatron-FSDP's main grads follow the parameters' dtype from 0.19 on (bf16, not the
-    # fp32 of grad_reduce_in_fp32): estimated as the installed 0.16 the gradients are larger
+    # fp32 of grad_reduce_in_fp32) unless --megatron-fsdp-main-grads-dtype says otherwise
+    # (this case leaves it at auto): estimated as the installed 0.16 the gradients are larger
     monkeypatch.setattr(bench, "load_megatron_core_version", lambda: "0.16.1")
     old = bench.run(pristine_tree(), [c for c in bench.load_cases() if c["name"] == name])
     assert old["megatron_core_version"] == "0.16.1"

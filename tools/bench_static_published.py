@@ -38,6 +38,8 @@ the parsed arguments afterwards as Megatron-LM at ``SOURCE_COMMIT`` sets them
   the precomputed bucket layout (``analysis/static/muon.py``).
 - Fine-grained activation offloading: ``--fine-grained-activation-offloading``,
   ``--offload-modules``, ``--min-offloaded-tensor-size`` (``TransformerConfig`` fields).
+- Megatron-FSDP's main-gradient dtype: ``--megatron-fsdp-main-grads-dtype`` (``auto``: the
+  parameters' dtype).
 - A newer flag the estimator warns it does not model (``coverage.NOT_MODELLED``, e.g.
   ``--cuda-graph-impl``) is set from its words, so the case's ``warned`` list names it.
 
@@ -99,6 +101,8 @@ NEWER_FLAGS = (
     ("--fine-grained-activation-offloading", "fine_grained_activation_offloading", False),
     ("--offload-modules", "offload_modules", []),
     ("--min-offloaded-tensor-size", "min_offloaded_tensor_size", 1024 * 1024),
+    # Megatron-FSDP's main-gradient buffer dtype (arguments.py, "auto": the parameters')
+    ("--megatron-fsdp-main-grads-dtype", "megatron_fsdp_main_grads_dtype", "auto"),
 )
 FEATURE_NAMES = frozenset(name for _, name in FEATURE_CASES)
 MUON = ("muon", "dist_muon")
