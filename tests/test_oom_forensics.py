@@ -7,6 +7,7 @@ one: it then fits."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 from typing import Any
 
 import pytest
@@ -45,10 +46,21 @@ def oom_run(tmp_path_factory, small_cfg) -> tuple[dict[str, Any], int, Any]:
     """The run without a limit (its report), the capacity one byte short of its peak, and the
     rank folder of the same run under that capacity (which fails)."""
     root = tmp_path_factory.mktemp("oom")
-    free = load_json(run_in_process(small_cfg, STEPS, _argv(root / "free")).report_path)
-    capacity = free["peak"]["memory_bytes"] - 1
-    with pytest.raises(torch.OutOfMemoryError):
-        run_in_process(small_cfg, STEPS, _argv(root / "oom", capacity))
+    # The two runs below must peak alike to the byte: a first run fills this process's
+    # one-time caches, and no cyclic garbage (earlier tests', or a run's own) is collected
+    # in the middle of a run, where it would lower one run's peak and not the other's.
+    gc.collect()
+    gc.disable()
+    try:
+        run_in_process(small_cfg, STEPS, _argv(root / "warm"))
+        gc.collect()
+        free = load_json(run_in_process(small_cfg, STEPS, _argv(root / "free")).report_path)
+        capacity = free["peak"]["memory_bytes"] - 1
+        gc.collect()
+        with pytest.raises(torch.OutOfMemoryError):
+            run_in_process(small_cfg, STEPS, _argv(root / "oom", capacity))
+    finally:
+        gc.enable()
     return free, capacity, root / "oom" / "rank00000"
 
 

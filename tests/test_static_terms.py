@@ -53,6 +53,8 @@ TINY: dict[str, Any] = dict(
     bias_gelu_fusion=False,
     masked_softmax_fusion=False,
     gradient_accumulation_fusion=False,
+    # its batches carry one [1, 1, s, s] mask each, not GPTDataset's [b, 1, s, s]
+    create_attention_mask_in_dataloader=False,
 )
 
 

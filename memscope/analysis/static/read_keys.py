@@ -22,6 +22,7 @@ NEGATED_FLAGS = {
     "no_rope_fusion": "apply_rope_fusion",
     "no_overlap_p2p_communication": "overlap_p2p_comm",
     "no_use_layer_wise_param_layout": "use_layer_wise_param_layout",
+    "no_create_attention_mask_in_dataloader": "create_attention_mask_in_dataloader",
 }
 # Megatron argument names (and the JSON config's own) that the estimator reads.
 READ_KEYS = frozenset(NEGATED_FLAGS) | frozenset(
