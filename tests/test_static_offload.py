@@ -119,11 +119,15 @@ def test_offloaded_group_bytes_match_what_the_real_modules_save():
         assert fine_grained_moved(spec, items, 2) == real[module] > 0, module
 
 
-def _estimate(**kw: Any) -> Any:
+def _big_spec(**kw: Any) -> Any:
     big = dict(ARGS, num_layers=4, hidden_size=1024, num_attention_heads=8, seq_length=2048,
                micro_batch_size=1, padded_vocab_size=1024, use_flash_attn=True,
                transformer_impl="transformer_engine")  # fmt: skip
-    return estimate_rank(spec_from_megatron_args({**big, **kw}), RankPosition(0, 0))
+    return spec_from_megatron_args({**big, **kw})
+
+
+def _estimate(**kw: Any) -> Any:
+    return estimate_rank(_big_spec(**kw), RankPosition(0, 0))
 
 
 def test_offloading_moves_every_layer_but_the_last_and_the_threshold_keeps_small_tensors():
@@ -155,7 +159,7 @@ def test_what_megatron_core_refuses_for_offloading_is_refused(kw, match):
         spec_from_megatron_args(dict(ARGS, fine_grained_activation_offloading=True, **kw))
 
 
-def test_report_footer_lists_offloading_as_modelled_and_moe_modules_as_counted_on_gpu():
+def test_report_footer_lists_offloading_as_modelled_with_the_expert_groups():
     from memscope.analysis.static.coverage import config_coverage
 
     args = dict(ARGS, fine_grained_activation_offloading=True,
@@ -164,7 +168,47 @@ def test_report_footer_lists_offloading_as_modelled_and_moe_modules_as_counted_o
     assert result.not_modelled == ()
     assert any("fine-grained activation offloading (core_attn, expert_fc1" in m
                for m in result.modelled)  # fmt: skip
-    assert any("expert_fc1 stay counted on the GPU" in a for a in result.approximated)
+    assert not any("stay counted on the GPU" in a for a in result.approximated)
+
+
+MOE = dict(num_experts=2, moe_router_topk=2, moe_ffn_hidden_size=512, moe_grouped_gemm=True,
+           swiglu=True, moe_token_dispatcher_type="alltoall")  # fmt: skip
+
+
+def test_the_expert_groups_move_fc1s_input_and_the_activations_input():
+    """megatron-core 0.20 experts.py: ``expert_fc1`` saves the ``[A, h]`` permuted tokens,
+    ``moe_act`` under its recompute the ``2f``-wide fc1 output (the checkpoint's input)."""
+    from memscope.analysis.static.moe import expert_offload_bytes, routed_rows
+
+    kw = dict(MOE, recompute_granularity="selective", recompute_modules=["moe_act"],
+              fine_grained_activation_offloading=True)  # fmt: skip
+    attention = _estimate(**kw, offload_modules=["core_attn"])
+    experts = _estimate(**kw, offload_modules=["core_attn", "expert_fc1", "moe_act"])
+    spec = _big_spec(**kw, offload_modules=["core_attn", "expert_fc1", "moe_act"])
+    n = routed_rows(spec, 2048)
+    per_layer = n * 1024 * 2 + 2 * n * 512 * 2  # [A, h] and [A, 2f], bf16
+    assert expert_offload_bytes(spec, 2048, 1, 1, 2) == per_layer
+    moved = experts.activations.detail["offloaded_to_host"]
+    assert moved - attention.activations.detail["offloaded_to_host"] == 3 * per_layer
+    high = dataclasses.replace(spec, min_offloaded_tensor_size=n * 2 * 512 + 1)
+    assert expert_offload_bytes(high, 2048, 1, 1, 2) == 0  # both below the threshold
+
+
+MLA = dict(multi_latent_attention=True, q_lora_rank=256, kv_lora_rank=128, qk_head_dim=128,
+           qk_pos_emb_head_dim=64, v_head_dim=128, normalization="RMSNorm")  # fmt: skip
+
+
+def test_what_a_recompute_drops_is_not_offloaded_a_second_time():
+    """MLA's ``mla_up_proj`` recompute discards the up-projected query/key/value that the
+    ``core_attn`` group would save: they leave the GPU once."""
+    kw = dict(MLA, fine_grained_activation_offloading=True, offload_modules=["core_attn"],
+              recompute_granularity="selective")  # fmt: skip
+    plain = _estimate(**kw, recompute_modules=["core_attn"])
+    both = _estimate(**kw, recompute_modules=["core_attn", "mla_up_proj"])
+    qkv = both.activations.per_layer["attention_qkv"]
+    assert qkv > 0
+    moved_plain = plain.activations.detail["offloaded_to_host"]
+    assert moved_plain - both.activations.detail["offloaded_to_host"] == 3 * qkv
 
 
 def test_a_chunk_waiting_for_its_backward_has_every_layer_on_the_host():

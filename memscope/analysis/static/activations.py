@@ -35,6 +35,7 @@ from memscope.analysis.static.megatron_versions import (
 from memscope.analysis.static.mla import mla_saved, mla_up_proj_discarded
 from memscope.analysis.static.moe import (
     dispatcher_held,
+    expert_offload_bytes,
     moe_act_discarded,
     moe_global_buffer,
     moe_layer_saved,
@@ -346,6 +347,25 @@ def offloaded_layers(spec: TrainingSpec) -> int:
     if spec.model.transformer_impl != "transformer_engine":
         return 0
     return spec.cpu_offloading_num_layers
+
+
+def dropped_before_offload(
+    spec: TrainingSpec, saved: dict[str, int], discarded: dict[str, int]
+) -> dict[str, int]:
+    """The saved items (:func:`layer_saved`) that a selective recompute drops
+    (``discarded``: :func:`recompute_discarded`) and a fine-grained offload group would save:
+    they leave the GPU once, not twice. ``mla_up_proj`` drops the up-projected query/key/value
+    (``core_attn``'s group); ``layernorm`` drops the input norm's output, ``linear_qkv``'s
+    input (``qkv_linear``'s group), where that norm is not fused into the linear (the local
+    spec; MLA's separate ``TENorm``)."""
+    out: dict[str, int] = {}
+    if "mla_up_proj" in discarded:
+        out["attention_qkv"] = saved["attention_qkv"]
+    if "layernorm" in discarded and (
+        spec.model.transformer_impl == "local" or spec.model.multi_latent_attention
+    ):
+        out["norm_outputs"] = saved["norm_outputs"]  # qkv_linear moves its input half
+    return out
 
 
 def offloadable_bytes(saved: dict[str, int]) -> int:
@@ -798,12 +818,17 @@ def chunk_activations(
     full = layer_saved(spec, x)
     groups = _checkpointed(spec, n_layers)
     layer_total = sum(full.values())
-    discarded = sum(recompute_discarded(spec, x, full).values())
+    dropped = recompute_discarded(spec, x, full)
+    discarded = sum(dropped.values())
     kept = layer_total - discarded  # what a layer holds until its backward recomputes it
     offloaded = offloaded_layers(spec) if first and last else 0  # pp == 1 only
     moved = offloadable_bytes(full)
     if spec.fine_grained_offloading:  # every layer but the chunk's last (offload.py)
-        offloaded, moved = max(n_layers - 1, 0), fine_grained_moved(spec, full, x.e)
+        offloaded = max(n_layers - 1, 0)
+        twice = dropped_before_offload(spec, full, dropped)
+        moved = fine_grained_moved(spec, full, x.e) - fine_grained_moved(spec, twice, x.e)
+        if spec.model.num_experts is not None:  # layer_saved itemises MoE layers
+            moved += expert_offload_bytes(spec, x.s, x.b, x.sp, x.e)
     standalone_mtp = depth > 0 and last and not roles.mtp
     extras = chunk_inputs(spec, x, first)
     if standalone_mtp:  # the MTP layers ran on another chunk: every depth's hidden states

@@ -17,7 +17,6 @@ from memscope.analysis.static.config import TrainingSpec
 from memscope.analysis.static.megatron_versions import glu_fused
 from memscope.analysis.static.moe import imbalance_bound
 from memscope.analysis.static.muon import uses_bucket_layout
-from memscope.analysis.static.offload import UNMODELLED_MODULES
 from memscope.analysis.static.pipeline_layout import mtp_chunk
 from memscope.analysis.static.read_keys import READ_KEYS, memscope_keys
 from memscope.analysis.static.validation import show
@@ -383,11 +382,16 @@ def approximated_features(spec: TrainingSpec) -> tuple[str, ...]:
     if m.multi_latent_attention:
         out.append("MLA activations (first order)")
     if spec.fine_grained_offloading:
-        unmodelled = [m for m in spec.offload_modules if m in UNMODELLED_MODULES]
+        plain_interleaved = spec.parallel.pp > 1 and not spec.parallel.moe_a2a_overlap
         out.append(
             "fine-grained offload residency: every layer's selected tensors but each chunk's last "
             "layer leave the GPU, one layer reloaded ahead in the backward"
-            + (f"; {', '.join(unmodelled)} stay counted on the GPU" if unmodelled else "")
+            + (
+                "; the next chunk's last layer, pre-reloaded during the forward before its "
+                "backward, is not priced"
+                if plain_interleaved
+                else ""
+            )
         )
     if spec.torch_fsdp2 or spec.fsdp is not None:
         out.append(

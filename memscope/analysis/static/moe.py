@@ -296,6 +296,32 @@ def moe_layer_saved(
     return out
 
 
+def expert_offload_bytes(spec: TrainingSpec, s: int, b: int, sp: int, e: int) -> int:
+    """What fine-grained offloading's ``expert_fc1`` and ``moe_act`` groups move to the host
+    per MoE layer (megatron-core 0.20 transformer/moe/experts.py ``TEGroupedMLP.forward``,
+    unfused experts only):
+
+    * ``expert_fc1``: fc1's input, the ``[A, h]`` permuted tokens, which Transformer Engine's
+      ``GroupedLinear`` saves split per local expert (each split checked against
+      ``min_offloaded_tensor_size``);
+    * ``moe_act``: what the activation saves inside its group: fc1's ``2f``-wide output (``f``
+      not gated) when ``moe_act`` is recomputed (the checkpoint's input) or the fused
+      weighted SwiGLU runs, else every f-wide row it keeps but fc2's input."""
+    m, p = spec.model, spec.parallel
+    assert m.num_experts is not None
+    n = routed_rows(spec, s // sp * b)
+    f, local = m.moe_ffn // p.expert_tp, max(1, m.num_experts // p.ep)
+    threshold, out = spec.min_offloaded_tensor_size, 0
+    if "expert_fc1" in spec.offload_modules and n // local * m.hidden_size >= threshold:
+        out += n * m.hidden_size * e
+    if "moe_act" in spec.offload_modules:
+        width = 2 if m.gated_linear_unit else 1
+        inside = width if spec.recomputes("moe_act") or glu_fused(m) else _expert_rows(spec)[1] - 1
+        if n * width * f >= threshold:
+            out += inside * n * f * e
+    return out
+
+
 def moe_act_discarded(spec: TrainingSpec, s: int, b: int, sp: int, e: int) -> int:
     """What ``recompute_modules`` ``moe_act`` drops per MoE layer (megatron/core/transformer/
     moe/experts.py ``activation_recompute``: the activation runs under

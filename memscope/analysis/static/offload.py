@@ -17,7 +17,7 @@ layers on the host (``activations.activation_estimate``), and a chunk at its bac
 last layer back on the GPU (kept, or reloaded before its first backward layer). Where the
 modules sit: ``attn_norm`` / ``mlp_norm`` (transformer_layer.py: the norms' inputs),
 ``qkv_linear`` / ``core_attn`` / ``attn_proj`` (attention.py), ``expert_fc1`` / ``moe_act``
-(moe/experts.py).
+(moe/experts.py: :func:`.moe.expert_offload_bytes`).
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ _SAVED_BY: dict[str, tuple[tuple[str, int, float], ...]] = {
     "attn_proj": (("attention_context", 1, 1.0),),  # linear_proj's input
     "mlp_norm": (("attention_residual", 1, 1.0),),  # the pre-MLP norm's input
 }
-UNMODELLED_MODULES = ("expert_fc1", "moe_act")  # inside the experts' own itemisation
 
 
 def fine_grained_moved(spec: TrainingSpec, items: dict[str, int], element_bytes: int) -> int:
