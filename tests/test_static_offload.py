@@ -320,3 +320,46 @@ def test_an_offloaded_layer_backward_holds_one_more_score_tensor_than_a_kept_one
         assert _estimate(**{**kw, "min_offloaded_tensor_size": scores}).peak_memory_bytes == (
             kept.peak_memory_bytes
         )
+
+
+def test_the_replay_lists_the_forwards_run_beside_a_pre_reloaded_layer():
+    """megatron-core 0.20 ``bulk_reload``: backward k - 1's first layer pre-reloads backward
+    k's last layer, and the plain schedule runs forward k + warmup before backward k."""
+    from memscope.analysis.static.activations import _prereload_forward_steps
+
+    # the last of two stages, one chunk: no warm-up forward, so backward k's microbatch has
+    # not finished its forward when backward k - 1 runs: nothing is pre-reloaded
+    assert _prereload_forward_steps(2, 1, 1, 4, 2) == ()
+    # the first stage warms up one forward: steady forwards 2 and 3 run beside backwards 1, 2
+    steps = _prereload_forward_steps(2, 0, 1, 4, 2)
+    assert steps == ((0, (1,), 0),)  # forward chunk, alive before it, backward chunk
+    # interleaved (2 chunks, microbatch groups of 2): every step names real chunks
+    inter = _prereload_forward_steps(2, 1, 2, 4, 2)
+    assert inter and all(0 <= f < 2 and 0 <= b < 2 and sum(a) >= 1 for f, a, b in inter)
+
+
+def test_a_forward_beside_a_pre_reloaded_layer_can_be_the_peak_and_the_overlap_has_none():
+    """Unfused attention (two score tensors at the forward's attention) under interleaved
+    1F1B: the forward beside backward k's pre-reloaded last layer (its groups and the second
+    softmax copy) is priced; the combined 1F1B schedule pairs that forward with a backward."""
+    from memscope.analysis.static.activations import prereload_forward_steps
+
+    kw = dict(num_layers=8, pipeline_model_parallel_size=2,
+              virtual_pipeline_model_parallel_size=2, num_microbatches=4, world_size=2,
+              use_flash_attn=False, attention_backend="unfused", attention_dropout=0.0,
+              fine_grained_activation_offloading=True,
+              offload_modules="core_attn,attn_proj")  # fmt: skip
+    off = _estimate(**kw)
+    act = off.activations
+    assert act.peak_moment.endswith("forward beside a pre-reloaded layer")
+    scores = 2048 * 2048 * 8 * 2  # [b, a, s, s] bf16
+    assert act.detail["forward_layer"] >= 2 * scores
+    assert act.detail["prereloaded_layer"] >= scores  # the reloaded second softmax copy
+    assert (
+        act.backward_working_bytes == act.detail["prereloaded_layer"] + act.detail["forward_layer"]
+    )
+    spec = _big_spec(**kw)
+    overlapped = dataclasses.replace(
+        spec, parallel=dataclasses.replace(spec.parallel, moe_a2a_overlap=True)
+    )
+    assert prereload_forward_steps(overlapped, 1) == ()

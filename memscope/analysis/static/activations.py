@@ -665,6 +665,57 @@ def _schedule_moments(
     return tuple(states)
 
 
+def _prereload_forward_steps(
+    pp: int, pp_rank: int, chunks: int, microbatches: int, group: int
+) -> tuple[tuple[int, tuple[int, ...], int], ...]:
+    """Fine-grained offloading under the plain (not all-to-all-overlapped) pipeline schedule:
+    every steady-state forward ``k + warmup`` that runs while backward ``k``'s chunk has its
+    last layer back on the GPU: (the forward's chunk, the chunk-microbatches per chunk alive
+    before it, backward ``k``'s chunk). megatron-core 0.20
+    pipeline_parallel/fine_grained_activation_offload.py ``bulk_reload``: once a chunk's own
+    reload stack is empty (its first layer's backward), each group-start backward pre-reloads
+    one group of the next chunk in backward order (``pre_reload_last_layer``), so backward
+    ``k - 1`` brings backward ``k``'s last layer back, and schedules.py runs forward
+    ``k + warmup`` before backward ``k``. The same replay as :func:`_schedule_moments`."""
+    table: list[int] = []
+    for start in range(0, microbatches, group):
+        size = microbatches - start if start + group >= microbatches else group
+        table += [c for c in range(chunks) for _ in range(size)]
+        if start + group >= microbatches:
+            break
+    total = len(table)
+    warmup = pp - pp_rank - 1 if chunks == 1 else 2 * (pp - pp_rank - 1) + (chunks - 1) * group
+    warmup = min(warmup, total)
+    alive = [0] * chunks
+    for k in range(warmup):
+        alive[table[k]] += 1
+    steps: dict[tuple[int, tuple[int, ...], int], None] = {}
+    for k in range(total):
+        backward = chunks - 1 - table[k]
+        if k + warmup < total:
+            forward = table[k + warmup]
+            # backward k - 1 ran its first layer's backward after backward k's chunk finished
+            # its forward (a warm-up forward: none when the stage warms up nothing)
+            if k > 0 and warmup > 0:
+                steps.setdefault((forward, tuple(alive), backward), None)
+            alive[forward] += 1
+        alive[backward] -= 1
+    return tuple(steps)
+
+
+def prereload_forward_steps(
+    spec: TrainingSpec, pp_rank: int
+) -> tuple[tuple[int, tuple[int, ...], int], ...]:
+    """:func:`_prereload_forward_steps` for ``spec``'s stage ``pp_rank`` (none unless
+    fine-grained offloading runs under a plain pipeline schedule)."""
+    p = spec.parallel
+    if not spec.fine_grained_offloading or p.pp == 1 or p.moe_a2a_overlap:
+        return ()
+    chunks = p.vpp if p.vpp is not None else 1
+    group = p.microbatch_group_size or p.pp
+    return _prereload_forward_steps(p.pp, pp_rank, chunks, spec.num_microbatches, group)
+
+
 def schedule_states(
     spec: TrainingSpec, pp_rank: int
 ) -> tuple[tuple[int, tuple[int, ...], int | None], ...]:
@@ -1053,6 +1104,24 @@ def activation_estimate(
                 held[paired] -= 1
             best = (total, chunk, alive, result, tuple(held), schedule_held)
     assert best is not None
+    for forward, alive, backward in prereload_forward_steps(spec, pp_rank):
+        if not layer_counts[backward] or not layer_counts[forward]:
+            continue  # a chunk without decoder layers has no groups to reload or build
+        waiting = sum(n * b for n, b in zip(alive, saved_each, strict=False))
+        # backward k's last layer, back with both softmax copies
+        back = chunks[backward][3].get("fine_grained_last_layer", 0) + reloaded_duplicate(
+            spec, softmax_output_saved_twice(spec, x), x.e
+        )
+        # the forward's first layer at its attention: the chunk's inputs, query/key/value
+        # and (unfused attention) the scores beside their softmax output
+        building = sum(chunk_inputs(spec, x, chunk_role[forward].first).values())
+        building += layer_saved(spec, x)["attention_qkv"]
+        building += 0 if spec.flash_attention else 2 * x.scores
+        if waiting + back + building > best[0]:
+            detail = {**chunks[forward][3], "prereloaded_layer": back, "forward_layer": building}
+            moment = "forward beside a pre-reloaded layer"
+            result = (saved_each[forward], back + building, moment, detail)
+            best = (waiting + back + building, forward, alive, result, alive, 0)
     _, peak_chunk, alive, (saved, work, moment, detail), held_per_chunk, schedule_held = best
     if schedule_held:
         detail = {**detail, "pipeline_schedule_held": schedule_held}

@@ -387,8 +387,8 @@ def approximated_features(spec: TrainingSpec) -> tuple[str, ...]:
             "fine-grained offload residency: every layer's selected tensors but each chunk's last "
             "layer leave the GPU, one layer reloaded ahead in the backward"
             + (
-                "; the next chunk's last layer, pre-reloaded during the forward before its "
-                "backward, is not priced"
+                "; the next chunk's last layer comes back during the forward before its "
+                "backward (priced at that forward's first attention)"
                 if plain_interleaved
                 else ""
             )

@@ -14,7 +14,10 @@ its backward follows), and ``post_warmup_callback`` marks one group per module n
 of the first chunk to run backward) never offloaded. Either way, only the chunk whose backward
 runs next holds its last layer's groups; every other in-flight chunk-microbatch has all its
 layers on the host (``activations.activation_estimate``), and a chunk at its backward has its
-last layer back on the GPU (kept, or reloaded before its first backward layer). Where the
+last layer back on the GPU (kept, or reloaded before its first backward layer: in 0.20 the
+previous backward's first layer pre-reloads it, ``pre_reload_last_layer``, so under the plain
+pipeline schedules it is back through the forward that runs before its backward:
+``activations.prereload_forward_steps``). Where the
 modules sit: ``attn_norm`` / ``mlp_norm`` (transformer_layer.py: the norms' inputs),
 ``qkv_linear`` / ``core_attn`` / ``attn_proj`` (attention.py), ``expert_fc1`` / ``moe_act``
 (moe/experts.py: :func:`.moe.expert_offload_bytes`).
