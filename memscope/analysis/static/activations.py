@@ -570,6 +570,30 @@ def _schedule_states(
     return tuple(dict.fromkeys(m[:3] for m in moments))
 
 
+def _warmed_up(
+    pp: int, pp_rank: int, chunks: int, microbatches: int, group: int, a2a_overlap: bool
+) -> tuple[list[int], int, list[int]]:
+    """Megatron-core's schedule for stage ``pp_rank`` up to its steady phase: the forward
+    order (``get_schedule_table``: the chunk of each chunk-microbatch, ``group`` microbatches
+    per chunk, the last group taking the remainder), the warm-up forwards
+    (``get_pp_rank_microbatches``: ``pp - rank - 1`` without interleaving, ``2 (pp - rank -
+    1) + (chunks - 1) group`` with it, one more with the interleaved all-to-all overlap, all
+    of them at most) and the chunk-microbatches per chunk they leave alive."""
+    table: list[int] = []  # forward order: the chunk of each chunk-microbatch
+    for start in range(0, microbatches, group):
+        size = microbatches - start if start + group >= microbatches else group
+        table += [c for c in range(chunks) for _ in range(size)]
+        if start + group >= microbatches:
+            break
+    warmup = pp - pp_rank - 1 if chunks == 1 else 2 * (pp - pp_rank - 1) + (chunks - 1) * group
+    warmup += 1 if a2a_overlap and chunks > 1 else 0
+    warmup = min(warmup, len(table))
+    alive = [0] * chunks
+    for k in range(warmup):
+        alive[table[k]] += 1
+    return table, warmup, alive
+
+
 @lru_cache(maxsize=256)
 def _schedule_moments(
     pp: int,
@@ -630,19 +654,8 @@ def _schedule_moments(
     """
     if pp == 1:  # forward_backward_no_pipelining: forward then backward, per microbatch
         return ((0, (2,), 0, 0),) if a2a_overlap and microbatches > 1 else ((0, (1,), None, 0),)
-    table: list[int] = []  # forward order: the chunk of each chunk-microbatch
-    for start in range(0, microbatches, group):
-        size = microbatches - start if start + group >= microbatches else group
-        table += [c for c in range(chunks) for _ in range(size)]
-        if start + group >= microbatches:
-            break
+    table, warmup, alive = _warmed_up(pp, pp_rank, chunks, microbatches, group, a2a_overlap)
     total = len(table)
-    warmup = pp - pp_rank - 1 if chunks == 1 else 2 * (pp - pp_rank - 1) + (chunks - 1) * group
-    warmup += 1 if a2a_overlap and chunks > 1 else 0
-    warmup = min(warmup, total)
-    alive = [0] * chunks
-    for k in range(warmup):
-        alive[table[k]] += 1
     receives = [pp_rank > 0 or c > 0 for c in range(chunks)]
     states: dict[tuple[int, tuple[int, ...], int | None, int], None] = {}
     previous: int | None = None  # the chunk of the previous backward
@@ -677,18 +690,8 @@ def _prereload_forward_steps(
     one group of the next chunk in backward order (``pre_reload_last_layer``), so backward
     ``k - 1`` brings backward ``k``'s last layer back, and schedules.py runs forward
     ``k + warmup`` before backward ``k``. The same replay as :func:`_schedule_moments`."""
-    table: list[int] = []
-    for start in range(0, microbatches, group):
-        size = microbatches - start if start + group >= microbatches else group
-        table += [c for c in range(chunks) for _ in range(size)]
-        if start + group >= microbatches:
-            break
+    table, warmup, alive = _warmed_up(pp, pp_rank, chunks, microbatches, group, False)
     total = len(table)
-    warmup = pp - pp_rank - 1 if chunks == 1 else 2 * (pp - pp_rank - 1) + (chunks - 1) * group
-    warmup = min(warmup, total)
-    alive = [0] * chunks
-    for k in range(warmup):
-        alive[table[k]] += 1
     steps: dict[tuple[int, tuple[int, ...], int], None] = {}
     for k in range(total):
         backward = chunks - 1 - table[k]
