@@ -295,7 +295,7 @@ def test_after_one_iteration_allocated_holds_the_moments_the_backward_did_not(tm
     allocated then holds Adam's moments (the step made them) and matches the steady terms on
     both stages; the max-allocated estimate is the forward/backward without them."""
     log = DATA / "gpt_56l_6144h_tp4_pp2_sp_rocm_after1.log"
-    rc, _, err = _cli(capsys, log, "--outdir", tmp_path)
+    rc, printed, err = _cli(capsys, log, "--outdir", tmp_path)
     assert rc == 0, err
     run = json.loads((tmp_path / "log_report.json").read_text())["runs"][0]
     assert run["config"]["layout"]["tp"] == 4 and run["config"]["layout"]["pp"] == 2
@@ -304,6 +304,23 @@ def test_after_one_iteration_allocated_holds_the_moments_the_backward_did_not(tm
         assert r["optimizer_steps"] == 1 and r["moment"].startswith("first real")
         assert r["allocated_verdict"]["status"] == "within_band"
         assert r["estimate"]["max_allocated_bytes"] < r["estimate"]["steady_peak_bytes"]
+        # above the band with the fused Adam the estimate assumes; within it with torch's
+        # AdamW, which no log shows: named beside the verdict, in the JSON, page and summary
+        assert r["verdict"]["status"] == "above"
+        (alt,) = r["verdict"]["explained_if"]
+        assert alt["setting"] == "torch's AdamW" and abs(alt["error_ratio"]) <= 0.005
+        assert alt["max_allocated_bytes"] > r["estimate"]["max_allocated_bytes"]
+    assert all(s["explained_if"] == ["torch's AdamW"] for s in run["stages"])
+    assert "within the band with torch's AdamW" in (tmp_path / "log_report.md").read_text()
+    assert printed.count("(above; within the band with torch's AdamW)") == 2
+
+
+def test_a_verdict_within_the_band_names_no_unlogged_setting(tmp_path, capsys):
+    rc, _, err = _cli(capsys, DATA / "qwen2_0.5b_bf16_dp2.log", "--outdir", tmp_path,
+                      "--vocab-size", "151936")  # fmt: skip
+    assert rc == 0, err
+    (row,) = json.loads((tmp_path / "log_report.json").read_text())["runs"][0]["ranks"]
+    assert row["verdict"]["status"] == "within_band" and "explained_if" not in row["verdict"]
 
 
 def test_lines_after_one_and_two_iterations_are_different_moments(tmp_path):

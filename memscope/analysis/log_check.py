@@ -23,6 +23,7 @@ from memscope.analysis.static.params import RankPosition
 from memscope.analysis.static.planner import ESTIMATE_UNCERTAINTY
 from memscope.analysis.static.remedies import rank_remedies
 from memscope.analysis.static.terms import adam_bytes_per_param
+from memscope.analysis.unlogged_settings import UNLOGGED_SETTINGS
 
 MIB = 2**20
 #: megatron/core/parallel_state.py ``initialize_model_parallel(order=...)`` default.
@@ -175,6 +176,31 @@ def verdict(measured: int, predicted: int, terms: dict[str, int]) -> Verdict:
     return Verdict(Status.ABOVE if gap > 0 else Status.BELOW, gap, ratio, big, small)
 
 
+def explained_if(
+    spec: TrainingSpec, position: RankPosition, steps: int, measured: int
+) -> list[dict[str, Any]]:
+    """The settings the log cannot show (:data:`.unlogged_settings.UNLOGGED_SETTINGS`) under
+    which ``measured`` falls within the estimator's band, each with its estimate."""
+    out = []
+    for setting in UNLOGGED_SETTINGS:
+        changed = setting.apply(spec)
+        if changed is None:
+            continue
+        est = estimate_rank(changed, position)
+        predicted = moment_estimate(changed, est, steps).peak_bytes
+        judged = verdict(measured, predicted, _terms(est))
+        if judged.status is Status.WITHIN_BAND:
+            out.append(
+                {
+                    "setting": setting.name,
+                    "why": setting.why,
+                    "max_allocated_bytes": predicted,
+                    "error_ratio": judged.error_ratio,
+                }
+            )
+    return out
+
+
 def check_rank(
     spec: TrainingSpec,
     rank: int,
@@ -207,11 +233,27 @@ def check_rank(
             "terms": terms,
             "not_yet_allocated": dict(moment.missing),
         },
-        "verdict": verdict(measured["max_allocated"], moment.peak_bytes, _terms(est)).to_dict(),
+        "verdict": _judged(spec, position, steps, measured["max_allocated"], moment, est),
         "allocated_verdict": verdict(
             measured["allocated"], moment.allocated_bytes, _terms(est)
         ).to_dict(),
     }
+
+
+def _judged(
+    spec: TrainingSpec,
+    position: RankPosition,
+    steps: int,
+    measured: int,
+    moment: Moment,
+    est: RankEstimate,
+) -> dict[str, Any]:
+    """The max-allocated verdict, with the unlogged settings that would explain a miss."""
+    judged = verdict(measured, moment.peak_bytes, _terms(est))
+    out = judged.to_dict()
+    if judged.status is not Status.WITHIN_BAND:
+        out["explained_if"] = explained_if(spec, position, steps, measured)
+    return out
 
 
 def check_oom(

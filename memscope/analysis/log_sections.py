@@ -22,7 +22,7 @@ from memscope.events.sections import (
     SectionSet,
     SectionSpec,
 )
-from memscope.units import format_bytes, format_percent
+from memscope.units import format_bytes, format_percent, format_ratio
 
 Run = dict[str, Any]
 B = ColumnKind.BYTES
@@ -67,6 +67,9 @@ def verdict_text(v: dict[str, Any] | None) -> str:
     text = f"{v['status']} by {format_bytes(v['error_bytes'], signed=True)}"
     if v["error_ratio"] is not None:
         text += f" ({format_percent(v['error_ratio'])})"
+    for alt in v.get("explained_if") or ():  # its reason is in the JSON (``why``)
+        text += (f"; within the band with {alt['setting']} ({format_ratio(alt['error_ratio'])}),"
+                 " which a log cannot show")  # fmt: skip
     if v["cannot_explain"]:
         text += "; too small alone: " + ", ".join(v["cannot_explain"])
     return text

@@ -275,6 +275,7 @@ def _stages(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "measured_max_allocated_bytes": row["measured"]["max_allocated"],
                 "predicted_max_allocated_bytes": row["estimate"]["max_allocated_bytes"],
                 "status": row["verdict"]["status"],
+                "explained_if": [a["setting"] for a in row["verdict"].get("explained_if") or ()],
             }
     return [stages[s] for s in sorted(stages)]
 

@@ -79,7 +79,9 @@ def summary_lines(doc: dict[str, Any]) -> list[str]:
                 f"{head} stage {s['pp_rank']} (rank {s['rank']}, after {s['iteration']} "
                 "iterations): "
                 f"measured {format_bytes(s['measured_max_allocated_bytes'])}, predicted "
-                f"{format_bytes(s['predicted_max_allocated_bytes'])} ({s['status']})"
+                f"{format_bytes(s['predicted_max_allocated_bytes'])} ({s['status']}"
+                + "".join(f"; within the band with {a}" for a in s.get("explained_if") or ())
+                + ")"
             )
         for o in run["ooms"]:
             fits = [r["name"] for r in o["remedies"] if r["fits"]]

@@ -1,0 +1,45 @@
+"""Settings a Megatron-LM log cannot show that change the memory it printed.
+
+An arguments block or a launch command names every flag, but some of what runs depends on
+the environment instead: which Adam Megatron-LM imports (megatron/core/optimizer/__init__.py
+tries Transformer Engine's ``FusedAdam``, then Apex's, and falls back to
+``torch.optim.AdamW`` with a Python warning only). ``memscope analyze-log`` estimates the
+printed configuration as Megatron's defaults would run it; when a measurement lies outside
+the estimator's band, each alternative here is estimated too, and one that brings it within
+the band is named beside the verdict (``log_check.explained_if``), never silently taken.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from memscope.analysis.static.config import TrainingSpec
+
+
+@dataclass(frozen=True)
+class UnloggedSetting:
+    """One such setting: its name, why the log cannot tell, and the spec with it (None
+    where it does not apply to the spec)."""
+
+    name: str
+    why: str
+    apply: Callable[[TrainingSpec], TrainingSpec | None]
+
+
+def _torch_adamw(spec: TrainingSpec) -> TrainingSpec | None:
+    prec = spec.precision
+    if prec.optimizer != "adam" or prec.torch_optimizer:
+        return None
+    return dataclasses.replace(spec, precision=dataclasses.replace(prec, torch_optimizer=True))
+
+
+UNLOGGED_SETTINGS: tuple[UnloggedSetting, ...] = (
+    UnloggedSetting(
+        "torch's AdamW",
+        "neither Transformer Engine's nor Apex's FusedAdam imported (Megatron says so in a "
+        "Python warning only); its foreach step holds one fp32 copy of a parameter group",
+        _torch_adamw,
+    ),
+)
