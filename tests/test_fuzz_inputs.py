@@ -201,3 +201,45 @@ def test_arbitrary_bytes_as_a_trace(tmp_path, capsys, raw):
     path = tmp_path / "trace.jsonl"
     path.write_bytes(raw)
     _check(capsys, ["analyze", "--trace", str(path), "--out", str(tmp_path / "replayed.json")])
+
+
+# -- training logs (memscope analyze-log: inputs/training_log.py, the reader of issue 19) ----
+PUBLISHED_LOG = (
+    Path(__file__).resolve().parent / "data" / "logs" / "gpt2_345m_tp4_fp16_two_runs.log"
+)
+LOG_LINES = PUBLISHED_LOG.read_text(encoding="utf-8").splitlines()
+
+
+@FUZZ
+@given(raw=st.binary(max_size=400))
+def test_arbitrary_bytes_as_a_training_log(tmp_path, capsys, raw):
+    path = tmp_path / "train.log"
+    path.write_bytes(raw)
+    _check(capsys, ["analyze-log", str(path), "--outdir", str(tmp_path / "out")])
+
+
+@st.composite
+def mutated_logs(draw: st.DrawFn) -> str:
+    """A real published log (two runs, arguments blocks, memory and iteration lines) with a
+    few lines deleted, repeated, cut short or replaced by nasty text."""
+    lines = list(LOG_LINES)
+    for _ in range(draw(st.integers(1, 4))):
+        i = draw(st.integers(0, len(lines) - 1))
+        action = draw(st.sampled_from(["delete", "repeat", "cut", "replace"]))
+        if action == "delete":
+            del lines[i]
+        elif action == "repeat":
+            lines.insert(i, lines[i])
+        elif action == "cut":
+            lines[i] = lines[i][: draw(st.integers(0, max(0, len(lines[i]) - 1)))]
+        else:
+            lines[i] = draw(st.one_of(NASTY, st.text(max_size=40)))
+    return "\n".join(lines) + "\n"
+
+
+@FUZZ
+@given(text=mutated_logs())
+def test_mutated_published_logs(tmp_path, capsys, text):
+    path = tmp_path / "train.log"
+    path.write_text(text, encoding="utf-8", errors="surrogatepass")
+    _check(capsys, ["analyze-log", str(path), "--outdir", str(tmp_path / "out")])
