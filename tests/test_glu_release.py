@@ -12,8 +12,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from memscope.analysis.static.activations import mlp_tensors
-from memscope.analysis.static.megatron_versions import dating_argument
+from memscope.analysis.static.megatron_versions import dating_argument, dense_mlp_tensors
 from memscope.cli.analyze_log_cmd import analyze_logs
 from memscope.inputs.megatron_args import spec_from_megatron_args
 
@@ -68,15 +67,19 @@ def _spec(version: str | None, **extra: Any) -> Any:
 def test_the_linear_half_copy_is_one_ffn_tensor_more_from_0_15():
     kept_old, kept_new = _ffn_tensors_kept(glu_up_to_0_14), _ffn_tensors_kept(glu_from_0_15)
     assert (kept_old, kept_new) == (4.0, 5.0)
-    assert mlp_tensors(_spec("0.14")) == kept_old
-    assert mlp_tensors(_spec("0.15.0rc5")) == mlp_tensors(_spec(None)) == kept_new
+    assert dense_mlp_tensors(_spec("0.14").model) == kept_old
+    assert (
+        dense_mlp_tensors(_spec("0.15.0rc5").model)
+        == dense_mlp_tensors(_spec(None).model)
+        == kept_new
+    )
 
 
 def test_swiglu_is_fused_only_from_0_5():
-    assert mlp_tensors(_spec(None, bias_swiglu_fusion=True)) == 3
-    assert mlp_tensors(_spec("0.5", bias_swiglu_fusion=True)) == 3
+    assert dense_mlp_tensors(_spec(None, bias_swiglu_fusion=True).model) == 3
+    assert dense_mlp_tensors(_spec("0.5", bias_swiglu_fusion=True).model) == 3
     # before 0.5 Megatron-LM set bias_gelu_fusion False under --swiglu: never fused
-    assert mlp_tensors(_spec("0.4", bias_swiglu_fusion=True)) == 4
+    assert dense_mlp_tensors(_spec("0.4", bias_swiglu_fusion=True).model) == 4
 
 
 def test_an_arguments_block_is_dated_by_the_oldest_argument_it_lacks():

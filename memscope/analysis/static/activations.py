@@ -27,11 +27,7 @@ from memscope.analysis.static.config import TrainingSpec, chunk_roles
 from memscope.analysis.static.distillation import distillation_extras, distillation_moments
 from memscope.analysis.static.fp8 import quantized_saved
 from memscope.analysis.static.fsdp import InFlight
-from memscope.analysis.static.megatron_versions import (
-    glu_fused,
-    glu_linear_copies,
-    logits_shift_copy,
-)
+from memscope.analysis.static.megatron_versions import dense_mlp_tensors, logits_shift_copy
 from memscope.analysis.static.mla import mla_saved, mla_up_proj_discarded
 from memscope.analysis.static.moe import (
     dispatcher_held,
@@ -154,21 +150,6 @@ def fused_softmax(spec: TrainingSpec, x: Dims) -> bool:
     )
 
 
-def mlp_tensors(spec: TrainingSpec) -> int:
-    """FFN-wide ``[s, b, f/t]`` tensors one dense MLP keeps (megatron/core/transformer/mlp.py).
-
-    GeLU: fc1's output and the activation (with ``bias_activation_fusion``,
-    ``bias_gelu_impl`` keeps the same two). SwiGLU unfused: the ``2f``-wide fc1 output, the
-    silu output, the linear branch's copy (from 0.15, :func:`.glu_linear_copies`) and the
-    product (5, measured on CPU; 4 before 0.15); fused (``bias_swiglu_impl``,
-    megatron/core/fusions/fused_bias_swiglu.py, from 0.5): its ``2f``-wide input and the
-    product fc2 keeps (3)."""
-    m = spec.model
-    if not m.gated_linear_unit:
-        return 2
-    return 3 if glu_fused(m) else 4 + glu_linear_copies(m)
-
-
 def layer_saved(spec: TrainingSpec, x: Dims) -> dict[str, int]:
     """What one layer keeps for backward per microbatch, itemised (without its input).
 
@@ -176,7 +157,7 @@ def layer_saved(spec: TrainingSpec, x: Dims) -> dict[str, int]:
     final norm); callers drop it where nothing keeps it (a pipeline stage's last output).
     """
     m = spec.model
-    per_ffn = mlp_tensors(spec)
+    per_ffn = dense_mlp_tensors(m)
     # flash/fused attention (TE's FusedAttention / FlashAttention, megatron's flash path)
     # keeps key and value at num_query_groups heads; the unfused path repeats them to ``a``
     qkv = x.heads + 2 * x.kv_heads if spec.flash_attention else 3 * x.heads

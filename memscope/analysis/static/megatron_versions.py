@@ -144,6 +144,21 @@ def glu_linear_copies(model: ModelSpec) -> int:
     return 0 if older_than(model, GLU_LINEAR_COPY) else 1
 
 
+def dense_mlp_tensors(model: ModelSpec) -> int:
+    """FFN-wide ``[s, b, f/t]`` tensors one dense MLP keeps (megatron/core/transformer/mlp.py;
+    a layer's MLP and MoE shared experts alike).
+
+    GeLU: fc1's output and the activation (with ``bias_activation_fusion``,
+    ``bias_gelu_impl`` keeps the same two). SwiGLU unfused: the ``2f``-wide fc1 output, the
+    silu output, the linear branch's copy (from 0.15, :func:`glu_linear_copies`) and the
+    product (5, measured on CPU; 4 before 0.15); fused (``bias_swiglu_impl``,
+    megatron/core/fusions/fused_bias_swiglu.py, from 0.5): its ``2f``-wide input and the
+    product fc2 keeps (3)."""
+    if not model.gated_linear_unit:
+        return 2
+    return 3 if glu_fused(model) else 4 + glu_linear_copies(model)
+
+
 # Megatron-LM's arguments whose presence in a printed arguments block dates it: each with the
 # release of the first megatron-core that its training code came with (``_print_args`` in
 # megatron/training/arguments.py prints every argument, default or not).

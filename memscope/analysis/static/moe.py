@@ -68,6 +68,7 @@ from memscope.analysis.static.config import TrainingSpec
 from memscope.analysis.static.megatron_versions import (
     ARGSORT_PERMUTE,
     at_least,
+    dense_mlp_tensors,
     glu_fused,
     glu_linear_copies,
     legacy_grouped_mlp,
@@ -286,8 +287,7 @@ def moe_layer_saved(
     out = {"moe_router": router, "moe_dispatcher": dispatcher, "moe_experts": experts_bytes}
     shared = m.moe_shared_expert_intermediate_size
     if shared:
-        dense = 2 if not m.gated_linear_unit else (3 if glu_fused(m) else 4 + glu_linear_copies(m))
-        out["moe_shared_experts"] = dense * s * b * (shared // p.tp) * e
+        out["moe_shared_experts"] = dense_mlp_tensors(m) * s * b * (shared // p.tp) * e
         if m.moe_shared_expert_overlap and sp > 1:
             # shared_experts.py pre_forward_comm: the input is all-gathered outside fc1 (whose
             # parallel_mode is cleared), so fc1 keeps the whole-sequence [s, b, h] input
