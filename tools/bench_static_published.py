@@ -396,8 +396,9 @@ def run(tree: str, cases: list[dict[str, Any]] | None = None) -> dict[str, Any]:
             "measured": c["measured"],
         }
         if c["mode"] != "pretraining":
-            reason = (f"MODE: {c['mode']}: a reinforcement-learning loop (an inference engine "
-                      "beside the trainer), not a training run the estimator models")  # fmt: skip
+            what = ("a reinforcement-learning loop (an inference engine beside the trainer)"
+                    if c["mode"] == "rl" else "not a pretraining run")  # fmt: skip
+            reason = f"MODE: {c['mode']}: {what}, not a training run the estimator models"
             separate.append({**base, "reason": reason})
             continue
         if c["world_size"] is None:

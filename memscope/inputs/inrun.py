@@ -30,7 +30,7 @@ _RESTATED = frozenset({"disable_bias_linear"})
 NOT_MODELLED = frozenset({"bias_dropout_fusion", "persist_layer_norm"})
 # A model driven by another trainer has no Megatron-LM dataloader: its batches carry no
 # GPTDataset attention mask unless that trainer's settings say otherwise.
-NO_MEGATRON_DATALOADER = ("create_attention_mask_in_dataloader", False)
+NO_MEGATRON_DATALOADER = {"create_attention_mask_in_dataloader": False}
 # What may come from the model: everything the args reader reads, and the above.
 MODEL_KEYS = READ_KEYS | NOT_MODELLED
 
@@ -108,7 +108,7 @@ def inrun_inputs(
     given_model = dict(model.values) if model is not None else {}
     given_settings = {k: v for k, v in _present(settings).items() if k in MODEL_KEYS}
     if args is None:  # no Megatron-LM args, no Megatron-LM dataloader (nor its batch mask)
-        given_settings.setdefault(NO_MEGATRON_DATALOADER[0], NO_MEGATRON_DATALOADER[1])
+        given_settings = {**NO_MEGATRON_DATALOADER, **given_settings}
     if not given_model and not given_args:
         raise ValueError(
             "neither a megatron-core model (TransformerConfig) nor Megatron args describe the model"

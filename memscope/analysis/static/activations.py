@@ -695,9 +695,16 @@ def prereload_forward_steps(
     p = spec.parallel
     if not spec.fine_grained_offloading or p.pp == 1 or p.moe_a2a_overlap:
         return ()
-    chunks = p.vpp if p.vpp is not None else 1
-    group = p.microbatch_group_size or p.pp
+    chunks, group = _chunks_and_group(spec)
     return _prereload_forward_steps(p.pp, pp_rank, chunks, spec.num_microbatches, group)
+
+
+def _chunks_and_group(spec: TrainingSpec) -> tuple[int, int]:
+    """The schedule's model chunks per stage (the virtual pipeline's, 1 without pipelining)
+    and its ``microbatch_group_size_per_vp_stage`` (default: the pipeline size)."""
+    p = spec.parallel
+    chunks = p.vpp if p.vpp is not None and p.pp > 1 else 1
+    return chunks, p.microbatch_group_size or p.pp
 
 
 def schedule_states(
@@ -705,8 +712,7 @@ def schedule_states(
 ) -> tuple[tuple[int, tuple[int, ...], int | None], ...]:
     """:func:`_schedule_states` for ``spec``'s stage ``pp_rank``."""
     p = spec.parallel
-    chunks = p.vpp if p.vpp is not None and p.pp > 1 else 1
-    group = p.microbatch_group_size or p.pp
+    chunks, group = _chunks_and_group(spec)
     return _schedule_states(p.pp, pp_rank, chunks, spec.num_microbatches, group, p.moe_a2a_overlap)
 
 
@@ -715,8 +721,7 @@ def schedule_moments(
 ) -> tuple[tuple[int, tuple[int, ...], int | None, int], ...]:
     """:func:`_schedule_moments` for ``spec``'s stage ``pp_rank``."""
     p = spec.parallel
-    chunks = p.vpp if p.vpp is not None and p.pp > 1 else 1
-    group = p.microbatch_group_size or p.pp
+    chunks, group = _chunks_and_group(spec)
     return _schedule_moments(
         p.pp, pp_rank, chunks, spec.num_microbatches, group, p.moe_a2a_overlap, p.overlap_p2p_comm
     )
@@ -1088,19 +1093,20 @@ def activation_estimate(
                 held[paired] -= 1
             best = (total, chunk, alive, result, tuple(held), schedule_held)
     assert best is not None
-    for forward, alive, backward in prereload_forward_steps(spec, pp_rank):
+    steps = prereload_forward_steps(spec, pp_rank)
+    if steps:
+        # the second softmax copy of a layer back from the host; the forward's first layer at
+        # its attention: query/key/value and (unfused attention) the scores beside their
+        # softmax output
+        duplicate = reloaded_duplicate(spec, softmax_output_saved_twice(spec, x), x.e)
+        attention = layer_saved(spec, x)["attention_qkv"]
+        attention += 0 if spec.flash_attention else 2 * x.scores
+    for forward, alive, backward in steps:
         if not layer_counts[backward] or not layer_counts[forward]:
             continue  # a chunk without decoder layers has no groups to reload or build
         waiting = sum(n * b for n, b in zip(alive, saved_each, strict=False))
-        # backward k's last layer, back with both softmax copies
-        back = chunks[backward][3].get("fine_grained_last_layer", 0) + reloaded_duplicate(
-            spec, softmax_output_saved_twice(spec, x), x.e
-        )
-        # the forward's first layer at its attention: the chunk's inputs, query/key/value
-        # and (unfused attention) the scores beside their softmax output
-        building = sum(chunk_inputs(spec, x, chunk_role[forward].first).values())
-        building += layer_saved(spec, x)["attention_qkv"]
-        building += 0 if spec.flash_attention else 2 * x.scores
+        back = chunks[backward][3].get("fine_grained_last_layer", 0) + duplicate
+        building = sum(chunk_inputs(spec, x, chunk_role[forward].first).values()) + attention
         if waiting + back + building > best[0]:
             detail = {**chunks[forward][3], "prereloaded_layer": back, "forward_layer": building}
             moment = "forward beside a pre-reloaded layer"

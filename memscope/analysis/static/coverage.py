@@ -382,14 +382,14 @@ def approximated_features(spec: TrainingSpec) -> tuple[str, ...]:
     if m.multi_latent_attention:
         out.append("MLA activations (first order)")
     if spec.fine_grained_offloading:
-        plain_interleaved = spec.parallel.pp > 1 and not spec.parallel.moe_a2a_overlap
+        plain_pipeline = spec.parallel.pp > 1 and not spec.parallel.moe_a2a_overlap
         out.append(
             "fine-grained offload residency: every layer's selected tensors but each chunk's last "
             "layer leave the GPU, one layer reloaded ahead in the backward"
             + (
                 "; the next chunk's last layer comes back during the forward before its "
                 "backward (priced at that forward's first attention)"
-                if plain_interleaved
+                if plain_pipeline
                 else ""
             )
         )
