@@ -73,16 +73,22 @@ def _parsers() -> dict[str, str]:
     return roots
 
 
-def _parse(root: str, world: int, argv: list[str], out: str) -> dict:
+def _parse(root: str, jobs: dict[str, tuple[int, list[str]]], out_dir: str) -> dict[str, dict]:
+    """name -> the worker's output for each command line of ``jobs`` (name -> (world size,
+    flags beyond MODEL)), all parsed by one worker process."""
+    outs = {name: os.path.join(out_dir, f"{name}.json") for name in jobs}
+    listing = os.path.join(out_dir, "jobs.json")
+    with open(listing, "w", encoding="utf-8") as f:
+        json.dump([{"world_size": world, "out": outs[name], "argv": [*MODEL.split(), *argv]}
+                   for name, (world, argv) in jobs.items()], f)  # fmt: skip
     proc = subprocess.run(
-        [sys.executable, WORKER, root, str(world), out, "--", *MODEL.split(), *argv],
-        capture_output=True,
-        text=True,
-        timeout=180,
+        [sys.executable, WORKER, root, listing], capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    with open(out, encoding="utf-8") as f:
-        parsed: dict = json.load(f)
+    parsed: dict[str, dict] = {}
+    for name, out in outs.items():
+        with open(out, encoding="utf-8") as f:
+            parsed[name] = json.load(f)
     return parsed
 
 
@@ -100,14 +106,14 @@ def _differences(a: object, b: object, path: str = "spec") -> list[str]:
 def parsed(tmp_path_factory) -> dict[str, dict[str, dict]]:
     """version -> command line name -> the worker's output."""
     roots = _parsers()
-    out_dir = tmp_path_factory.mktemp("megatron_args")
     by_version: dict[str, dict[str, dict]] = {}
-    for label, root in roots.items():
-        runs = {name: _parse(root, world, argv, str(out_dir / f"{label}-{name}.json"))
-                for name, (world, argv) in COMMAND_LINES.items()}  # fmt: skip
-        by_version[runs[next(iter(runs))]["version"]] = runs
+    if len(roots) > 1:  # (else nothing to compare: not parsed)
+        for label, root in roots.items():
+            out_dir = str(tmp_path_factory.mktemp(f"megatron_args_{label}"))
+            runs = _parse(root, COMMAND_LINES, out_dir)
+            by_version[runs[next(iter(runs))]["version"]] = runs
     if len(by_version) < 2:
-        reason = f"only one Megatron-LM argument parser reachable ({sorted(by_version)})"
+        reason = f"only one Megatron-LM argument parser reachable ({sorted(by_version or roots)})"
         if os.environ.get("MEMSCOPE_REQUIRE_MEGATRON_VERSIONS") == "1":
             pytest.fail(reason)
         pytest.skip(reason)

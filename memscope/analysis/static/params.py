@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from memscope.analysis.static.config import (
     ModelSpec,
+    ParallelSpec,
     TrainingSpec,
     chunk_layer_counts,
     chunk_layer_offset,
@@ -191,9 +192,26 @@ def _mtp(spec: TrainingSpec, tag: str, moe: bool) -> list[ParamTensor]:
     return out
 
 
+#: :func:`rank_params` by (model, parallel sizes, position), which are all it reads: the
+#: planner estimates many recompute and optimizer variants of one layout. Small: one entry
+#: holds every tensor of a rank.
+_RANK_PARAMS: dict[tuple[ModelSpec, ParallelSpec, RankPosition], tuple[ParamTensor, ...]] = {}
+_RANK_PARAMS_KEPT = 64
+
+
 def rank_params(spec: TrainingSpec, pos: RankPosition) -> list[ParamTensor]:
     """Every parameter tensor the rank at ``pos`` holds, over all its virtual chunks (what
     each chunk builds besides its layers: :func:`.config.chunk_roles`)."""
+    key = (spec.model, spec.parallel, pos)
+    tensors = _RANK_PARAMS.get(key)
+    if tensors is None:
+        if len(_RANK_PARAMS) >= _RANK_PARAMS_KEPT:
+            _RANK_PARAMS.clear()
+        tensors = _RANK_PARAMS[key] = tuple(_build_rank_params(spec, pos))
+    return list(tensors)
+
+
+def _build_rank_params(spec: TrainingSpec, pos: RankPosition) -> list[ParamTensor]:
     m, p = spec.model, spec.parallel
     per_chunk = layers_per_chunk(spec, pos.pp_rank)
     chunks = len(per_chunk)

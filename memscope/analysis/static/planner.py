@@ -43,6 +43,7 @@ per-stage/micro-batch recompute and fine-grained activation offloading are not s
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,7 +55,7 @@ from memscope.analysis.static.activations import (
     offloadable_bytes,
     offloaded_layers,
 )
-from memscope.analysis.static.config import TrainingSpec, chunk_layer_counts, chunk_roles
+from memscope.analysis.static.config import ModelSpec, TrainingSpec, chunk_layer_counts, chunk_roles
 from memscope.analysis.static.estimator import RankEstimate, estimate_rank
 from memscope.analysis.static.params import RankPosition, rank_param_count
 from memscope.analysis.static.pipeline_layout import format_layout
@@ -414,9 +415,14 @@ def _stage_parts(spec: TrainingSpec) -> list[tuple[int, int, int]]:
     return _STAGE_PARTS[key]
 
 
-def _moe_share(spec: TrainingSpec) -> float:
-    m = spec.model
+@functools.lru_cache(maxsize=64)
+def _moe_layer_share(m: ModelSpec) -> float:
+    """The share of decoder layers with a MoE MLP."""
     return sum(m.is_moe_layer(i) for i in range(m.num_layers)) / m.num_layers
+
+
+def _moe_share(spec: TrainingSpec) -> float:
+    return _moe_layer_share(spec.model)
 
 
 def _attention_width(spec: TrainingSpec) -> tuple[int, int]:
@@ -913,6 +919,17 @@ def evaluate(
         changed = apply(spec, layout)
     except ValueError:
         return None
+    return _evaluate_applied(changed, layout, budget, cost_model, factors)
+
+
+def _evaluate_applied(
+    changed: TrainingSpec,
+    layout: Layout,
+    budget: int | None,
+    cost_model: CostModel,
+    factors: Mapping[str, float] | None,
+) -> Plan | None:
+    """:func:`evaluate` of the spec ``layout`` was already applied to."""
     estimates = _stage_estimates(changed, budget, factors)
     if estimates is None:
         return None
@@ -1007,14 +1024,15 @@ def plan(
         costed = []
         for order, option in enumerate(saver_variants(spec, base, bf16_state)):
             try:
-                total = model.breakdown(apply(spec, option))["total"]
+                changed = apply(spec, option)
+                total = model.breakdown(changed)["total"]
             except ValueError:
                 continue  # Megatron refuses this combination
-            costed.append((round(total, 9), order, option))
+            costed.append((round(total, 9), order, option, changed))
         costed.sort(key=lambda t: t[:2])
-        for tried, (_, order, option) in enumerate(costed):
+        for tried, (_, order, option, changed) in enumerate(costed):
             searched += 1
-            found = evaluate(spec, option, budget_bytes, model, factors)
+            found = _evaluate_applied(changed, option, budget_bytes, model, factors)
             if (
                 found is not None
                 and host_memory_bytes is not None
