@@ -104,7 +104,9 @@ def test_dropless_moe_rows_carry_the_imbalance_range(result):
         bound = r["imbalance_bound"]
         assert bound["bound"] >= 1.0
         assert bound["peak_bytes"] >= r["estimate"]["peak_bytes"]
-        assert (bound["peak_bytes"] > r["estimate"]["peak_bytes"]) == (bound["bound"] > 1.0)
+        # (a CUDA-graph capture, which holds no MoE tensors, is not moved by the routing)
+        moves = bound["bound"] > 1.0 and r["estimate"]["peak_stage"] != "cuda_graph_capture"
+        assert (bound["peak_bytes"] > r["estimate"]["peak_bytes"]) == moves
     dense = [r for r in result["rows"] if r["family"] == "gpt"]
     assert dense and not any(r["imbalance_bound"] for r in dense)
 
@@ -136,11 +138,16 @@ def test_newer_flags_are_set_as_megatron_main_sets_them(result):
     assert offload["offload_modules"] == ["core_attn", "moe_act"]
     assert offload["min_offloaded_tensor_size"] == 1024 * 1024
     assert bench.with_newer_flags(["--bf16"], {"optimizer": "adam"})["optimizer"] == "adam"
-    graphs = bench.with_newer_flags(["--cuda-graph-impl", "transformer_engine"], {})
-    assert graphs["cuda_graph_impl"] == "transformer_engine"  # warned of, not dropped
+    graphs = bench.with_newer_flags(
+        ["--cuda-graph-impl", "transformer_engine", "--cuda-graph-modules", "attn", "mlp"], {}
+    )
+    assert graphs["cuda_graph_impl"] == "transformer_engine"
+    assert graphs["cuda_graph_modules"] == ["attn", "mlp"]
     rows = {r["name"]: r for r in result["rows"]}
-    graphed = rows["gpt3_moe_mcore_te_tp4_ep2_etp2_pp2_scoped_cudagraph"]
-    assert "cuda_graph_impl" in graphed["warned"]
+    # Transformer Engine's graphs are modelled: the attention graphs' capture is the peak
+    graphed = rows["gpt3_mcore_te_tp2_pp2_ep4_etp1_resume_torch_dist_attn_cudagraph"]
+    assert graphed["warned"] == [] and graphed["estimate"]["peak_stage"] == "cuda_graph_capture"
+    assert abs(graphed["error"]) < 0.05
     # in the benchmark: the Muon and offloading cases are estimated, nothing awaits a feature
     names = {r["name"] for r in result["rows"]}
     assert {

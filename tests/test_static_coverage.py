@@ -144,7 +144,7 @@ def test_default_values_are_not_reported(tmp_path, cli):
     # the estimator reads these
     read = {"fp8", "fp8_recipe", "moe_token_dispatcher_type", "main_grads_dtype",
             "exp_avg_dtype", "recompute_modules", "data_parallel_sharding_strategy",
-            "tp_comm_overlap"}  # fmt: skip
+            "tp_comm_overlap", "cuda_graph_impl"}  # fmt: skip
     assert set(defaults) - read <= set(res.coverage["unused_keys"])
 
 

@@ -501,7 +501,9 @@ def estimate_case(
             "optimizer_bytes": est.persistent.optimizer_bytes,
             "peak_bytes": peak,
             "peak_stage": est.peak_stage,
-            "peak_moment": est.activations.peak_moment,
+            "peak_moment": "CUDA-graph capture"
+            if est.peak_stage == "cuda_graph_capture"
+            else est.activations.peak_moment,
         },
         "ratio": peak / m["peak_bytes"],
         "error": (peak - m["peak_bytes"]) / m["peak_bytes"],

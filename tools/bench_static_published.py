@@ -40,8 +40,11 @@ the parsed arguments afterwards as Megatron-LM at ``SOURCE_COMMIT`` sets them
   ``--offload-modules``, ``--min-offloaded-tensor-size`` (``TransformerConfig`` fields).
 - Megatron-FSDP's main-gradient dtype: ``--megatron-fsdp-main-grads-dtype`` (``auto``: the
   parameters' dtype).
-- A newer flag the estimator warns it does not model (``coverage.NOT_MODELLED``, e.g.
-  ``--cuda-graph-impl``) is set from its words, so the case's ``warned`` list names it.
+- CUDA graphs: ``--cuda-graph-impl`` and ``--cuda-graph-modules`` (the 0.15 parser knows
+  ``--external-cuda-graph`` and ``--cuda-graph-scope`` instead; ``--cuda-graph-warmup-steps``
+  it knows).
+- A newer flag the estimator warns it does not model (``coverage.NOT_MODELLED``) is set from
+  its words, so the case's ``warned`` list names it.
 
 A case the estimator refuses is listed with its reason: none is dropped. Nothing is tuned to
 these numbers.
@@ -103,6 +106,10 @@ NEWER_FLAGS = (
     ("--min-offloaded-tensor-size", "min_offloaded_tensor_size", 1024 * 1024),
     # Megatron-FSDP's main-gradient buffer dtype (arguments.py, "auto": the parameters')
     ("--megatron-fsdp-main-grads-dtype", "megatron_fsdp_main_grads_dtype", "auto"),
+    # CUDA graphs (arguments.py at SOURCE_COMMIT; the 0.15 parser has --external-cuda-graph
+    # and --cuda-graph-scope instead)
+    ("--cuda-graph-impl", "cuda_graph_impl", "none"),
+    ("--cuda-graph-modules", "cuda_graph_modules", []),
 )
 FEATURE_NAMES = frozenset(name for _, name in FEATURE_CASES)
 MUON = ("muon", "dist_muon")

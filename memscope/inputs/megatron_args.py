@@ -272,6 +272,7 @@ def _training_spec(
         quant=quant_from_args(args, get),
         **_fsdp(args),
         **_fine_grained_offload(args),
+        **_cuda_graphs(args),
     )
     return validate_spec(spec)
 
@@ -385,6 +386,30 @@ def _fine_grained_offload(args: Any) -> dict[str, Any]:
         "fine_grained_offloading": get_flag(args, "fine_grained_activation_offloading"),
         "offload_modules": tuple(as_str(m, "offload_modules") for m in modules),
         "min_offloaded_tensor_size": get_int(args, "min_offloaded_tensor_size", 1024 * 1024),
+    }
+
+
+def _cuda_graphs(args: Any) -> dict[str, Any]:
+    """TrainingSpec's CUDA-graph fields: ``cuda_graph_impl`` (megatron-core 0.16 on; before,
+    ``external_cuda_graph`` meant Transformer Engine's graphs and ``enable_cuda_graph``
+    Megatron's own, which ``TransformerConfig.__post_init__`` still maps so), the graphed
+    modules (``cuda_graph_modules``, 0.20, or ``cuda_graph_scope``: ``full`` or a string of
+    them, 0.15, or a list; ``full``/empty: the whole layer) and ``cuda_graph_warmup_steps``."""
+    impl = get_name(args, "cuda_graph_impl", "none")
+    if impl == "none" and get_flag(args, "external_cuda_graph"):
+        impl = "transformer_engine"
+    elif impl == "none" and get_flag(args, "enable_cuda_graph"):
+        impl = "local"
+    raw = get(args, "cuda_graph_modules") or get(args, "cuda_graph_scope") or ()
+    if isinstance(raw, str):
+        raw = raw.strip("[]").replace(",", " ").split()
+    if not isinstance(raw, (list, tuple)):
+        raise ValueError(f"cuda_graph_modules: expected a list of module names, got {show(raw)}")
+    modules = [as_str(m, "cuda_graph_modules").strip("[]'\" ") for m in raw]
+    return {
+        "cuda_graph_impl": impl,
+        "cuda_graph_modules": tuple(m for m in modules if m and m != "full"),
+        "cuda_graph_warmup_steps": get_int(args, "cuda_graph_warmup_steps", 3),
     }
 
 

@@ -303,6 +303,12 @@ class TrainingSpec:
     fine_grained_offloading: bool = False
     offload_modules: tuple[str, ...] = ()
     min_offloaded_tensor_size: int = 1024 * 1024  # elements
+    # CUDA graphs (megatron-core TransformerConfig ``cuda_graph_impl``: none, local,
+    # transformer_engine; :mod:`.cuda_graphs`): the graphed modules of each layer (empty: the
+    # whole layer) and the eager iterations before the capture
+    cuda_graph_impl: str = "none"
+    cuda_graph_modules: tuple[str, ...] = ()
+    cuda_graph_warmup_steps: int = 3
 
     def recomputes(self, module: str) -> bool:
         """Whether selective recompute covers ``module`` (a ``recompute_modules`` name)."""

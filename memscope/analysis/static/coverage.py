@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memscope.analysis.static.config import TrainingSpec
+from memscope.analysis.static.cuda_graphs import eager_iterations_first, te_graphs
 from memscope.analysis.static.megatron_versions import glu_fused
 from memscope.analysis.static.moe import imbalance_bound
 from memscope.analysis.static.muon import uses_bucket_layout
@@ -24,14 +25,15 @@ from memscope.analysis.static.validation import show
 # Memory-relevant Megatron / FlagScale arguments the estimator does not model: key -> what
 # memory effect the estimate misses when the config sets it. A key the estimator reads
 # (READ_KEYS) is never reported, so modelling a feature and adding its key to READ_KEYS takes
-# it off this list without editing it.
+# it off this list without editing it (unless ``_RELEVANT`` names the values still not
+# modelled: ``cuda_graph_impl=local``).
 NOT_MODELLED: dict[str, str] = {
-    "cuda_graph_impl": "CUDA graphs keep static input/output buffers and a private memory pool "
-    "per captured graph, not counted",
-    "enable_cuda_graph": "CUDA graphs keep static input/output buffers and a private memory "
-    "pool per captured graph, not counted",
-    "external_cuda_graph": "CUDA graphs keep static input/output buffers and a private memory "
-    "pool per captured graph, not counted",
+    "cuda_graph_impl": "Megatron's own CUDA graphs (cuda_graph_impl=local) keep static "
+    "input/output buffers and a private memory pool per captured graph, not counted "
+    "(Transformer Engine's graphs are modelled)",
+    "enable_cuda_graph": "Megatron's own CUDA graphs (cuda_graph_impl=local) keep static "
+    "input/output buffers and a private memory pool per captured graph, not counted "
+    "(Transformer Engine's graphs are modelled)",
     "use_dualpipev": "the DualPipeV schedule (two chunks per stage, its own in-flight "
     "micro-batches) is not modelled; the 1F1B/interleaved schedule is estimated instead",
     "distribute_saved_activations": "full-recompute checkpoints split over the tensor-parallel "
@@ -63,8 +65,12 @@ _DEFAULTS: dict[str, Any] = {"fp8_recipe": "delayed", "recompute_modules": ["cor
 
 
 # Keys that only matter together with another setting (else Megatron ignores them).
+# A key the estimator reads is still reported when its predicate here says the value set is
+# one it does not model.
 _RELEVANT: dict[str, Callable[[Mapping[str, Any], TrainingSpec], bool]] = {
     "distribute_saved_activations": lambda merged, spec: spec.recompute == "full",
+    "cuda_graph_impl": lambda merged, spec: spec.cuda_graph_impl == "local",
+    "enable_cuda_graph": lambda merged, spec: spec.cuda_graph_impl == "local",
 }
 # Read by the JSON config reader besides READ_KEYS (its own names).
 EXTRA_READ_KEYS = frozenset({"dtype", "model_type", "hetero_stage_layers", "hetero_stage_meshes"})
@@ -152,7 +158,7 @@ def not_modelled(merged: Mapping[str, Any], spec: TrainingSpec) -> tuple[NotMode
     order); keys the estimator reads are skipped."""
     out = []
     for key in sorted(merged):
-        if key in READ_KEYS:
+        if key in READ_KEYS and key not in _RELEVANT:
             continue
         reason = _reason(key)
         value = merged[key]
@@ -245,6 +251,11 @@ def assumptions(spec: TrainingSpec, world_source: str | None = None) -> tuple[st
             "dropout masks) and reloads one layer ahead; the local spec offloads nothing; "
             "weights stay on the GPU"
         )
+    if te_graphs(spec) and not eager_iterations_first(spec):
+        out.append(
+            "CUDA graphs captured before the first optimizer step: no checkpoint loaded (Adam "
+            "allocates its moments at its first step; a loaded checkpoint brings them earlier)"
+        )
     return tuple(out)
 
 
@@ -320,6 +331,16 @@ def modelled_features(spec: TrainingSpec) -> tuple[str, ...]:
             f"fine-grained activation offloading ({', '.join(spec.offload_modules)}; tensors of "
             f"at least {spec.min_offloaded_tensor_size:,} elements; modelled from source, not run "
             "here: it needs CUDA streams)"
+        )
+    if te_graphs(spec):
+        scope = ", ".join(spec.cuda_graph_modules) or "whole layers"
+        capture = "after the eager warm-up" if eager_iterations_first(spec) else "before the "
+        capture += "" if eager_iterations_first(spec) else "first optimizer step"
+        out.append(
+            f"Transformer Engine CUDA graphs ({scope}; captured {capture}): static inputs, "
+            "the capture's high-water mark, replayed tensors in the private pool (derived from "
+            "Megatron-LM's and Transformer Engine's code; CUDA graphs do not run on CPU, so "
+            "not measured here)"
         )
     if p.sequence_parallel:
         out.append("sequence parallel")

@@ -22,6 +22,7 @@ from memscope.analysis.static.activations import (
     retained_inputs_bytes,
 )
 from memscope.analysis.static.config import TrainingSpec, stage_spec
+from memscope.analysis.static.cuda_graphs import CudaGraphTerms, cuda_graph_terms
 from memscope.analysis.static.distillation import teacher_terms
 from memscope.analysis.static.fp8 import quantized_weight_terms
 from memscope.analysis.static.fsdp import in_flight
@@ -32,7 +33,12 @@ from memscope.analysis.static.params import (
     layers_per_chunk,
     rank_params,
 )
-from memscope.analysis.static.terms import PersistentTerms, fp32_grad_copies, persistent_terms
+from memscope.analysis.static.terms import (
+    PersistentTerms,
+    adam_moment_bytes,
+    fp32_grad_copies,
+    persistent_terms,
+)
 from memscope.analysis.static.workspaces import compute_major, workspace_terms
 
 SOURCE = f"memscope static estimator {__version__}"
@@ -58,6 +64,8 @@ class RankEstimate:
     # Megatron-FSDP's parameter all-gather for the next forward, issued after the optimizer
     # step (fsdp.in_flight ``after_step``): between steps only, not at the step's peak
     prefetched_bytes: int = 0
+    # Transformer Engine CUDA graphs (cuda_graphs.py): static buffers, the capture, replay
+    cuda_graphs: CudaGraphTerms | None = None
 
     @property
     def workspace_bytes(self) -> int:
@@ -74,6 +82,7 @@ class RankEstimate:
             + self.post_step_bytes
             + self.retained_input_bytes
             + self.prefetched_bytes
+            + (self.cuda_graphs.static_bytes if self.cuda_graphs else 0)
         )
 
     @property
@@ -87,16 +96,37 @@ class RankEstimate:
             + self.retained_input_bytes
         )
 
+    def _transient_moments(self) -> dict[str, int]:
+        """Non-persistent bytes at each candidate high-water mark, by stage name. With CUDA
+        graphs (:mod:`.cuda_graphs`): the eager iterations only where they run before the
+        capture; the capture (what is not allocated yet counted negative); the replayed
+        steps, whose graphed tensors are in the private pool, with the static buffers."""
+        step, forward_backward = self._step_transient_bytes, self.activations.total_bytes
+        graphs = self.cuda_graphs
+        if graphs is None:
+            return {"forward_backward": forward_backward, "optimizer_step": step}
+        moments = {
+            "forward_backward": forward_backward - graphs.replay_removed_bytes
+            + graphs.static_bytes,
+            "optimizer_step": step + graphs.static_bytes,
+            "cuda_graph_capture": graphs.capture_bytes - graphs.capture_lazy_bytes,
+        }  # fmt: skip
+        if graphs.eager_warmup:
+            moments["forward_backward"] = max(moments["forward_backward"], forward_backward)
+            moments["optimizer_step"] = max(moments["optimizer_step"], step)
+        return moments
+
     @property
     def peak_stage(self) -> str:
-        """``forward_backward`` or ``optimizer_step``: where the high-water mark is."""
-        step = self._step_transient_bytes
-        return "optimizer_step" if step > self.activations.total_bytes else "forward_backward"
+        """``forward_backward``, ``optimizer_step`` or (CUDA graphs) ``cuda_graph_capture``:
+        where the high-water mark is (ties: the forward/backward)."""
+        moments = self._transient_moments()
+        return max(moments, key=lambda name: (moments[name], name == "forward_backward"))
 
     @property
     def transient_bytes(self) -> int:
         """Non-persistent bytes at the peak (activations, working sets, buffers)."""
-        return max(self._step_transient_bytes, self.activations.total_bytes)
+        return max(self._transient_moments().values())
 
     @property
     def peak_memory_bytes(self) -> int:
@@ -104,11 +134,14 @@ class RankEstimate:
 
     def components(self) -> dict[str, int]:
         """Bytes per MemScope category at the peak (``compare_with_static`` names)."""
+        lazy = 0  # optimizer state a capture before the first step runs without
+        if self.cuda_graphs is not None and self.peak_stage == "cuda_graph_capture":
+            lazy = self.cuda_graphs.capture_lazy_bytes
         return {
             "parameters": self.persistent.weight_bytes,
             "gradients": self.persistent.grad_bytes,
-            "optimizer_state": self.persistent.optimizer_bytes,
-            "activations": self.transient_bytes,
+            "optimizer_state": self.persistent.optimizer_bytes - lazy,
+            "activations": self.transient_bytes + lazy,
             "other": self.workspace_bytes,
         }
 
@@ -133,6 +166,7 @@ class RankEstimate:
             "weight_terms": dict(self.weight_terms),
             "peak_memory_bytes": self.peak_memory_bytes,
             "peak_stage": self.peak_stage,
+            "cuda_graphs": asdict(self.cuda_graphs) if self.cuda_graphs else None,
         }
 
 
@@ -153,6 +187,13 @@ def estimate_rank(spec: TrainingSpec, position: RankPosition) -> RankEstimate:
     persistent = replace(persistent, weight_bytes=persistent.weight_bytes + sum(extra.values()))
     fsdp = in_flight(spec, params)  # FSDP's all-gathered units by moment (fsdp.py)
     activations = activation_estimate(spec, position.pp_rank, per_chunk, fsdp)
+    graphs = cuda_graph_terms(
+        spec,
+        position.pp_rank,
+        per_chunk,
+        activations.in_flight_per_chunk,
+        adam_moment_bytes(spec, persistent),
+    )
     if fsdp.layers or fsdp.loss:
         moment = activations.peak_moment.split()[-1]
         unsharded = fsdp.loss  # the loss's moments (cross entropy, KD loss, wgrad drain)
@@ -177,6 +218,7 @@ def estimate_rank(spec: TrainingSpec, position: RankPosition) -> RankEstimate:
         retained_input_bytes=retained_inputs_bytes(spec, position.pp_rank, len(per_chunk)),
         weight_terms=extra,
         prefetched_bytes=fsdp.after_step,
+        cuda_graphs=graphs,
     )
 
 

@@ -73,6 +73,13 @@ release that changed it. Each change, with where it is in megatron-core's source
   ``megatron_fsdp_main_grads_dtype`` alone (Megatron-LM's ``--megatron-fsdp-main-grads-dtype``,
   default ``auto``: the parameters' dtype); up to 0.18 ``grad_reduce_in_fp32`` made it fp32.
 
+- **0.16: Transformer Engine's CUDA graphs are captured after the warm-up iterations**
+  (:data:`TE_GRAPHS_AFTER_WARMUP`). Megatron-LM 2b343d739f ("Refactor cuda_graph_scope",
+  first in core_v0.16.0) captures them in the training loop once ``cuda_graph_warmup_steps``
+  eager iterations have run; before, ``--external-cuda-graph`` captured them before the loop
+  (0.15 ``megatron/training/training.py``: ``cuda_graph_helper.create_cudagraphs()`` right
+  after building the helper). See ``cuda_graphs.py``.
+
 An unknown version (no megatron-core installed where the spec was read) follows 0.16.
 """
 
@@ -97,6 +104,7 @@ LAYER_WISE_PARAM_LAYOUT: Release = (0, 18)
 MEGATRON_FSDP_GRADS_DTYPE: Release = (0, 19)
 MLA_QK_NORM_RESOLVER: Release = (0, 19)
 MUON_DISTRIBUTED_IS_LAYER_WISE: Release = (0, 19)
+TE_GRAPHS_AFTER_WARMUP: Release = (0, 16)
 
 _RELEASE = re.compile(r"^\s*(\d+)\.(\d+)")
 

@@ -141,6 +141,23 @@ def adam_bytes_per_param(prec: PrecisionSpec) -> int:
     return STATE_DTYPE_BYTES[prec.exp_avg_dtype] + STATE_DTYPE_BYTES[prec.exp_avg_sq_dtype] + master
 
 
+def adam_moment_bytes(spec: TrainingSpec, persistent: PersistentTerms) -> int:
+    """Of ``persistent``'s GPU optimizer state, Adam's ``exp_avg`` and ``exp_avg_sq`` (and
+    torch's per-tensor ``step``): what the first ``step()`` allocates (torch's and Transformer
+    Engine's Adam create their state lazily; Megatron's optimizers call ``init_state_fn``
+    only when loading a checkpoint). 0 for other optimizers and sharded (FSDP) state."""
+    prec = spec.precision
+    if prec.optimizer != "adam" or is_muon(spec) or sharding(spec) is not None:
+        return 0
+    per_param = adam_bytes_per_param(prec)
+    master = FP32 if prec.mixed_precision else 0
+    if prec.precision_aware and not prec.optimizer_cpu_offload:
+        moments = STATE_DTYPE_BYTES[prec.exp_avg_dtype] + STATE_DTYPE_BYTES[prec.exp_avg_sq_dtype]
+    else:
+        moments = per_param - master
+    return persistent.optimizer_bytes * moments // per_param
+
+
 def gpu_share(prec: PrecisionSpec) -> float:
     """Share of the optimizer's state left on the GPU by ``optimizer_cpu_offload``.
 

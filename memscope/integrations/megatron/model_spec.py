@@ -49,6 +49,7 @@ SAME_NAME = (
     "first_last_layers_bf16", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16",
     "disable_parameter_transpose_cache",
     "fine_grained_activation_offloading", "offload_modules", "min_offloaded_tensor_size",
+    "cuda_graph_impl", "cuda_graph_scope", "cuda_graph_modules", "cuda_graph_warmup_steps",
 )  # fmt: skip
 # MLATransformerConfig's own fields (megatron/core/transformer/transformer_config.py).
 MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
