@@ -7,7 +7,9 @@ traceback; surviving workers are stopped.
 
 from __future__ import annotations
 
+import os
 import queue as queue_mod
+import random
 import socket
 import time
 import traceback
@@ -29,12 +31,43 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
+#: Where :func:`free_ports` looks first: below the kernel's ephemeral range, whose ports any
+#: process's outgoing connection (gloo's, a browser's) or ``bind(0)`` may take in the seconds
+#: between choosing a port and the rendezvous listening on it.
+PORTS_BELOW_EPHEMERAL = (20000, 32768)
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux; 32768 where unreadable)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return PORTS_BELOW_EPHEMERAL[1]
+
+
 def free_ports(count: int) -> list[int]:
     """``count`` distinct TCP ports on 127.0.0.1 that were free a moment ago (all held open
-    together while they are chosen, so that concurrent jobs never get the same one)."""
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    together while they are chosen, so that concurrent jobs never get the same one), picked
+    at random below the ephemeral range where possible (:data:`PORTS_BELOW_EPHEMERAL`), else
+    by the kernel."""
+    low, high = PORTS_BELOW_EPHEMERAL[0], min(PORTS_BELOW_EPHEMERAL[1], _ephemeral_low())
+    candidates = random.Random().sample(range(low, high), min(high - low, 64 * count))
+    socks: list[socket.socket] = []
     try:
-        for sock in socks:
+        for port in candidates:
+            if len(socks) == count:
+                break
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                sock.close()
+                continue
+            socks.append(sock)
+        while len(socks) < count:  # nothing free below the range: the kernel's choice
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(sock)
             sock.bind(("127.0.0.1", 0))
         return [int(sock.getsockname()[1]) for sock in socks]
     finally:
@@ -42,10 +75,46 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
+#: Imported once by the fork server that starts the workers, so that each worker does not
+#: spend seconds importing them again (a module that does not import is skipped).
+PRELOAD = (
+    "torch",
+    "megatron.core.models.gpt",
+    "megatron.core.pipeline_parallel",
+    "megatron.core.distributed",
+    "megatron.core.optimizer",
+    "memscope.demo.tiny_gpt",
+)
+
+
+def _context() -> Any:
+    """The workers' start method: a fork server with :data:`PRELOAD` imported where the
+    platform has one (each worker a fork of that clean process), else ``spawn``."""
+    import multiprocessing
+
+    import torch.multiprocessing as tmp
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return tmp.get_context("spawn")
+    ctx = tmp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(PRELOAD))
+    return ctx
+
+
 def _spawn_entry(
-    rank: int, world_size: int, fn: Callable[..., Any], args: tuple[Any, ...], results: Any
+    rank: int,
+    world_size: int,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    results: Any,
+    environ: dict[str, str] | None = None,
 ) -> None:
-    """Child-process entry: run ``fn`` and report ``(rank, ok, payload)`` on the queue."""
+    """Child-process entry: run ``fn`` and report ``(rank, ok, payload)`` on the queue.
+    ``environ``: the parent's environment at the launch (a fork server's children would
+    otherwise have the server's, from when it started)."""
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
     torch.set_num_threads(1)
     try:
         out = fn(rank, world_size, *args)
@@ -62,7 +131,7 @@ def spawn(
     timeout: float = 600.0,
     grace: float = 5.0,
 ) -> list[Any]:
-    """Run ``fn(rank, world_size, *args)`` in ``world_size`` spawned processes.
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` new processes (:func:`_context`).
 
     Returns the per-rank results (index = rank).  If a worker raises or dies, the others get
     ``grace`` seconds and are then terminated, and :class:`WorkerError` is raised with every
@@ -71,12 +140,11 @@ def spawn(
     The workers share a run id as any launch's ranks do: they agree on one through their
     process group's store (see :mod:`memscope.session.run_identity`).
     """
-    import torch.multiprocessing as tmp
-
-    ctx = tmp.get_context("spawn")
+    ctx = _context()
     results = ctx.Queue()
+    environ = dict(os.environ)
     procs = [
-        ctx.Process(target=_spawn_entry, args=(r, world_size, fn, args, results))
+        ctx.Process(target=_spawn_entry, args=(r, world_size, fn, args, results, environ))
         for r in range(world_size)
     ]
     for proc in procs:
