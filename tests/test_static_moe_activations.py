@@ -47,6 +47,25 @@ for _disp in ("allgather", "alltoall"):
     CASES[f"{_disp}_ep2_skewed"] = {**BASE, "dispatcher": _disp, "ep": 2, "skewed": True}
 
 
+def _settled(ledger: Any, timeout_s: float = 2.0) -> int:
+    """Bytes allocated once gloo has let go of the forward's collectives: finished work
+    objects (cyclic garbage) and buffers its worker thread frees after ``wait()`` returned
+    (``memscope/demo/gloo_release.py``) are gone when two samples 20 ms apart agree."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    gc.collect()
+    last = ledger.sample().allocated
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+        gc.collect()
+        now = ledger.sample().allocated
+        if now == last:
+            break
+        last = now
+    return int(last)
+
+
 def _measure(rank: int, world: int, port: int, names: list[str]) -> dict[str, tuple[int, int]]:
     """Per case: (rows reaching this rank's experts, bytes held after forward)."""
     import torch
@@ -94,8 +113,7 @@ def _measure(rank: int, world: int, port: int, names: list[str]) -> dict[str, tu
             try:
                 base = ledger.sample().allocated
                 y, _ = layer(x)
-                gc.collect()  # gloo's finished all-to-all work objects hold their buffers
-                held = ledger.sample().allocated - base - y.untyped_storage().nbytes()
+                held = _settled(ledger) - base - y.untyped_storage().nbytes()
             finally:
                 ledger.stop()
             out[name] = (rows[0], held)
