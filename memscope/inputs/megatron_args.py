@@ -374,17 +374,21 @@ def _recompute(args: Any) -> tuple[str | None, tuple[str, ...]]:
     return recompute, tuple(modules)
 
 
+def _module_names(raw: Any, field: str) -> tuple[str, ...]:
+    """A setting naming modules: a list, or a string of names separated by commas or spaces."""
+    if isinstance(raw, str):
+        raw = [m for m in raw.replace(",", " ").split() if m]
+    if not isinstance(raw, (list, tuple)):
+        raise ValueError(f"{field}: expected a list of module names, got {show(raw)}")
+    return tuple(as_str(m, field) for m in raw)
+
+
 def _fine_grained_offload(args: Any) -> dict[str, Any]:
     """TrainingSpec's fine-grained activation offloading fields (megatron-core
     ``TransformerConfig`` names; ``offload_modules`` a list or a comma-separated string)."""
-    modules = get(args, "offload_modules") or ()
-    if isinstance(modules, str):
-        modules = [m for m in modules.replace(",", " ").split() if m]
-    if not isinstance(modules, (list, tuple)):
-        raise ValueError(f"offload_modules: expected a list of module names, got {show(modules)}")
     return {
         "fine_grained_offloading": get_flag(args, "fine_grained_activation_offloading"),
-        "offload_modules": tuple(as_str(m, "offload_modules") for m in modules),
+        "offload_modules": _module_names(get(args, "offload_modules") or (), "offload_modules"),
         "min_offloaded_tensor_size": get_int(args, "min_offloaded_tensor_size", 1024 * 1024),
     }
 
@@ -401,11 +405,8 @@ def _cuda_graphs(args: Any) -> dict[str, Any]:
     elif impl == "none" and get_flag(args, "enable_cuda_graph"):
         impl = "local"
     raw = get(args, "cuda_graph_modules") or get(args, "cuda_graph_scope") or ()
-    if isinstance(raw, str):
-        raw = raw.strip("[]").replace(",", " ").split()
-    if not isinstance(raw, (list, tuple)):
-        raise ValueError(f"cuda_graph_modules: expected a list of module names, got {show(raw)}")
-    modules = [as_str(m, "cuda_graph_modules").strip("[]'\" ") for m in raw]
+    # (a YAML's "[attn mlp]" reaches argparse's nargs='+' as "[attn" and "mlp]")
+    modules = [m.strip("[]'\" ") for m in _module_names(raw, "cuda_graph_modules")]
     return {
         "cuda_graph_impl": impl,
         "cuda_graph_modules": tuple(m for m in modules if m and m != "full"),

@@ -813,19 +813,23 @@ class PairedForward:
         return self.base + (pair + 1) * self.layer
 
 
-def paired_forward(spec: TrainingSpec, n_layers: int, first: bool) -> PairedForward:
-    """:class:`PairedForward` of a chunk of ``n_layers`` layers (first chunk: ``first``).
+def mlp_half_saved(items: dict[str, int]) -> int:
+    """Of a layer's saved ``items`` (:func:`layer_saved`), what its second half keeps: the
+    MLP's tensors, the pre-MLP norm's output and statistics, the layer's output and the MLP's
+    residual dropout mask (the attention half is the rest)."""
+    half = items["mlp"] + items["layer_output"]
+    half += (items["norm_outputs"] + items["norm_statistics"]) // 2
+    return half + items.get("residual_dropout_masks", 0) // 2
 
-    A layer's attention half is everything it saves but the MLP's tensors, the pre-MLP norm's
-    output and statistics, the layer's output and the MLP's residual dropout mask."""
+
+def paired_forward(spec: TrainingSpec, n_layers: int, first: bool) -> PairedForward:
+    """:class:`PairedForward` of a chunk of ``n_layers`` layers (first chunk: ``first``);
+    a layer's attention half is what it keeps but :func:`mlp_half_saved`."""
     x = dims(spec)
     full = layer_saved(spec, x)
     kept = sum(full.values()) - sum(recompute_discarded(spec, x, full).values())
-    second_half = full["mlp"] + full["layer_output"]
-    second_half += (full["norm_outputs"] + full["norm_statistics"]) // 2
-    second_half += full.get("residual_dropout_masks", 0) // 2
     base = sum(chunk_inputs(spec, x, first).values())
-    return PairedForward(base, kept, max(0, kept - second_half), n_layers)
+    return PairedForward(base, kept, max(0, kept - mlp_half_saved(full)), n_layers)
 
 
 def chunk_activations(

@@ -334,8 +334,10 @@ def modelled_features(spec: TrainingSpec) -> tuple[str, ...]:
         )
     if te_graphs(spec):
         scope = ", ".join(spec.cuda_graph_modules) or "whole layers"
-        capture = "after the eager warm-up" if eager_iterations_first(spec) else "before the "
-        capture += "" if eager_iterations_first(spec) else "first optimizer step"
+        capture = (
+            "after the eager warm-up" if eager_iterations_first(spec)
+            else "before the first optimizer step"
+        )  # fmt: skip
         out.append(
             f"Transformer Engine CUDA graphs ({scope}; captured {capture}): static inputs, "
             "the capture's high-water mark, replayed tensors in the private pool (derived from "

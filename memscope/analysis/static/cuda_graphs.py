@@ -50,6 +50,7 @@ from memscope.analysis.static.activations import (
     dataloader_mask,
     dims,
     layer_saved,
+    mlp_half_saved,
     recompute_discarded,
     schedule_moments,
 )
@@ -90,10 +91,7 @@ def _halves(spec: TrainingSpec, x: Dims) -> tuple[dict[str, int], int, int]:
     recompute applied (the split :func:`.activations.paired_forward` makes)."""
     full = layer_saved(spec, x)
     kept = sum(full.values()) - sum(recompute_discarded(spec, x, full).values())
-    mlp_half = full["mlp"] + full["layer_output"]
-    mlp_half += (full["norm_outputs"] + full["norm_statistics"]) // 2
-    mlp_half += full.get("residual_dropout_masks", 0) // 2
-    attention = max(0, kept - mlp_half)
+    attention = max(0, kept - mlp_half_saved(full))
     return full, attention, kept - attention
 
 
@@ -116,12 +114,16 @@ def graphed_per_layer(spec: TrainingSpec, x: Dims) -> int:
 def _graphed_working(spec: TrainingSpec, x: Dims) -> int:
     """The first captured backward's working set above the graphed saved tensors: the
     attention core's (what it releases of the MLP half is not there when the MLP is eager)."""
-    full, _, _ = _halves(spec, x)
+    full = layer_saved(spec, x)
     work = attention_backward_work(spec, x, full, output_stored=False)
-    if not _scope(spec)[1]:
-        work += full["mlp"] + (full["norm_outputs"] + full["norm_statistics"]) // 2
-        work += full.get("residual_dropout_masks", 0) // 2
+    if not _scope(spec)[1]:  # (the layer's output is not released: output_stored=False)
+        work += mlp_half_saved(full) - full["layer_output"]
     return max(0, work)
+
+
+def _layer_microbatches(chunk_microbatches: tuple[int, ...], layer_counts: list[int]) -> int:
+    """Layer-microbatches of ``chunk_microbatches`` (per chunk) of chunks of ``layer_counts``."""
+    return sum(n * c for n, c in zip(chunk_microbatches, layer_counts, strict=False))
 
 
 def cuda_graph_terms(
@@ -142,7 +144,7 @@ def cuda_graph_terms(
     if not graphed:
         return None
     in_flight = max(
-        sum(n * c for n, c in zip(alive, layer_counts, strict=False))
+        _layer_microbatches(alive, layer_counts)
         for _, alive, _, _ in schedule_moments(spec, pp_rank)
     )
     attn, mlp = _scope(spec)
@@ -153,7 +155,7 @@ def cuda_graph_terms(
     # replayed: the graphed tensors are in the pool; with an eager MLP, its output is copied
     # into the next layer's static input and released
     per_layer = graphed + (0 if mlp else x.hidden)
-    removed = per_layer * sum(n * c for n, c in zip(held_at_peak, layer_counts, strict=False))
+    removed = per_layer * _layer_microbatches(held_at_peak, layer_counts)
     return CudaGraphTerms(
         static_bytes=static,
         graphed_per_layer=graphed,

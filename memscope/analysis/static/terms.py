@@ -149,13 +149,10 @@ def adam_moment_bytes(spec: TrainingSpec, persistent: PersistentTerms) -> int:
     prec = spec.precision
     if prec.optimizer != "adam" or is_muon(spec) or sharding(spec) is not None:
         return 0
-    per_param = adam_bytes_per_param(prec)
-    master = FP32 if prec.mixed_precision else 0
+    moments = 2 * FP32  # (as adam_bytes_per_param counts them)
     if prec.precision_aware and not prec.optimizer_cpu_offload:
         moments = STATE_DTYPE_BYTES[prec.exp_avg_dtype] + STATE_DTYPE_BYTES[prec.exp_avg_sq_dtype]
-    else:
-        moments = per_param - master
-    return persistent.optimizer_bytes * moments // per_param
+    return persistent.optimizer_bytes * moments // adam_bytes_per_param(prec)
 
 
 def gpu_share(prec: PrecisionSpec) -> float:
