@@ -40,6 +40,14 @@ def test_committed_benchmark_output_is_what_the_tool_prints_now(result):
         docs = " ".join(f.read().split())
     assert f"Last run: {bench.doc_figures(result['summary'])}." in docs
     assert f"tree alone: {bench.doc_figures(result['features'])}." in docs
+    releases = sorted(
+        {
+            tuple(map(int, r["source"]["megatron_core_version"].split(".")[:2]))
+            for r in result["rows"]
+        }
+    )
+    (a, b), (c, d) = releases[0], releases[-1]
+    assert f"the column `mcore`: {a}.{b} to {c}.{d})" in docs
     errors = {r["name"]: r["error"] for r in result["rows"]}
     for name in result["summary"]["over_5_percent"]:  # each named with its figure
         assert f"`{name}`, {100 * errors[name]:+.1f}%)" in docs, name
@@ -57,8 +65,13 @@ def test_every_case_names_its_source_and_nothing_is_dropped(result):
     for case in cases:
         src = case["source"]
         assert src["repo"] == bench.SOURCE_REPO and len(src["commit"]) == 40
-        assert src["config"].endswith(f"/{case['name']}/model_config.yaml")
-        assert src["measured"].startswith(src["config"].rsplit("/", 1)[0])
+        # listed under its name at the source commit; measured (and configured) at the commit
+        # that last wrote its golden values, under the name it had then
+        folder = f"{bench.CASES_DIR}/{case['family']}/{case['name']}"
+        assert src["listed_at"] == f"{bench.SOURCE_COMMIT}:{folder}"
+        assert src["measured"].rsplit("/", 1)[0] == src["config"].rsplit("/", 1)[0]
+        assert src["config"].endswith("/model_config.yaml")
+        assert src["megatron_core_version"].startswith("0.")
         # an excerpt, not the golden file: two numbers and where they came from
         assert set(case["measured"]) == {
             "golden_file", "steady_bytes", "steady_iteration", "peak_bytes", "peak_iteration",
@@ -74,7 +87,7 @@ def test_every_case_names_its_source_and_nothing_is_dropped(result):
 def test_cases_left_out_say_every_input_they_lack(result):
     # the release cases lack the world size, and those whose tokenizer file is not public
     # the vocabulary too: each reason names both, so no single guess would model them
-    kinds = {"release": 0, "no recipe": 0, "rl": 0, "refused": 0}
+    kinds = {"release": 0, "no recipe": 0, "rl": 0, "consistency": 0}
     for s in result["separate"]:
         reason = s["reason"]
         if reason.startswith("world size unknown: not public"):
@@ -82,12 +95,12 @@ def test_cases_left_out_say_every_input_they_lack(result):
             if "GPTSentencePieceTokenizer" in reason:
                 assert "nemotron_2_256k.model" in reason
         elif reason.startswith("world size unknown: neither NxG in the name nor a recipe"):
-            kinds["no recipe"] += 1  # no CI recipe runs it at the source commit
-        elif reason.startswith("MODE: rl:"):
-            kinds["rl"] += 1
+            kinds["no recipe"] += 1  # no CI recipe ran it, then or since
+        elif reason.startswith("world size unknown: TEST_TYPE checkpoint-consistency"):
+            kinds["consistency"] += 1  # several world sizes logged into one file
         else:
-            assert reason.startswith("Megatron's argument code refused it:"), reason
-            kinds["refused"] += 1
+            assert reason.startswith("MODE: rl:"), reason  # nothing refused
+            kinds["rl"] += 1
     assert all(kinds.values()), kinds
     features = {s["name"] for s in result["separate"]} & bench.FEATURE_NAMES
     assert features == {
@@ -138,6 +151,13 @@ def test_newer_flags_are_set_as_megatron_main_sets_them(result):
     assert offload["offload_modules"] == ["core_attn", "moe_act"]
     assert offload["min_offloaded_tensor_size"] == 1024 * 1024
     assert bench.with_newer_flags(["--bf16"], {"optimizer": "adam"})["optimizer"] == "adam"
+    # as the measuring commit's arguments.py had them: its defaults, no bucket layout yet
+    then = {"defaults": {"muon_tp_mode": "blockwise"}, "layer_wise_param_layout": False}
+    older = bench.with_newer_flags(argv, parsed, then)
+    assert older["muon_tp_mode"] == "blockwise" and older["use_layer_wise_param_layout"] is False
+    assert bench.with_newer_flags(argv, parsed, then | {"layer_wise_param_layout": True})[
+        "use_layer_wise_param_layout"
+    ]
     graphs = bench.with_newer_flags(
         ["--cuda-graph-impl", "transformer_engine", "--cuda-graph-modules", "attn", "mlp"], {}
     )
@@ -160,16 +180,39 @@ def test_newer_flags_are_set_as_megatron_main_sets_them(result):
     assert not any(s["reason"].startswith("awaiting") for s in result["separate"])
 
 
-def test_cases_are_estimated_for_the_megatron_core_release_that_ran_them(result, monkeypatch):
-    # package_info.py at SOURCE_COMMIT, recorded by --extract; not the release installed here
-    assert result["megatron_core_version"] == bench.load_megatron_core_version() == "0.20.0"
-    assert "0.20.0" in bench.render(result).splitlines()[0]
+def test_cases_are_estimated_for_the_megatron_core_release_that_ran_them(result):
+    # package_info.py at the commit that measured each case, recorded by --extract; not the
+    # release installed here, nor the source commit's
+    rows = {r["name"]: r for r in result["rows"]}
+    releases = {r["source"]["megatron_core_version"] for r in rows.values()}
+    assert {"0.12.0", "0.14.0", "0.18.0"} <= releases
+    old = rows["gpt3_mcore_te_tp2_pp1_te_8experts2parallel_top2router"]  # measured 2025-04
+    assert old["source"]["megatron_core_version"] == "0.12.0"
+    assert " 0.12 " in next(line for line in bench.render(result).splitlines()
+                             if line.startswith("moe/" + old["name"] + " "))  # fmt: skip
     name = "gpt3_mcore_te_tp2_zp_z3_resume_torch_dist_te_8experts2parallel_top2router"
-    row = next(r for r in result["rows"] if r["name"] == name)
-    # Megatron-FSDP's main grads follow the parameters' dtype from 0.19 on (bf16, not the
-    # fp32 of grad_reduce_in_fp32) unless --megatron-fsdp-main-grads-dtype says otherwise
-    # (this case leaves it at auto): estimated as the installed 0.16 the gradients are larger
-    monkeypatch.setattr(bench, "load_megatron_core_version", lambda: "0.16.1")
-    old = bench.run(pristine_tree(), [c for c in bench.load_cases() if c["name"] == name])
-    assert old["megatron_core_version"] == "0.16.1"
-    assert old["rows"][0]["estimate"]["grad_bytes"] > row["estimate"]["grad_bytes"]
+    row = rows[name]
+    assert row["source"]["megatron_core_version"] == "0.16.0"
+    # Megatron-FSDP's main grads follow grad_reduce_in_fp32 up to 0.18 (fp32 here) and the
+    # parameters' dtype from 0.19 on: estimated as 0.19 the gradients are smaller
+    case = next(c for c in bench.load_cases() if c["name"] == name)
+    as_019 = {**case, "source": {**case["source"], "megatron_core_version": "0.19.2"}}
+    again = bench.run(pristine_tree(), [as_019])
+    assert again["rows"][0]["estimate"]["grad_bytes"] < row["estimate"]["grad_bytes"]
+
+
+def test_a_case_is_read_as_it_was_when_measured(result):
+    rows = {r["name"]: r for r in result["rows"]}
+    # measured on megatron-core 0.14 with a layout holding no 'm' (its MTP layer on the last
+    # stage) and without the A2A overlap the case has had since: estimated as it ran then
+    row = rows["gpt3_mcore_te_tp2_pp2_ep4_etp1_selective_recompute_experimental"]
+    assert row["source"]["megatron_core_version"] == "0.14.0"
+    case = next(c for c in bench.load_cases() if c["name"] == row["name"])
+    assert case["model_args"]["--pipeline-model-parallel-layout"].count("m") == 0
+    assert "--overlap-moe-expert-parallel-comm" not in case["model_args"]
+    # measured in 2025-04 with expert biases at expert TP 2, which 0.12 allowed
+    biased = rows["gpt3_mcore_te_tp2_pp1_te_8experts2parallel_dist_optimizer"]
+    assert biased["source"]["megatron_core_version"] == "0.12.0"
+    args = next(c for c in bench.load_cases() if c["name"] == biased["name"])["model_args"]
+    assert "--disable-bias-linear" not in args and biased["parallel"]["tp"] == 2  # etp = tp
+    assert abs(biased["error"]) < 0.05

@@ -41,9 +41,25 @@ def test_committed_table_is_what_the_benchmark_prints_now(fresh):
 def test_committed_rows_are_what_the_benchmark_computes_now(fresh):
     paths = bench.committed_paths()
     assert json.loads(_read(paths["json"])) == json.loads(bench.json_text(fresh)), REGENERATE
-    # every case follows the release that ran it, so the installed megatron-core (CI runs two)
+    # every case follows the release that wrote its golden values (recorded with the file's
+    # blob id, checked against its bytes), so the installed megatron-core (CI runs two)
     # cannot change the committed figures
-    assert {r["megatron_core"] for r in fresh["rows"]} == {fresh["megatron"]}
+    for r in fresh["rows"]:
+        at = r["measured_at"]
+        assert at is not None and r["megatron_core"] == at["megatron_core_version"], r["name"]
+        assert at["path"].startswith("tests/functional_tests/test_cases/")
+    with open(os.path.join(ROOT, "docs", "static-estimator.md"), encoding="utf-8") as f:
+        docs = " ".join(f.read().split())
+    assert f"({bench.release_counts(fresh['rows'])})" in docs
+    with open(bench.MEASURED_AT, encoding="utf-8") as f:
+        recorded = json.load(f)["files"].values()
+    shipped = sorted({tuple(map(int, v["megatron_core_version"].split(".")[:2])) for v in recorded})
+    low, high = (f"{a}.{b}" for a, b in (shipped[0], shipped[-1]))
+    assert f"golden values that CI wrote on megatron-core {low} to {high} and kept" in docs
+    releases = {r["megatron_core"] for r in fresh["rows"]}
+    assert {"0.12.0", "0.13.0", "0.14.0", "0.15.0"} <= releases and fresh[
+        "megatron"
+    ] not in releases
 
 
 def test_package_summary_is_the_fresh_runs_last_line(fresh):

@@ -216,3 +216,90 @@ def test_layer_wise_muon_bucket_layout_is_modelled_from_0_18_only_its_padding_na
     assert "bin-packed per DDP bucket" in modelled("0.19.2")
     legacy = dict(no_use_layer_wise_param_layout=True)
     assert "bucket" not in approx("0.19.2", **legacy) + modelled("0.19.2", **legacy)
+
+
+def test_before_0_15_the_mtp_layers_sit_on_the_last_chunk_outside_the_layout():
+    from memscope.analysis.static.config import chunk_roles
+
+    args = dict(num_layers=4, hidden_size=H, num_attention_heads=4, padded_vocab_size=128,
+                seq_length=S, micro_batch_size=1, global_batch_size=4, bf16=True,
+                transformer_impl="local", mtp_num_layers=1, pipeline_model_parallel_size=2,
+                pipeline_model_parallel_layout="Et*3|tL")  # fmt: skip
+    # 0.14 (Megatron-LM before d7bf5aaaa8): a layout holds no 'm'; the MTP layer is built on
+    # the last stage whatever it says
+    old = spec_from_megatron_args(args, megatron_core="0.14.0")
+    assert chunk_roles(old.model, old.parallel, 1, 0).mtp
+    assert not chunk_roles(old.model, old.parallel, 0, 0).mtp
+    mtp = [t for t in rank_params(old, RankPosition(0, 1)) if t.name.startswith("mtp.")]
+    assert mtp and not any(t.name.startswith("mtp.") for t in rank_params(old, RankPosition(0, 0)))
+    with pytest.raises(ValueError, match=r"0 MTP layers \(m\), mtp_num_layers is 1"):
+        spec_from_megatron_args(args, megatron_core="0.16.1")  # from 0.15 it must count them
+    placed = dict(args, pipeline_model_parallel_layout="Et*3|tmL")
+    assert old.parallel.layout == ("Ettt", "tmL")  # as megatron-core 0.14 built it
+    with pytest.raises(ValueError, match=r"before 0\.15 places no MTP layer"):
+        spec_from_megatron_args(placed, megatron_core="0.14.0")
+    new = spec_from_megatron_args(placed, megatron_core="0.16.1")
+    assert chunk_roles(new.model, new.parallel, 1, 0).mtp
+
+
+@pytest.mark.parametrize(
+    "version, dispatcher, etp, allowed",
+    [
+        ("0.12.0", "allgather", 2, True),  # before 2659630721: biases at any expert TP
+        ("0.12.0", "alltoall", 1, False),  # its alltoall dispatcher asserts bias is None
+        ("0.13.0", "allgather", 1, False),  # "Bias is not supported for MoE"
+        ("0.14.0", "allgather", 1, False),
+        ("0.16.1", "allgather", 1, True),  # a329dd6da5: ETP 1 only
+        ("0.16.1", "allgather", 2, False),
+    ],
+)
+def test_moe_expert_biases_follow_each_release(version, dispatcher, etp, allowed):
+    args = dict(num_layers=2, hidden_size=H, num_attention_heads=4, num_experts=E,
+                moe_router_topk=K, moe_token_dispatcher_type=dispatcher, padded_vocab_size=128,
+                seq_length=S, micro_batch_size=B, global_batch_size=B * 4, bf16=True,
+                transformer_impl="local", tensor_model_parallel_size=2, sequence_parallel=True,
+                expert_tensor_parallel_size=etp, world_size=4)  # fmt: skip
+    if allowed:
+        spec = spec_from_megatron_args(args, megatron_core=version)
+        assert spec.model.add_bias_linear
+    else:
+        with pytest.raises(ValueError, match="add_bias_linear with MoE"):
+            spec_from_megatron_args(args, megatron_core=version)
+
+
+@pytest.mark.parametrize("swiglu, fused, rows_before, rows_after", [
+    (False, True, 2, 3),  # bias_gelu: fc1 output, activation (+ the weighted copy from 0.13)
+    (True, True, 3, 3),  # bias_swiglu: 2f input, product; weighted_bias_swiglu alike
+    (True, False, 4, 5),  # unfused glu: 2f, silu, product (+ the weighted copy)
+])  # fmt: skip
+def test_before_0_13_the_dispatcher_weights_the_experts_output(
+    swiglu, fused, rows_before, rows_after
+):
+    kw: dict[str, Any] = dict(swiglu=swiglu, moe_token_dispatcher_type="allgather")
+    if swiglu:
+        kw["bias_swiglu_fusion"] = fused
+    else:
+        kw["bias_gelu_fusion"] = fused
+    old = moe_layer_saved(_spec("0.12.0", **kw), S, B, 1, 2)
+    new = moe_layer_saved(_spec("0.14.0", **kw), S, B, 1, 2)
+    n, f = S * B * K, 40  # balanced routed rows, moe_ffn_hidden_size
+    # from 0.13 the experts keep an f-wide probability-weighted copy (unless it is fused into
+    # the activation); before, the dispatcher kept their [n, h] output to weight it
+    moved = new["moe_experts"] - old["moe_experts"]
+    assert moved == (rows_after - rows_before) * n * f * 2 - n * H * 2
+    assert {k: v for k, v in new.items() if k != "moe_experts"} == {
+        k: v for k, v in old.items() if k != "moe_experts"
+    }
+
+
+def test_before_0_13_experts_with_biases_keep_their_per_row_fc2_bias():
+    kw = dict(moe_token_dispatcher_type="allgather", disable_bias_linear=False)
+    with_bias = moe_layer_saved(_spec("0.12.0", **kw), S, B, 1, 2)
+    without = moe_layer_saved(_spec("0.12.0", moe_token_dispatcher_type="allgather"), S, B, 1, 2)
+    # SequentialMLP concatenates each local expert's expanded fc2 bias; the dispatcher's
+    # bias * permuted_probs keeps that [n, h] tensor; one local expert: its [h] bias, broadcast
+    assert with_bias["moe_experts"] - without["moe_experts"] == S * B * K * H * 2
+    one_local = dict(kw, expert_model_parallel_size=E, world_size=E, global_batch_size=B * E)
+    no_bias = dict(one_local, disable_bias_linear=True)
+    saved = [moe_layer_saved(_spec("0.12.0", **kw), S, B, 1, 2) for kw in (one_local, no_bias)]
+    assert saved[0]["moe_experts"] == saved[1]["moe_experts"]

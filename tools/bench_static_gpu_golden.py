@@ -53,11 +53,19 @@ a case with neither (the ``*_release`` ones) is listed as not modelled.
 The estimator runs with ``device="cuda"`` (bool dropout masks) and the precision the flags
 give (``--bf16`` / ``--fp16``). Nothing is tuned to these numbers.
 
-**The release** each case estimates for is the one that ran it: the tree's Megatron-LM
-(``megatron/core/package_info.py``, 0.15.0rc5 in FlagScale 0.8.0), carried by every case as
+**The release** each case estimates for is the one that measured it, never the installed
+megatron-core (the output is the same whichever release CI installs), carried by every case as
 ``megatron_core`` (``spec.model.megatron_core_version``, where releases differ:
-``memscope/analysis/static/megatron_versions.py``), never the installed megatron-core, so the
-output is the same whichever release CI installs.
+``memscope/analysis/static/megatron_versions.py``). The tree ships golden values written by
+megatron-core 0.9 to 0.15 (a case keeps its numbers until CI re-measures it), so each golden
+file is traced, by its git blob id, to the earliest Megatron-LM commit that wrote that content
+and from there past edits of other fields to the run that measured it
+(``tools/golden_history.py``); the release at that commit is recorded with it in
+``tests/data/flagscale_golden_measured_at.json`` (``--measured-at GIT_DIR`` regenerates it from a
+Megatron-LM clone) and checked against the file's bytes on every run. A file not found there
+takes the tree's release (``megatron/core/package_info.py``, 0.15.0rc5), with a note. The
+flags are the tree's: a flag added to a case after its numbers were written is read as if it
+had run (``tools/bench_static_published.py`` reads each case's configuration as measured).
 """
 
 from __future__ import annotations
@@ -95,6 +103,9 @@ GPU_ARCH = {"h100": (9, 0), "a100": (8, 0)}
 GPT2_BPE_VOCAB = 50257  # GPT-2's vocab.json, the functional tests' default tokenizer
 TIKTOKEN_DEFAULT_VOCAB = 2**17  # megatron/training/tokenizer/tokenizer.py's fallback
 GIB = 1024**3
+MEASURED_AT = os.path.join(
+    os.path.dirname(HERE), "tests", "data", "flagscale_golden_measured_at.json"
+)
 #: Variables Megatron-LM's argument code reads that a case's ENV_VARS, not the caller, set.
 LAUNCHER_ENV = frozenset({"CUDA_DEVICE_MAX_CONNECTIONS", "NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN",
                           "NVTE_UNFUSED_ATTN", "NVTE_ALLOW_NONDETERMINISTIC_ALGO"})  # fmt: skip
@@ -204,9 +215,22 @@ def argv_from_model_args(model_args: dict[str, Any]) -> list[str]:
                 argv += [key, text]  # the script quotes a parenthesised value as one word
             elif re.fullmatch(r"\[[^]]+\]", text):
                 argv += [key, *text[1:-1].split()]  # ... and strips brackets into words
+            elif "\\" in text or '"' in text or "'" in text:
+                argv += [key, *_unquoted(text)]
             else:
                 argv += [key, *(text.split() or [""])]
     return argv
+
+
+def _unquoted(text: str) -> list[str]:
+    """A value with quotes or backslashes as the script passes it on: ``echo "$value" |
+    xargs`` takes one level of quoting off, then ``eval "TRAINING_PARAMS_ARRAY=(...)"`` reads
+    the unquoted word once more (``Et*3\\\\|\\\\(tt\\\\|\\\\)*6tL`` -> ``Et*3|(tt|)*6tL``, the
+    pipeline layout of a 2025 MoE case)."""
+    import shlex
+
+    trimmed = " ".join(shlex.split(text))  # xargs
+    return shlex.split(trimmed)  # eval
 
 
 def _env_value(value: Any) -> str:
@@ -263,16 +287,6 @@ def not_modelled_feature(ns: Any) -> str | None:
         if getattr(ns, flag, None):
             return f"--{flag.replace('_', '-')}: CPU/activation offloading is not modelled"
     return None
-
-
-def unmentioned_features(ns: Any) -> list[str]:
-    """Features in the run that the estimator neither models nor refuses (a note per case)."""
-    notes = []
-    if getattr(ns, "cuda_graph_impl", "none") not in (None, "none") or getattr(
-        ns, "enable_cuda_graph", False
-    ):
-        notes.append("CUDA graphs")
-    return notes
 
 
 # --------------------------------------------------------------------------------------
@@ -363,12 +377,18 @@ def prepare_case(
     path = golden_file(case_dir, gpu, golden)
     if path is None:
         return None
+    at = measured_at(family, name, path)
     case: dict[str, Any] = {
         "name": name,
         "family": family,
         "measured": measured(path),
-        "megatron_core": megatron_core,
+        "megatron_core": at["megatron_core_version"] if at else megatron_core,
+        "measured_at": at,
     }
+    if at is None:
+        case["notes"] = [
+            "golden file not in Megatron-LM's history: estimated as the tree's release"
+        ]
     config = load_case_config(case_dir)
     if str(config.get("MODE", "pretraining")) == "inference":
         return {**case, "reason": "inference-only case (MODE: inference)"}
@@ -380,6 +400,53 @@ def prepare_case(
     env = config.get("ENV_VARS") or {}
     case["env"] = {str(k): _env_value(v) for k, v in env.items()}
     return case
+
+
+def _measured_at_records() -> dict[str, dict[str, str]]:
+    with open(MEASURED_AT, encoding="utf-8") as f:
+        records: dict[str, dict[str, str]] = json.load(f)["files"]
+    return records
+
+
+def measured_at(family: str, name: str, path: str) -> dict[str, str] | None:
+    """Where the golden file at ``path`` was written (commit, date, megatron-core release,
+    its path then), from the committed record when the file's bytes are the recorded ones;
+    None otherwise."""
+    import golden_history
+
+    record = _measured_at_records().get(f"{family}/{name}/{os.path.basename(path)}")
+    with open(path, "rb") as f:
+        blob = golden_history.blob_id(f.read())
+    return record if record is not None and record["blob"] == blob else None
+
+
+def write_measured_at(tree: str, git_dir: str) -> int:
+    """Record where every golden file of the tree's GPT families was written."""
+    import golden_history
+
+    written = golden_history.first_written(git_dir)
+    files: dict[str, dict[str, str]] = {}
+    versions: dict[str, str] = {}
+    root = cases_root(tree)
+    for family in GPT_FAMILIES:
+        for name in sorted(os.listdir(os.path.join(root, family))):
+            for path in sorted(glob.glob(os.path.join(root, family, name, "golden_values*.json"))):
+                with open(path, "rb") as f:
+                    blob = golden_history.blob_id(f.read())
+                if blob not in written:
+                    continue
+                date, commit, then = written[blob]
+                # the run behind those bytes: an edit (of another field) may have written them
+                commit, then, _ = golden_history.measuring_commit(git_dir, commit, then)
+                date = golden_history.git(git_dir, "show", "-s", "--format=%cs", commit).strip()
+                if commit not in versions:
+                    versions[commit] = golden_history.megatron_core_version(git_dir, commit)
+                key = f"{family}/{name}/{os.path.basename(path)}"
+                files[key] = {"blob": blob, "commit": commit, "date": date, "path": then,
+                              "megatron_core_version": versions[commit]}  # fmt: skip
+    with open(MEASURED_AT, "w", encoding="utf-8") as f:
+        f.write(json_text({"repo": "NVIDIA/Megatron-LM", "files": files}))
+    return len(files)
 
 
 def estimate_cases(tree: str, cases: list[dict[str, Any]], gpu: str) -> list[dict[str, Any]]:
@@ -459,12 +526,7 @@ def estimate_case(
     ns.vocab_size = vocab
     ns.padded_vocab_size = None  # Megatron pads the tokenizer's vocabulary after parsing
     try:
-        spec = spec_from_megatron_args(ns)
-        if megatron_core is not None:
-            spec = dataclasses.replace(
-                spec,
-                model=dataclasses.replace(spec.model, megatron_core_version=megatron_core),
-            )
+        spec = spec_from_megatron_args(ns, megatron_core=megatron_core)
         spec = dataclasses.replace(
             spec,
             device="cuda",
@@ -518,7 +580,7 @@ def estimate_case(
                 for item in not_modelled({k: getattr(ns, k) for k in given if hasattr(ns, k)}, spec)
             }
         ),
-        "notes": unmentioned_features(ns),
+        "notes": case.get("notes", []),
     }
 
 
@@ -605,6 +667,19 @@ def write_committed(result: dict[str, Any]) -> None:
             f.write(text)
 
 
+def release_counts(rows: list[dict[str, Any]]) -> str:
+    """How many modelled cases each megatron-core release measured, as docs/static-estimator.md
+    words it (``of the 119 modelled cases 2 were written on 0.11, 33 on 0.12, ...``)."""
+    counts: dict[tuple[int, ...], int] = {}
+    for r in rows:
+        key = tuple(int(x) for x in r["megatron_core"].split(".")[:2])
+        counts[key] = counts.get(key, 0) + 1
+    parts = [f"{n} {'were written ' if i == 0 else ''}on {a}.{b}"
+             for i, ((a, b), n) in enumerate(sorted(counts.items()))]  # fmt: skip
+    text = ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1]
+    return f"of the {len(rows)} modelled cases {text}"
+
+
 def _gib(n: float) -> str:
     return f"{n / GIB:7.2f}"
 
@@ -614,7 +689,9 @@ def render(result: dict[str, Any]) -> str:
     lines.append(
         f"# memory golden values of Megatron-LM {result['megatron']} functional tests "
         f"(FlagScale {result['flagscale']} wheel), last rank, device=cuda; "
-        f"requested golden={result['golden']} gpu={result['gpu']}"
+        f"requested golden={result['golden']} gpu={result['gpu']}; each estimated for the "
+        "megatron-core release that wrote its golden values (mcore: "
+        "tests/data/flagscale_golden_measured_at.json)"
     )
     lines.append(
         "# GiB; steady = mem-allocated-bytes at the last logged iteration, peak = max "
@@ -625,7 +702,7 @@ def render(result: dict[str, Any]) -> str:
         "its gradient each model chunk keeps; the GPU is the golden file's"
     )
     header = (
-        f"{'case':<100} {'golden':<10} {'world':>5} {'rank':>4} {'tp,pp':>5} "
+        f"{'case':<100} {'golden':<10} {'mcore':>5} {'world':>5} {'rank':>4} {'tp,pp':>5} "
         f"{'steady':>7} {'peak':>7} {'est.stdy':>8} {'est.peak':>8} {'ratio':>6} {'error':>7} "
         f"{'term':<10} {'diff':>7}  notes"
     )
@@ -636,7 +713,8 @@ def render(result: dict[str, Any]) -> str:
         golden = m["golden_file"].replace("golden_values_", "").replace(".json", "")
         golden = golden.replace("_dgx_", "/")
         lines.append(
-            f"{r['family'] + '/' + r['name']:<100} {golden:<10} {r['world_size']:>5} "
+            f"{r['family'] + '/' + r['name']:<100} {golden:<10} "
+            f"{'.'.join(r['megatron_core'].split('.')[:2]):>5} {r['world_size']:>5} "
             f"{r['rank']:>4} {r['tp_rank']:>2},{r['pp_rank']:<2} "
             f"{_gib(m['steady_bytes'])} {_gib(m['peak_bytes'])} "
             f"{_gib(e['steady_bytes']):>8} {_gib(e['peak_bytes']):>8} "
@@ -706,6 +784,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--write", action="store_true", help="regenerate the committed results (all cases)"
     )
+    parser.add_argument(
+        "--measured-at", metavar="GIT_DIR", help="re-record where each golden file was written"
+    )
     parser.add_argument("--_worker", metavar="TREE", help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
     if opts._worker:
@@ -717,6 +798,10 @@ def main(argv: list[str] | None = None) -> int:
         from flagscale_wheel import flagscale_tree
 
         tree = flagscale_tree()
+    if opts.measured_at:
+        count = write_measured_at(tree, opts.measured_at)
+        print(f"recorded {count} golden files in {os.path.relpath(MEASURED_AT)}")
+        return 0
     if opts.write and (opts.filter or opts.gpu != "h100" or opts.golden != "dev"):
         parser.error("--write regenerates the committed run: no --filter, --gpu or --golden")
     result = run(tree, opts.gpu, opts.golden, opts.filter)

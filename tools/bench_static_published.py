@@ -57,7 +57,6 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 from typing import Any
 
@@ -65,13 +64,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import bench_static_gpu_golden as golden  # noqa: E402
+import golden_history  # noqa: E402
+from golden_history import git as _git  # noqa: E402
 
 ROOT = os.path.dirname(HERE)
 DATA = os.path.join(ROOT, "tests", "data", "published_cases.json")
 SOURCE_REPO = "NVIDIA/Megatron-LM"
 SOURCE_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
 CASES_DIR = "tests/functional_tests/test_cases"
-RECIPES_DIRS = ("tests/test_utils/recipes/h100", "tests/test_utils/recipes/gb200")
 FAMILIES = ("gpt", "moe", "mixtral")  # GPTModel's families (the first benchmark's)
 # (family, case): new in Megatron-LM main relative to the FlagScale 0.8.0 tree, or (the last
 # three) kept there but re-measured on main: the features the first benchmark lacks, summed
@@ -122,19 +122,21 @@ RELEASE_WORLD_SIZE = (
     "release cases run from NVIDIA's private convergence-test recipes (Megatron-LM@4a756e24 "
     ".gitlab/stages/03.convergence-tests.yml)"
 )
+# Why a checkpoint-consistency case has no world size (run_ci_test.sh at the commits that
+# measured it): it runs MODEL_ARGS, MODEL_ARGS_2, ... in turn, each on the GPUs its
+# MODEL_ENV_VARS entry gives, all logging to one TensorBoard directory the golden values are
+# read from.
+CONSISTENCY_RUNS = (
+    "TEST_TYPE checkpoint-consistency: {runs} configurations, each on its own GPUs per node "
+    "({gpus}), run in turn into one TensorBoard log; the golden values do not say which run "
+    "their memory figures are"
+)
 GIB = 1024**3
 
 
 # --------------------------------------------------------------------------------------
 # Extracting the excerpts from a Megatron-LM git directory
 # --------------------------------------------------------------------------------------
-
-
-def _git(git_dir: str, *args: str) -> str:
-    out = subprocess.run(
-        ["git", "--git-dir", git_dir, *args], capture_output=True, text=True, check=True
-    )
-    return out.stdout
 
 
 def _golden_path(files: list[str]) -> str | None:
@@ -151,39 +153,103 @@ def _golden_path(files: list[str]) -> str | None:
     return None
 
 
-def _recipe_world_sizes(git_dir: str) -> dict[str, tuple[int, str]]:
+RECIPES_ROOT = "tests/test_utils/recipes"
+
+
+def _recipe_world_sizes(git_dir: str, commit: str) -> dict[str, tuple[int, str]]:
+    """Case name -> (world size, where it came from) for every recipe under
+    :data:`RECIPES_ROOT` at ``commit`` whose spec gives ``nodes`` and ``gpus``; a case a
+    DGX (8 GPUs a node, the golden files' platforms) recipe lists takes that one's, not a
+    GB200 recipe's."""
     import yaml
 
     out: dict[str, tuple[int, str]] = {}
-    for folder in RECIPES_DIRS:
-        names = _git(git_dir, "ls-tree", "--name-only", SOURCE_COMMIT, folder + "/").split()
-        for path in names:
-            if not path.endswith(".yaml"):
-                continue
-            data = yaml.safe_load(_git(git_dir, "show", f"{SOURCE_COMMIT}:{path}")) or {}
-            spec = data.get("spec") or {}
-            if not isinstance(spec.get("nodes"), int) or not isinstance(spec.get("gpus"), int):
-                continue
-            world = spec["nodes"] * spec["gpus"]
-            for product in data.get("products") or []:
-                for case in product.get("test_case") or []:
-                    out.setdefault(str(case), (world, f"{path} nodes x gpus"))
-            # a case whose entry is commented out still ran under that file's spec
-            text = _git(git_dir, "show", f"{SOURCE_COMMIT}:{path}")
-            for case in re.findall(r"#\s*- test_case: \[(\w+)\]", text):
-                out.setdefault(case, (world, f"{path} nodes x gpus (commented-out entry)"))
+    paths = _git(git_dir, "ls-tree", "-r", "--name-only", commit, RECIPES_ROOT + "/").split()
+    for path in sorted(paths, key=lambda p: ("gb200" in p, p)):
+        if not path.endswith(".yaml"):
+            continue
+        text = _git(git_dir, "show", f"{commit}:{path}")
+        data = yaml.safe_load(text) or {}
+        spec = data.get("spec") or {} if isinstance(data, dict) else {}
+        if not isinstance(spec.get("nodes"), int) or not isinstance(spec.get("gpus"), int):
+            continue
+        world = spec["nodes"] * spec["gpus"]
+        where = f"{path}@{commit[:10]} nodes x gpus"
+        for product in data.get("products") or []:
+            for case in product.get("test_case") or []:
+                out.setdefault(str(case), (world, where))
+        # a case whose entry is commented out still ran under that file's spec
+        for case in re.findall(r"#\s*- test_case: \[(\w+)\]", text):
+            out.setdefault(case, (world, f"{where} (commented-out entry)"))
     return out
 
 
-_VERSION_PART = re.compile(r"^(MAJOR|MINOR|PATCH) = (\d+)$", re.M)
+def measured_at(git_dir: str, path: str) -> tuple[str, str, list[str]]:
+    """Where a golden values file's numbers were measured, up to :data:`SOURCE_COMMIT`
+    (:func:`golden_history.measuring_commit`): the commit, the file's path then, and every
+    path it has had, newest first."""
+    return golden_history.measuring_commit(git_dir, SOURCE_COMMIT, path)
 
 
-def megatron_core_version(git_dir: str) -> str:
-    """The megatron-core release the cases ran: ``megatron/core/package_info.py`` at
-    :data:`SOURCE_COMMIT` (``MAJOR``.``MINOR``.``PATCH``)."""
-    text = _git(git_dir, "show", f"{SOURCE_COMMIT}:megatron/core/package_info.py")
-    parts = dict(_VERSION_PART.findall(text))
-    return f"{parts['MAJOR']}.{parts['MINOR']}.{parts['PATCH']}"
+def _literal(source: str) -> Any:
+    """A default's source text as a value: a literal, or a product/sum of numbers
+    (``1024 * 1024``); None for anything else (a name, a call)."""
+    import ast
+
+    def value(node: ast.AST) -> Any:
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.List):
+            return [value(e) for e in node.elts]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.Add)):
+            left, right = value(node.left), value(node.right)
+            return left * right if isinstance(node.op, ast.Mult) else left + right
+        raise ValueError(ast.dump(node))
+
+    try:
+        return value(ast.parse(source.strip(), mode="eval").body)
+    except (SyntaxError, ValueError, TypeError):
+        return None
+
+
+def arguments_at(git_dir: str, commit: str) -> dict[str, Any]:
+    """What Megatron-LM's argument code at ``commit`` (``megatron/training/arguments.py``)
+    gives for :data:`NEWER_FLAGS`: the default of each flag it declares with a literal
+    default (``--muon-tp-mode`` was ``blockwise`` until 2026-08), and whether it has the
+    layer-wise optimizer's bucket layout (``--no-use-layer-wise-param-layout``, from
+    0044db1f20). A flag it does not declare there keeps the source commit's default."""
+    text = _git(git_dir, "show", f"{commit}:megatron/training/arguments.py")
+    defaults: dict[str, Any] = {}
+    for flag, name, _ in NEWER_FLAGS:
+        pattern = r"add_argument\(\s*'" + re.escape(flag) + r"'[^)]*?default=([^,)]+)"
+        match = re.search(pattern, text)
+        value = _literal(match.group(1)) if match else None
+        if value is not None:
+            defaults[name] = value
+    return {
+        "defaults": defaults,
+        "layer_wise_param_layout": "'--no-use-layer-wise-param-layout'" in text,
+    }
+
+
+def _world_size(
+    name: str, then: str, former: list[str], recipes_then: dict, recipes_now: dict
+) -> tuple[int | None, str]:
+    """The case's world size, from what named or ran it when it was measured first: the
+    name it had then (``NxG``), a recipe of that commit, its name now, a recipe of
+    :data:`SOURCE_COMMIT`, then any name it had before."""
+    for label, candidate in (("when measured", then), ("now", name)):
+        world, source = golden.world_size(candidate, {})
+        if world is not None:
+            return world, f"{source} ({label}: {candidate})"
+        if candidate in (recipes_then if label == "when measured" else recipes_now):
+            world, where = (recipes_then if label == "when measured" else recipes_now)[candidate]
+            return world, f"{where} ({label}: {candidate})"
+    for old in former:
+        world, source = golden.world_size(old, {})
+        if world is not None:
+            return world, f"{source} (an earlier name: {old})"
+    return None, "neither NxG in the name nor a recipe listing the case"
 
 
 def training_cases(git_dir: str) -> list[tuple[str, str]]:
@@ -201,12 +267,22 @@ def training_cases(git_dir: str) -> list[tuple[str, str]]:
 def extract(git_dir: str) -> list[dict[str, Any]]:
     """The committed excerpt of every training case :func:`training_cases` finds whose
     golden values record memory (a ``MODE: inference`` case is left out: they hold no
-    training memory)."""
+    training memory). Each case's configuration, environment and megatron-core release are
+    read at the commit that wrote its golden values (:func:`measured_at`), not at
+    :data:`SOURCE_COMMIT`: flags added to a case since were never measured."""
     import tempfile
 
     import yaml
 
-    recipes = _recipe_world_sizes(git_dir)
+    recipes: dict[str, dict[str, tuple[int, str]]] = {}
+    versions: dict[str, str] = {}
+    arguments: dict[str, dict[str, Any]] = {}
+
+    def recipes_at(commit: str) -> dict[str, tuple[int, str]]:
+        if commit not in recipes:
+            recipes[commit] = _recipe_world_sizes(git_dir, commit)
+        return recipes[commit]
+
     out = []
     for family, name in training_cases(git_dir):
         folder = f"{CASES_DIR}/{family}/{name}"
@@ -216,32 +292,48 @@ def extract(git_dir: str) -> list[dict[str, Any]]:
         ]
         golden_name = _golden_path(files)
         assert golden_name is not None, name
-        config = yaml.safe_load(
-            _git(git_dir, "show", f"{SOURCE_COMMIT}:{folder}/model_config.yaml")
-        )
+        commit, measured_path, former = measured_at(git_dir, f"{folder}/{golden_name}")
+        config_path = measured_path.rsplit("/", 1)[0] + "/model_config.yaml"
+        config = yaml.safe_load(_git(git_dir, "show", f"{commit}:{config_path}"))
         if str(config.get("MODE", "pretraining")) == "inference":
             continue
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, golden_name)
             with open(path, "w", encoding="utf-8") as f:
-                f.write(_git(git_dir, "show", f"{SOURCE_COMMIT}:{folder}/{golden_name}"))
+                f.write(_git(git_dir, "show", f"{commit}:{measured_path}"))
             if not golden._has_memory(path):  # its golden values record no memory
                 continue
             measured = golden.measured(path)
-        world, source = golden.world_size(name, {})
-        if world is None and name in recipes:
-            world, source = recipes[name]
-        elif world is None and config.get("TEST_TYPE") == "release":
+        then = measured_path.rsplit("/", 2)[1]
+        world, source = _world_size(
+            name, then, former, recipes_at(commit), recipes_at(SOURCE_COMMIT)
+        )
+        if world is None and config.get("TEST_TYPE") == "release":
             source = RELEASE_WORLD_SIZE
+        runs = sorted(k for k in config if re.fullmatch(r"MODEL_ARGS_\d+", str(k)))
+        if config.get("TEST_TYPE") == "checkpoint-consistency" and runs:
+            gpus = sorted({str(v.get("GPUS_PER_NODE")) for v in config["MODEL_ENV_VARS"].values()})
+            world, source = (
+                None,
+                CONSISTENCY_RUNS.format(runs=len(runs) + 1, gpus=" or ".join(gpus)),
+            )
+        if commit not in versions:
+            versions[commit] = golden_history.megatron_core_version(git_dir, commit)
+            arguments[commit] = arguments_at(git_dir, commit)
+        date = _git(git_dir, "show", "-s", "--format=%cs", commit).strip()
         out.append(
             {
                 "family": family,
                 "name": name,
                 "source": {
                     "repo": SOURCE_REPO,
-                    "commit": SOURCE_COMMIT,
-                    "config": f"{folder}/model_config.yaml",
-                    "measured": f"{folder}/{golden_name}",
+                    "commit": commit,
+                    "date": date,
+                    "megatron_core_version": versions[commit],
+                    "config": config_path,
+                    "measured": measured_path,
+                    "listed_at": f"{SOURCE_COMMIT}:{folder}",
+                    "arguments": arguments[commit],
                 },
                 "mode": str(config.get("MODE", "pretraining")),
                 "world_size": world,
@@ -268,13 +360,6 @@ def load_cases(path: str = DATA) -> list[dict[str, Any]]:
     return cases
 
 
-def load_megatron_core_version(path: str = DATA) -> str:
-    """The megatron-core release the cases ran (recorded by ``--extract``)."""
-    with open(path, encoding="utf-8") as f:
-        version: str = json.load(f)["megatron_core_version"]
-    return version
-
-
 def _flag_values(argv: list[str], flag: str) -> list[str] | None:
     """The words after ``flag`` on the command line up to the next flag; None if absent."""
     if flag not in argv:
@@ -293,15 +378,20 @@ def parser_argv(argv: list[str]) -> list[str]:
     return out
 
 
-def with_newer_flags(argv: list[str], parsed: dict[str, Any]) -> dict[str, Any]:
-    """The parsed arguments with what Megatron-LM at ``SOURCE_COMMIT`` sets from the flags
-    the 0.15 parser does not know (``NEWER_FLAGS``, the Muon optimizer); or only a ``reason``
-    saying why the estimator cannot take the case."""
+def with_newer_flags(
+    argv: list[str], parsed: dict[str, Any], arguments: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The parsed arguments with what Megatron-LM sets from the flags the 0.15 parser does
+    not know (``NEWER_FLAGS``, the Muon optimizer): as ``arguments`` says its argument code
+    did at the commit that measured the case (:func:`arguments_at`), else as at
+    ``SOURCE_COMMIT``; or only a ``reason`` saying why the estimator cannot take the case."""
+    arguments = arguments or {}
+    defaults = arguments.get("defaults", {})
     out = dict(parsed)
     for flag, name, default in NEWER_FLAGS:
         words = _flag_values(argv, flag)
         if words is None:
-            out.setdefault(name, default)
+            out.setdefault(name, defaults.get(name, default))
         elif isinstance(default, bool):
             out[name] = True  # a store_true switch
         elif isinstance(default, list):
@@ -318,9 +408,13 @@ def with_newer_flags(argv: list[str], parsed: dict[str, Any]) -> dict[str, Any]:
     if optimizer in MUON:
         # arguments.py validate_args ("emerging optimizer check") at SOURCE_COMMIT
         layer_wise = optimizer == "dist_muon" or bool(parsed.get("use_distributed_optimizer"))
-        # --no-use-layer-wise-param-layout (store_false, unknown to the 0.15 parser): the
-        # legacy ping-pong split instead of the precomputed bucket layout
-        layout = _flag_values(argv, "--no-use-layer-wise-param-layout") is None
+        # --no-use-layer-wise-param-layout (store_false, unknown to the 0.15 parser), or no
+        # such flag where the case ran: the of the precomputed bucket layout
+        # legacy ping-pong split instead of the precomputed bucket layout, the only split
+        # before the layout came (Megatron-LM 0044db1f20)
+        layout = _flag_values(argv, "--no-use-layer-wise-param-layout") is None and bool(
+            arguments.get("layer_wise_param_layout", True)
+        )
         out.update(
             optimizer="dist_muon" if layer_wise else "muon",
             use_distributed_optimizer=False,
@@ -390,8 +484,6 @@ def _vocab_unknown(model_args: dict[str, Any]) -> str | None:
 
 def run(tree: str, cases: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     cases = load_cases() if cases is None else cases
-    # the estimate follows the release that ran the cases, not the one installed here
-    megatron_core = load_megatron_core_version()
     rows: list[dict[str, Any]] = []
     separate: list[dict[str, Any]] = []
     jobs, prepared = [], []
@@ -427,11 +519,14 @@ def run(tree: str, cases: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     parsed = golden.parse_with_megatron(tree, jobs, "h100") if jobs else {}
     for case in prepared:
         ns = parsed[case["name"]]
-        ns = ns if "error" in ns else with_newer_flags(case["argv"], ns)
+        if "error" not in ns:
+            ns = with_newer_flags(case["argv"], ns, case["source"].get("arguments"))
         if "reason" in ns:
             kept = {k: v for k, v in case.items() if k not in ("argv", "env")}
             separate.append(kept | {"reason": ns["reason"]})
             continue
+        # the estimate follows the release that ran the case, not the one installed here
+        megatron_core = case["source"]["megatron_core_version"]
         result = golden.estimate_case(case, ns, megatron_core=megatron_core)
         if "reason" in result:
             separate.append(result)
@@ -442,7 +537,6 @@ def run(tree: str, cases: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     return {
         "source": {"repo": SOURCE_REPO, "commit": SOURCE_COMMIT},
         "parser": {"megatron": megatron, "flagscale": flagscale},
-        "megatron_core_version": megatron_core,
         "rows": rows,
         "separate": separate,
         "summary": summary(rows, len(cases)),
@@ -495,6 +589,11 @@ def doc_figures(s: dict[str, Any]) -> str:
     )
 
 
+def _release(version: str) -> str:
+    """``0.20.0`` -> ``0.20``."""
+    return ".".join(version.split(".")[:2])
+
+
 def _gib(n: float) -> str:
     return f"{n / GIB:7.2f}"
 
@@ -503,19 +602,20 @@ def render(result: dict[str, Any]) -> str:
     src, parser = result["source"], result["parser"]
     lines = [
         f"# published GPU memory: {src['repo']}@{src['commit'][:12]} functional-test golden "
-        f"values (last rank), parsed by Megatron-LM {parser['megatron']} (FlagScale "
-        f"{parser['flagscale']}), estimated for the megatron-core release that ran them "
-        f"({result['megatron_core_version']}, megatron/core/package_info.py at that commit); "
-        "GiB; steady = mem-allocated-bytes at the last logged "
-        "iteration, peak = max mem-max-allocated-bytes; est = ours under balanced routing "
-        "(moe_token_imbalance 1), @bound = ours at the imbalance bound of a dropless MoE case "
-        "(the report's range), @drift = ours at the imbalance independent per-token routing "
-        "reaches at most at the busiest logged step (moe.routing_drift, one layer's draw); "
-        "term = where ours differs most (steady: est steady - steady; "
+        "values (last rank), each with the configuration beside it at the commit that last "
+        f"wrote them, parsed by Megatron-LM {parser['megatron']} (FlagScale "
+        f"{parser['flagscale']}) and estimated for the megatron-core release of that commit "
+        "(mcore: megatron/core/package_info.py there); GiB; steady = mem-allocated-bytes at "
+        "the last logged iteration, peak = max mem-max-allocated-bytes; est = ours under "
+        "balanced routing (moe_token_imbalance 1), @bound = ours at the imbalance bound of a "
+        "dropless MoE case (the report's range), @drift = ours at the imbalance independent "
+        "per-token routing reaches at most at the busiest logged step (moe.routing_drift, one "
+        "layer's draw); term = where ours differs most (steady: est steady - steady; "
         "transient: (est peak - est steady) - (peak - steady)), diff its GiB; moment = where "
         "our peak falls; warned = what the estimator warns it does not model",
-        f"{'case':<80} {'world':>5} {'tp,pp':>5} {'steady':>7} {'peak':>7} {'est.stdy':>8} "
-        f"{'est.peak':>8} {'error':>7} {'@bound':>7} {'@drift':>7} {'term':<9} {'diff':>6}  moment",
+        f"{'case':<80} {'mcore':>5} {'world':>5} {'tp,pp':>5} {'steady':>7} {'peak':>7} "
+        f"{'est.stdy':>8} {'est.peak':>8} {'error':>7} {'@bound':>7} {'@drift':>7} "
+        f"{'term':<9} {'diff':>6}  moment",
     ]
     for r in result["rows"]:
         m, e = r["measured"], r["estimate"]
@@ -524,7 +624,8 @@ def render(result: dict[str, Any]) -> str:
         at_drift = _gib(bound["drift_peak_bytes"]) if bound else f"{'-':>7}"
         term = r["most_differing_term"]
         lines.append(
-            f"{r['family'] + '/' + r['name']:<80} {r['world_size']:>5} "
+            f"{r['family'] + '/' + r['name']:<80} "
+            f"{_release(r['source']['megatron_core_version']):>5} {r['world_size']:>5} "
             f"{r['tp_rank']:>2},{r['pp_rank']:<2} {_gib(m['steady_bytes'])} "
             f"{_gib(m['peak_bytes'])} {_gib(e['steady_bytes']):>8} {_gib(e['peak_bytes']):>8} "
             f"{r['error'] * 100:+6.1f}% {at_bound} {at_drift} {term:<9} "
@@ -538,7 +639,10 @@ def render(result: dict[str, Any]) -> str:
     lines.append("sources:")
     for r in [*result["rows"], *result["separate"]]:
         src = r["source"]
-        lines.append(f"  {r['name']}: {src['repo']}@{src['commit'][:12]} {src['measured']}")
+        lines.append(
+            f"  {r['name']}: {src['repo']}@{src['commit'][:12]} ({src['date']}, megatron-core "
+            f"{src['megatron_core_version']}) {src['measured']}"
+        )
     s = result["summary"]
     lines.append("")
     if s["modelled"]:
@@ -578,8 +682,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     if opts.extract:
         cases = extract(opts.extract)
-        version = megatron_core_version(opts.extract)
-        _write_json(DATA, {"cases": cases, "megatron_core_version": version})
+        _write_json(DATA, {"cases": cases, "listed_at": SOURCE_COMMIT})
         print(f"wrote {len(cases)} cases to {os.path.relpath(DATA, ROOT)}")
         return 0
     from flagscale_wheel import flagscale_tree

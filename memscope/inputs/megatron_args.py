@@ -26,8 +26,10 @@ from memscope.analysis.static.config import (
 )
 from memscope.analysis.static.megatron_versions import (
     MUON_DISTRIBUTED_IS_LAYER_WISE,
+    mtp_in_layout,
     release_at_least,
 )
+from memscope.analysis.static.pipeline_layout import with_mtp_on_last_chunk
 from memscope.analysis.static.read_keys import NEGATED_FLAGS
 from memscope.analysis.static.spec_checks import validate_spec
 from memscope.analysis.static.validation import MAX_LAYERS, check_batch, show
@@ -89,13 +91,18 @@ def _position_embedding(args: Any) -> str:
 
 
 def spec_from_megatron_args(
-    args: Any, vocab_size: int | None = None, world_size: int | None = None
+    args: Any,
+    vocab_size: int | None = None,
+    world_size: int | None = None,
+    megatron_core: str | None = None,
 ) -> TrainingSpec:
     """From a Megatron args namespace (or a dict with the same underscore keys).
 
     ``vocab_size`` (unpadded) is used when the source has none (tokenizer-defined vocab);
     ``world_size`` (from the launcher: ``--world-size``, nnodes x nproc_per_node, a hostfile)
-    when given must agree with the config's own ``world_size``.
+    when given must agree with the config's own ``world_size``; ``megatron_core`` is the
+    release that ran the args where it is not the one installed here (a published run's),
+    which the spec follows and is checked against (``analysis/static/megatron_versions.py``).
     """
     args = _negated_flags(_with_launcher_world(args, world_size))
     _refuse_unsupported(args)
@@ -104,10 +111,19 @@ def spec_from_megatron_args(
     num_layers, seq = _depth_and_length(args)
     dtype = _params_dtype(args)
     model = _model_spec(args, num_layers, seq, vocab)
+    if megatron_core is not None:
+        model = replace(model, megatron_core_version=megatron_core)
     parallel = parallel_spec(args, tp, num_layers)
+    if parallel.layout is not None and not mtp_in_layout(model):
+        layout = with_mtp_on_last_chunk(parallel.layout, model.mtp_num_layers)
+        parallel = replace(parallel, layout=layout)
     precision = _precision_spec(args, dtype, model.megatron_core_version)
     spec = _training_spec(args, model, parallel, precision)
-    kd = distillation_from_args(args, spec, spec_from_megatron_args)  # the teacher: same args
+
+    def teacher(base: Any) -> TrainingSpec:  # the same args, the same release
+        return spec_from_megatron_args(base, megatron_core=megatron_core)
+
+    kd = distillation_from_args(args, spec, teacher)
     return replace(spec, distillation=kd) if kd is not None else spec
 
 

@@ -10,6 +10,7 @@ from memscope.analysis.static.megatron_versions import (
     MLA_QK_NORM_RESOLVER,
     at_least,
     legacy_grouped_mlp,
+    moe_bias_rule,
 )
 
 if TYPE_CHECKING:
@@ -56,8 +57,23 @@ def validate_moe(m: ModelSpec, p: ParallelSpec) -> None:
             f"parallel.ep x etp ({p.ep} x {p.expert_tp}) must divide parallel.tp x cp x dp "
             f"({p.tp} x {p.cp} x {p.dp})"
         )
-    if m.add_bias_linear and p.expert_tp > 1:
+    bias_rule = moe_bias_rule(m)
+    if m.add_bias_linear and bias_rule == "none":
+        raise ValueError(
+            f"model.add_bias_linear with MoE: megatron-core {m.megatron_core_version} refuses "
+            "expert biases (0.13 and 0.14)"
+        )
+    if m.add_bias_linear and bias_rule == "etp1" and p.expert_tp > 1:
         raise ValueError("model.add_bias_linear with MoE needs parallel.etp == 1 (megatron-core)")
+    if m.add_bias_linear and bias_rule == "any" and m.moe_token_dispatcher != "allgather":
+        raise ValueError(  # 0.12 token_dispatcher.py MoEAlltoAllTokenDispatcher
+            f"model.add_bias_linear with MoE: megatron-core {m.megatron_core_version}'s "
+            f"{m.moe_token_dispatcher} dispatcher refuses expert biases"
+        )
+    if m.add_bias_linear and bias_rule == "any" and m.moe_grouped_gemm:
+        raise ValueError(  # experts.py GroupedMLP refuses; TEGroupedMLP's bias path is not read
+            "model.add_bias_linear with MoE grouped GEMM before megatron-core 0.13 is not modelled"
+        )
     if m.add_bias_linear and m.transformer_impl == "local" and legacy_grouped_mlp(m):
         raise ValueError("model.moe_grouped_gemm (local GroupedMLP) needs add_bias_linear off")
     shared = m.moe_shared_expert_intermediate_size

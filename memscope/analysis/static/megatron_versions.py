@@ -21,6 +21,33 @@ release that changed it. Each change, with where it is in megatron-core's source
   pressure by using in-place operation", first in core_r0.8.0) subtracts in place, and 0.8
   moved the upcast into ``calculate_logits_max``: one fp32 copy fewer.
 
+- **0.13: the routing probabilities are applied inside the experts**
+  (:data:`PROBS_IN_EXPERTS`). The same commit 2659630721 hands the permuted probabilities to
+  the experts, which weight their activation (``fused_bias_swiglu.py``
+  ``weighted_bias_swiglu_impl``, ``mlp.py``'s ``permuted_probs``). Before, the experts ran
+  unweighted and the dispatcher weighted their ``[n, h]`` output on the way back (0.12
+  ``token_dispatcher.py`` allgather ``token_unpermutation``: ``hidden_states *
+  permuted_probs``; ``moe_utils.py`` ``unpermute(probs=...)``: ``permuted_tokens *
+  permuted_probs``), which keeps that output for backward instead of a weighted ``f``-wide
+  copy inside the experts (``moe.py`` ``_expert_rows``).
+- **0.13: MoE experts without biases** (:data:`MOE_BIAS_REFUSED`). Megatron-LM 2659630721
+  (2025-04-09, "Memory efficient token permutation", first in core_v0.13.0rc0) added
+  ``assert not self.add_bias_linear, "Bias is not supported for MoE"`` to
+  ``TransformerConfig.__post_init__``; a329dd6da5 (2025-09-22, "Enable bias in expert mlp",
+  core_v0.15.0) relaxed it to expert tensor parallelism 1 (:data:`MOE_BIAS_ETP1`). Before
+  0.13 the experts carried biases at any expert TP: ``SequentialMLP.forward`` (0.12
+  ``moe/experts.py``) expands each local expert's fc2 bias over its tokens and concatenates
+  them, and the allgather dispatcher's ``token_unpermutation`` weights that ``[n, h]`` tensor
+  by the routing probabilities (``bias * permuted_probs``), which keeps it for backward
+  (:func:`moe_expert_bias_saved`); the alltoall dispatcher refused a bias there.
+- **0.15: a pipeline layout places the MTP layers** (:data:`MTP_IN_LAYOUT`). Megatron-LM
+  d7bf5aaaa8 (2025-08-26, "Support EP A2A overlap for interleaved PP and MTP", first in
+  core_v0.15.0rc2) lets ``pipeline_model_parallel_layout`` hold ``m`` and counts the MTP layers
+  there; before, ``PipelineParallelLayerLayout.validate_layer_layout`` raised
+  ``NotImplementedError`` for an ``m`` and ``multi_token_prediction.py``
+  ``get_mtp_num_layers_to_build`` built every MTP layer on the last pipeline stage (its last
+  virtual chunk) whatever the layout said. The args reader places them there
+  (``pipeline_layout.with_mtp_on_last_chunk``).
 - **0.15: the unfused GLU copies its linear half** (:data:`GLU_LINEAR_COPY`).
   ``transformer/mlp.py`` ``MLP.forward``'s ``glu`` (and ``moe/experts.py``'s) returns
   ``activation(x_glu) * (x_linear + glu_linear_offset)``: the sum is a new ``f``-wide tensor
@@ -96,6 +123,10 @@ Release = tuple[int, int]
 SWIGLU_FUSION: Release = (0, 5)
 INPLACE_LOGITS_SHIFT: Release = (0, 8)
 GLU_LINEAR_COPY: Release = (0, 15)
+MTP_IN_LAYOUT: Release = (0, 15)
+MOE_BIAS_REFUSED: Release = (0, 13)
+PROBS_IN_EXPERTS: Release = (0, 13)
+MOE_BIAS_ETP1: Release = (0, 15)
 ARGSORT_PERMUTE: Release = (0, 17)
 NO_LEGACY_GROUPED_MLP: Release = (0, 17)
 MTP_MODEL_LAYER: Release = (0, 17)
@@ -132,14 +163,45 @@ def older_than(model: ModelSpec, first: Release) -> bool:
     return have is not None and have < first
 
 
+def probs_in_experts(model: ModelSpec) -> bool:
+    """Whether the experts weight their activation by the routing probabilities (from
+    :data:`PROBS_IN_EXPERTS`; before, the dispatcher weights their output)."""
+    return not older_than(model, PROBS_IN_EXPERTS)
+
+
+def moe_bias_rule(model: ModelSpec) -> str:
+    """What the spec's release allows of MoE experts with biases (``add_bias_linear``):
+    ``"any"`` (before :data:`MOE_BIAS_REFUSED`), ``"none"`` (0.13, 0.14) or ``"etp1"``."""
+    if older_than(model, MOE_BIAS_REFUSED):
+        return "any"
+    if older_than(model, MOE_BIAS_ETP1):
+        return "none"
+    return "etp1"
+
+
+def moe_expert_bias_saved(model: ModelSpec, local_experts: int) -> bool:
+    """Whether the experts' probability-weighted fc2 bias, ``[n, h]``, is kept for backward
+    (before :data:`MOE_BIAS_REFUSED`, several local experts, :func:`moe_bias_rule`)."""
+    return bool(
+        model.add_bias_linear
+        and moe_bias_rule(model) == "any"
+        and model.moe_token_dispatcher == "allgather"
+        and local_experts > 1
+    )
+
+
+def mtp_in_layout(model: ModelSpec) -> bool:
+    """Whether a pipeline layout places the MTP layers (``m``); before
+    :data:`MTP_IN_LAYOUT` they sit on the last stage's last chunk, outside the layout."""
+    return not older_than(model, MTP_IN_LAYOUT)
+
+
 def logits_shift_copy(model: ModelSpec) -> bool:
     """Whether the unfused cross entropy makes a second fp32 copy of the logits
     (:data:`INPLACE_LOGITS_SHIFT`)."""
     return older_than(model, INPLACE_LOGITS_SHIFT)
 
 
-# Megatron-LM's arguments whose presence in a printed arguments block dates it: each with the
-# release of the first megatron-core that its training code came with (``_print_args`` in
 def glu_fused(model: ModelSpec) -> bool:
     """Whether a gated MLP runs the fused bias-activation (``bias_swiglu_impl``): asked with
     ``bias_activation_fusion``, from 0.5 (:data:`SWIGLU_FUSION`)."""

@@ -49,7 +49,11 @@ rank's experts.
   product), 3 gated with the fused weighted bias-SwiGLU (fusions/fused_bias_swiglu.py) and
   for the legacy ``GroupedMLP`` whose ``torch.compile``d activation keeps fc1's output only,
   3 not gated (fc1 output, activation, the probability-weighted product). The legacy
-  ``GroupedMLP`` also keeps the int64 tokens per local expert.
+  ``GroupedMLP`` also keeps the int64 tokens per local expert. Before megatron-core 0.13,
+  experts with biases behind the allgather dispatcher keep their ``[n, h]`` per-row fc2 bias
+  too (``megatron_versions.moe_expert_bias_saved``); and, whatever the bias, the experts ran
+  unweighted, the dispatcher keeping their ``[n, h]`` output to weight it instead
+  (``megatron_versions.PROBS_IN_EXPERTS``).
 - **Shared experts** (shared_experts.py): a dense TP-sharded MLP of its own width over the
   whole sequence. With ``moe_shared_expert_overlap`` under sequence parallelism fc1 keeps the
   all-gathered ``[s, b, h]`` input (``pre_forward_comm``) instead of the local norm output.
@@ -72,6 +76,8 @@ from memscope.analysis.static.megatron_versions import (
     glu_fused,
     glu_linear_copies,
     legacy_grouped_mlp,
+    moe_expert_bias_saved,
+    probs_in_experts,
 )
 
 FP32 = 4
@@ -168,9 +174,18 @@ def _expert_rows(spec: TrainingSpec) -> tuple[bool, int]:
     """(legacy ``GroupedMLP``, f-wide rows an expert keeps per routed row): 3 not gated, with
     the fused weighted SwiGLU or the compiled legacy activation, else 6 (the ``2f``-wide fc1
     output, the activation, the linear half's copy, the product and its probability-weighted
-    copy; 5 before 0.15, :func:`.glu_linear_copies`)."""
+    copy; 5 before 0.15, :func:`.glu_linear_copies`).
+
+    Before megatron-core 0.13 (:func:`.probs_in_experts`) the experts ran unweighted: fc1's
+    output and the activation not gated (the fused ``bias_gelu`` keeps its input, fc2 its
+    input); gated, fc1's ``2f`` output and the product when fused (``bias_swiglu``) or
+    compiled (legacy ``GroupedMLP``'s ``glu``), with the ``silu`` output between unfused."""
     m = spec.model
     legacy = legacy_grouped_mlp(m)
+    if not probs_in_experts(m):
+        if not m.gated_linear_unit:
+            return legacy, 2
+        return legacy, 3 if glu_fused(m) or legacy else 4
     if not m.gated_linear_unit or glu_fused(m) or legacy:
         return legacy, 3
     return legacy, 5 + glu_linear_copies(m)
@@ -284,6 +299,12 @@ def moe_layer_saved(
     experts_bytes = n * h * e + r * n + per_row * n * (m.moe_ffn // etp) * e
     if legacy_grouped:
         experts_bytes += INT64 * local
+    if not probs_in_experts(m):
+        # before 0.13 the dispatcher weights the experts' [n, h] output by the probabilities
+        # (allgather token_unpermutation, moe_utils.unpermute), which keeps it for backward
+        experts_bytes += n * h * e
+    if moe_expert_bias_saved(m, local):  # before 0.13: bias * permuted_probs keeps the bias
+        experts_bytes += n * h * e
     out = {"moe_router": router, "moe_dispatcher": dispatcher, "moe_experts": experts_bytes}
     shared = m.moe_shared_expert_intermediate_size
     if shared:

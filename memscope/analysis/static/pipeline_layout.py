@@ -100,6 +100,24 @@ def validate_layout(
             )
 
 
+def with_mtp_on_last_chunk(stages: tuple[str, ...], mtp_num_layers: int | None) -> tuple[str, ...]:
+    """A layout as megatron-core before 0.15 built it: the layout may not name the MTP layers
+    (``validate_layer_layout`` raised ``NotImplementedError`` for an ``m``) and
+    ``multi_token_prediction.py`` ``get_mtp_num_layers_to_build`` put them all on the last
+    stage, the loss's chunk: ``m`` x ``mtp_num_layers`` placed before its ``L``
+    (``megatron_versions.MTP_IN_LAYOUT``)."""
+    if any("m" in s for s in stages):
+        raise ValueError(
+            "pipeline_model_parallel_layout: megatron-core before 0.15 places no MTP layer (m) "
+            "in a layout (NotImplementedError there): they are built on the last stage"
+        )
+    if not mtp_num_layers:
+        return stages
+    last = stages[-1]
+    cut = last.index("L") if "L" in last else len(last)
+    return (*stages[:-1], last[:cut] + "m" * mtp_num_layers + last[cut:])
+
+
 def format_layout(stages: tuple[str, ...]) -> str:
     """``stages`` as a layout string megatron-core parses back to them: ``x*n`` for a run of
     one layer character, ``(...|)*n`` for a run of equal stages, where shorter
