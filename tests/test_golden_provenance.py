@@ -27,6 +27,13 @@ def _git(repo: str, *args: str) -> str:
     return out.stdout.strip()
 
 
+def _new_repo(path) -> str:
+    repo = str(path)
+    os.makedirs(repo)
+    _git(repo, "init", "-q")
+    return repo
+
+
 def _commit(repo: str, files: dict[str, str | None], message: str) -> str:
     for path, text in files.items():
         full = os.path.join(repo, path)
@@ -43,9 +50,7 @@ def _commit(repo: str, files: dict[str, str | None], message: str) -> str:
 
 @pytest.fixture()
 def history(tmp_path, monkeypatch):
-    repo = str(tmp_path / "megatron")
-    os.makedirs(repo)
-    _git(repo, "init", "-q")
+    repo = _new_repo(tmp_path / "megatron")
     old = "tests/functional_tests/test_cases/gpt/gpt3_mr_case_dgx_a100_1N8G"
     new = "tests/functional_tests/test_cases/gpt/gpt3_case"
     golden_text = '{"mem-max-allocated-bytes": {"values": {"1": 10}}}\n'
@@ -69,13 +74,11 @@ def test_golden_values_are_traced_to_the_commit_that_wrote_them(history):
     commit, path, names = bench.measured_at(git_dir, f"{new}/golden_values_dev.json")
     assert commit == remeasured != first  # not the rename after it, nor the edit
     assert path == f"{old}/golden_values_dev.json"  # where it was then
-    assert names[0] == f"{new}/golden_values_dev.json" and f"{old}/golden_values_dev.json" in names
+    assert names == [f"{old}/golden_values_dev.json", f"{new}/golden_values_dev.json"]
 
 
 def test_arguments_at_reads_literal_defaults_and_the_bucket_layout_flag(tmp_path, monkeypatch):
-    repo = str(tmp_path / "m")
-    os.makedirs(repo)
-    _git(repo, "init", "-q")
+    repo = _new_repo(tmp_path / "m")
     text = (
         "group.add_argument('--muon-tp-mode', type=str, default='blockwise',\n"
         "    help='x')\n"
@@ -99,9 +102,9 @@ def test_world_size_comes_from_the_name_the_case_had_when_measured():
     recipes_then = {"gpt3_case": (16, "tests/test_utils/recipes/gpt.yaml@abc nodes x gpus")}
     world, source = bench._world_size("gpt3_case", "gpt3_case", [], recipes_then, {})
     assert world == 16 and source.endswith("(when measured: gpt3_case)")
-    # only an older name says it: used, and said so
+    # only a path it had on the way says it: used, and said so
     world, source = bench._world_size("gpt3_case", "gpt3_case", ["x/gpt3_old_2N8G/g.json"], {}, {})
-    assert world == 16 and "an earlier name" in source
+    assert world == 16 and "a name on the way" in source
     assert bench._world_size("gpt3_case", "gpt3_case", [], {}, {})[0] is None
 
 
@@ -128,7 +131,7 @@ def test_first_written_is_the_earliest_commit_with_those_bytes(history):
     import golden_history
 
     git_dir, _, remeasured, old, _ = history
-    written = golden_history.first_written(git_dir)
+    written = golden_history.first_written(git_dir, "HEAD")
     text = '{"mem-max-allocated-bytes": {"values": {"1": 12}}}\n'
     _, commit, path = written[golden_history.blob_id(text.encode())]
     assert commit == remeasured and path == f"{old}/golden_values_dev.json"  # not the rename
@@ -152,3 +155,21 @@ def test_a_tree_golden_file_takes_its_recorded_release_only_with_the_recorded_by
     path.write_bytes(b"{ }\n")  # another measurement: not the recorded one
     assert golden.measured_at("moe", "case", str(path)) is None
     assert golden.measured_at("gpt", "case", str(path)) is None
+
+
+def test_a_copied_golden_file_carries_the_run_that_wrote_its_bytes(tmp_path, monkeypatch):
+    # another case's numbers copied byte for byte (Megatron-LM's gb200 release case took the
+    # h100 one's): the run is the original's, at its path, whatever git's copy detection
+    # or --follow would pair
+    repo = _new_repo(tmp_path / "m")
+    root = "tests/functional_tests/test_cases/gpt"
+    text = '{"mem-max-allocated-bytes": {"values": {"1": 7}}}\n'
+    first = _commit(repo, {f"{root}/h100_case/golden_values_dev.json": text}, "measured")
+    _commit(repo, {f"{root}/other/golden_values_dev.json": text.replace("7", "8")}, "other")
+    head = _commit(repo, {f"{root}/gb200_case/golden_values_dev.json": text}, "copied")
+    monkeypatch.setattr(bench, "SOURCE_COMMIT", head)
+    commit, path, names = bench.measured_at(
+        os.path.join(repo, ".git"), f"{root}/gb200_case/golden_values_dev.json"
+    )
+    assert (commit, path) == (first, f"{root}/h100_case/golden_values_dev.json")
+    assert names == [path]

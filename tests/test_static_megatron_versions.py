@@ -7,12 +7,15 @@ and on the newest 0.19.x)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import pytest
 
 from memscope.analysis.static.estimator import estimate_rank
 from memscope.analysis.static.megatron_versions import (
+    FINAL,
+    MOE_BIAS_ETP1,
     at_least,
     grouped_gemm_experts,
     legacy_grouped_mlp,
@@ -42,9 +45,13 @@ def _spec(version: str | None, **kw: Any) -> Any:
 
 
 def test_release_reads_local_and_pre_release_versions():
-    assert release("0.19.2+9fbc6af") == (0, 19)
-    assert release("0.15.0rc5") == (0, 15)
-    assert release("1.0") == (1, 0)
+    assert release("0.19.2+9fbc6af") == (0, 19, FINAL)
+    assert release("0.15.0rc5") == (0, 15, 5)
+    assert release("1.0") == (1, 0, FINAL)
+    # a release constant (0, 15) is met by its candidates; (0, 15, 6) from rc6 on
+    assert release("0.15.0rc1") >= (0, 15) > release("0.14.1")  # type: ignore[operator]
+    assert release("0.15.0rc5") < MOE_BIAS_ETP1 <= release("0.15.0rc6")  # type: ignore[operator]
+    assert release("0.15.0") >= MOE_BIAS_ETP1  # type: ignore[operator]
     assert release(None) is None and release("unknown") is None
 
 
@@ -249,7 +256,9 @@ def test_before_0_15_the_mtp_layers_sit_on_the_last_chunk_outside_the_layout():
         ("0.12.0", "alltoall", 1, False),  # its alltoall dispatcher asserts bias is None
         ("0.13.0", "allgather", 1, False),  # "Bias is not supported for MoE"
         ("0.14.0", "allgather", 1, False),
-        ("0.16.1", "allgather", 1, True),  # a329dd6da5: ETP 1 only
+        ("0.15.0rc5", "allgather", 1, False),  # FlagScale 0.8.0's: before a329dd6da5 (rc6)
+        ("0.15.0rc6", "allgather", 1, True),  # a329dd6da5: ETP 1 only
+        ("0.16.1", "allgather", 1, True),
         ("0.16.1", "allgather", 2, False),
     ],
 )
@@ -268,18 +277,19 @@ def test_moe_expert_biases_follow_each_release(version, dispatcher, etp, allowed
 
 
 @pytest.mark.parametrize("swiglu, fused, rows_before, rows_after", [
-    (False, True, 2, 3),  # bias_gelu: fc1 output, activation (+ the weighted copy from 0.13)
+    (False, False, 2, 3),  # gelu: fc1 output, activation (+ the weighted copy from 0.13)
     (True, True, 3, 3),  # bias_swiglu: 2f input, product; weighted_bias_swiglu alike
     (True, False, 4, 5),  # unfused glu: 2f, silu, product (+ the weighted copy)
 ])  # fmt: skip
 def test_before_0_13_the_dispatcher_weights_the_experts_output(
     swiglu, fused, rows_before, rows_after
 ):
+    # (0.12 refuses the fused bias-GeLU without biases: transformer_config.py, so not here)
     kw: dict[str, Any] = dict(swiglu=swiglu, moe_token_dispatcher_type="allgather")
     if swiglu:
         kw["bias_swiglu_fusion"] = fused
     else:
-        kw["bias_gelu_fusion"] = fused
+        kw["bias_gelu_fusion"] = False
     old = moe_layer_saved(_spec("0.12.0", **kw), S, B, 1, 2)
     new = moe_layer_saved(_spec("0.14.0", **kw), S, B, 1, 2)
     n, f = S * B * K, 40  # balanced routed rows, moe_ffn_hidden_size
@@ -303,3 +313,22 @@ def test_before_0_13_experts_with_biases_keep_their_per_row_fc2_bias():
     no_bias = dict(one_local, disable_bias_linear=True)
     saved = [moe_layer_saved(_spec("0.12.0", **kw), S, B, 1, 2) for kw in (one_local, no_bias)]
     assert saved[0]["moe_experts"] == saved[1]["moe_experts"]
+
+
+def test_before_0_13_alltoall_keeps_the_returned_rows_it_weights():
+    # moe_utils.unpermute(probs=...) weights this rank's T k rows after the reverse
+    # all-to-all: T k h, not the experts' n rows (which the imbalance and expert TP scale)
+    kw = dict(moe_token_dispatcher_type="alltoall", expert_tensor_parallel_size=2,
+              tensor_model_parallel_size=2, sequence_parallel=True, world_size=2,
+              global_batch_size=B * 2, moe_token_imbalance=1.5)  # fmt: skip
+    old = moe_layer_saved(_spec("0.12.0", **kw), S, B, 2, 2)
+    new = moe_layer_saved(_spec("0.14.0", **kw), S, B, 2, 2)
+    # the fused SwiGLU keeps 3 f-wide rows either way: only the weighting's input differs
+    assert new["moe_experts"] - old["moe_experts"] == -(S // 2 * B * K) * H * 2
+    ag = moe_layer_saved(_spec("0.12.0", **dict(kw, moe_token_dispatcher_type="allgather")),
+                         S, B, 2, 2)  # fmt: skip
+    ag_new = moe_layer_saved(
+        _spec("0.14.0", **dict(kw, moe_token_dispatcher_type="allgather")), S, B, 2, 2
+    )
+    n = math.ceil(S // 2 * B * K * 2 * 1.5)  # the experts' rows: T k etp, busiest rank
+    assert ag_new["moe_experts"] - ag["moe_experts"] == -n * H * 2

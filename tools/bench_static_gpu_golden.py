@@ -103,6 +103,9 @@ GPU_ARCH = {"h100": (9, 0), "a100": (8, 0)}
 GPT2_BPE_VOCAB = 50257  # GPT-2's vocab.json, the functional tests' default tokenizer
 TIKTOKEN_DEFAULT_VOCAB = 2**17  # megatron/training/tokenizer/tokenizer.py's fallback
 GIB = 1024**3
+# Megatron-LM's main line the tree's golden files are looked up in (its ancestors): the
+# published benchmark's source commit (tools/bench_static_published.py SOURCE_COMMIT)
+MEASURED_AT_REF = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
 MEASURED_AT = os.path.join(
     os.path.dirname(HERE), "tests", "data", "flagscale_golden_measured_at.json"
 )
@@ -424,7 +427,7 @@ def write_measured_at(tree: str, git_dir: str) -> int:
     """Record where every golden file of the tree's GPT families was written."""
     import golden_history
 
-    written = golden_history.first_written(git_dir)
+    written = golden_history.first_written(git_dir, MEASURED_AT_REF)
     files: dict[str, dict[str, str]] = {}
     versions: dict[str, str] = {}
     root = cases_root(tree)
@@ -435,9 +438,8 @@ def write_measured_at(tree: str, git_dir: str) -> int:
                     blob = golden_history.blob_id(f.read())
                 if blob not in written:
                     continue
-                date, commit, then = written[blob]
                 # the run behind those bytes: an edit (of another field) may have written them
-                commit, then, _ = golden_history.measuring_commit(git_dir, commit, then)
+                commit, then, _ = golden_history.measuring_commit(git_dir, written, blob)
                 date = golden_history.git(git_dir, "show", "-s", "--format=%cs", commit).strip()
                 if commit not in versions:
                     versions[commit] = golden_history.megatron_core_version(git_dir, commit)

@@ -184,11 +184,18 @@ def _recipe_world_sizes(git_dir: str, commit: str) -> dict[str, tuple[int, str]]
     return out
 
 
-def measured_at(git_dir: str, path: str) -> tuple[str, str, list[str]]:
-    """Where a golden values file's numbers were measured, up to :data:`SOURCE_COMMIT`
-    (:func:`golden_history.measuring_commit`): the commit, the file's path then, and every
-    path it has had, newest first."""
-    return golden_history.measuring_commit(git_dir, SOURCE_COMMIT, path)
+def measured_at(
+    git_dir: str, path: str, written: dict[str, tuple[str, str, str]] | None = None
+) -> tuple[str, str, list[str]]:
+    """Where the golden values file at ``path`` (as of :data:`SOURCE_COMMIT`) was measured
+    (:func:`golden_history.measuring_commit`): the commit, the file's path then, and the paths
+    it had on the way, oldest first. ``written``: :func:`golden_history.first_written`, read
+    once for many files."""
+    written = (
+        written if written is not None else golden_history.first_written(git_dir, SOURCE_COMMIT)
+    )
+    blob = _git(git_dir, "rev-parse", f"{SOURCE_COMMIT}:{path}").strip()
+    return golden_history.measuring_commit(git_dir, written, blob)
 
 
 def _literal(source: str) -> Any:
@@ -217,7 +224,9 @@ def arguments_at(git_dir: str, commit: str) -> dict[str, Any]:
     gives for :data:`NEWER_FLAGS`: the default of each flag it declares with a literal
     default (``--muon-tp-mode`` was ``blockwise`` until 2026-08), and whether it has the
     layer-wise optimizer's bucket layout (``--no-use-layer-wise-param-layout``, from
-    0044db1f20). A flag it does not declare there keeps the source commit's default."""
+    0044db1f20). A flag declared otherwise there (generated from ``TransformerConfig``'s
+    fields, as the offloading and CUDA-graph flags are) or not at all, or with a default that
+    is no literal, keeps the source commit's default."""
     text = _git(git_dir, "show", f"{commit}:megatron/training/arguments.py")
     defaults: dict[str, Any] = {}
     for flag, name, _ in NEWER_FLAGS:
@@ -233,22 +242,23 @@ def arguments_at(git_dir: str, commit: str) -> dict[str, Any]:
 
 
 def _world_size(
-    name: str, then: str, former: list[str], recipes_then: dict, recipes_now: dict
+    name: str, then: str, names: list[str], recipes_then: dict, recipes_now: dict
 ) -> tuple[int | None, str]:
-    """The case's world size, from what named or ran it when it was measured first: the
-    name it had then (``NxG``), a recipe of that commit, its name now, a recipe of
-    :data:`SOURCE_COMMIT`, then any name it had before."""
+    """The case's world size, from what named or ran it when it was measured: the name it
+    had then (``NxG``), a recipe of that commit, its name now, a recipe of
+    :data:`SOURCE_COMMIT`, then the name of any path the file had on the way (``names``)."""
     for label, candidate in (("when measured", then), ("now", name)):
         world, source = golden.world_size(candidate, {})
         if world is not None:
             return world, f"{source} ({label}: {candidate})"
-        if candidate in (recipes_then if label == "when measured" else recipes_now):
-            world, where = (recipes_then if label == "when measured" else recipes_now)[candidate]
+        recipes = recipes_then if label == "when measured" else recipes_now
+        if candidate in recipes:
+            world, where = recipes[candidate]
             return world, f"{where} ({label}: {candidate})"
-    for old in former:
-        world, source = golden.world_size(old, {})
+    for path in names:
+        world, source = golden.world_size(path, {})
         if world is not None:
-            return world, f"{source} (an earlier name: {old})"
+            return world, f"{source} (a name on the way: {path})"
     return None, "neither NxG in the name nor a recipe listing the case"
 
 
@@ -274,6 +284,7 @@ def extract(git_dir: str) -> list[dict[str, Any]]:
 
     import yaml
 
+    written = golden_history.first_written(git_dir, SOURCE_COMMIT)
     recipes: dict[str, dict[str, tuple[int, str]]] = {}
     versions: dict[str, str] = {}
     arguments: dict[str, dict[str, Any]] = {}
@@ -292,7 +303,7 @@ def extract(git_dir: str) -> list[dict[str, Any]]:
         ]
         golden_name = _golden_path(files)
         assert golden_name is not None, name
-        commit, measured_path, former = measured_at(git_dir, f"{folder}/{golden_name}")
+        commit, measured_path, names = measured_at(git_dir, f"{folder}/{golden_name}", written)
         config_path = measured_path.rsplit("/", 1)[0] + "/model_config.yaml"
         config = yaml.safe_load(_git(git_dir, "show", f"{commit}:{config_path}"))
         if str(config.get("MODE", "pretraining")) == "inference":
@@ -306,7 +317,7 @@ def extract(git_dir: str) -> list[dict[str, Any]]:
             measured = golden.measured(path)
         then = measured_path.rsplit("/", 2)[1]
         world, source = _world_size(
-            name, then, former, recipes_at(commit), recipes_at(SOURCE_COMMIT)
+            name, then, names, recipes_at(commit), recipes_at(SOURCE_COMMIT)
         )
         if world is None and config.get("TEST_TYPE") == "release":
             source = RELEASE_WORLD_SIZE
@@ -409,9 +420,8 @@ def with_newer_flags(
         # arguments.py validate_args ("emerging optimizer check") at SOURCE_COMMIT
         layer_wise = optimizer == "dist_muon" or bool(parsed.get("use_distributed_optimizer"))
         # --no-use-layer-wise-param-layout (store_false, unknown to the 0.15 parser), or no
-        # such flag where the case ran: the of the precomputed bucket layout
-        # legacy ping-pong split instead of the precomputed bucket layout, the only split
-        # before the layout came (Megatron-LM 0044db1f20)
+        # such flag where the case ran (before Megatron-LM 0044db1f20): the legacy ping-pong
+        # split instead of the precomputed bucket layout
         layout = _flag_values(argv, "--no-use-layer-wise-param-layout") is None and bool(
             arguments.get("layer_wise_param_layout", True)
         )

@@ -42,11 +42,14 @@ def megatron_core_version(git_dir: str, commit: str) -> str:
     return f"{parts['MAJOR']}.{parts['MINOR']}.{parts['PATCH']}"
 
 
-def first_written(git_dir: str) -> dict[str, tuple[str, str, str]]:
-    """Golden values blob id -> (commit date, commit, path) of the earliest commit, on any
-    branch, that wrote that content under :data:`CASES_DIR`: where those numbers were
-    measured."""
-    log = git(git_dir, "log", "--all", "--raw", "--no-abbrev", "--format=commit %H %ct %cs",
+def first_written(git_dir: str, ref: str) -> dict[str, tuple[str, str, str]]:
+    """Golden values blob id -> (commit date, commit, path) of the earliest commit among
+    ``ref`` and its ancestors that wrote that content under :data:`CASES_DIR`, whatever the
+    case (a byte-identical copy carries another run's numbers). Ancestors only: a pull
+    request's own branch, squashed into one commit on the main line, is not history every
+    clone has."""
+    log = git(git_dir, "log", ref, "--full-history", "--raw", "--no-abbrev",
+              "--format=commit %H %ct %cs",
               "--", CASES_DIR)  # fmt: skip
     out: dict[str, tuple[str, str, str]] = {}
     when: dict[str, int] = {}
@@ -68,41 +71,57 @@ def first_written(git_dir: str) -> dict[str, tuple[str, str, str]]:
 
 
 def measured_series(text: str) -> dict[str, object]:
-    """The :data:`MEASURED_SERIES` of a golden values file's text (absent ones left out)."""
-    data = json.loads(text)
+    """The :data:`MEASURED_SERIES` of a golden values file's text (absent ones left out); a
+    text that is no JSON object (some commits hold an empty file) is its own series."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        return {"text": text}
     return {k: data[k].get("values") for k in MEASURED_SERIES if isinstance(data.get(k), dict)}
 
 
-def measuring_commit(git_dir: str, start: str, path: str) -> tuple[str, str, list[str]]:
-    """The commit, up to ``start``, whose run wrote the numbers the golden values file at
-    ``path`` (as of ``start``) holds, with the file's path at that commit and every path it
-    has had, newest first.
+def previous_version(git_dir: str, commit: str, path: str) -> tuple[str, str] | None:
+    """(path, blob id) of what ``path`` was in ``commit``'s first parent, as rename detection
+    over the whole commit pairs it (``git log --follow`` pairs a file with any deleted file of
+    the same bytes, another case's); None where ``commit`` added it or has no parent."""
+    try:
+        out = git(git_dir, "diff-tree", "-r", "-M", "--no-commit-id", "--raw", "--no-abbrev",
+                  f"{commit}^", commit)  # fmt: skip
+    except subprocess.CalledProcessError:  # a root commit
+        return None
+    for line in out.splitlines():
+        meta, *paths = line.split("\t")
+        fields = meta.split()
+        if paths and paths[-1] == path:
+            return None if fields[4].startswith("A") else (paths[0], fields[2])
+    return None
 
-    That is the last commit that changed its :data:`MEASURED_SERIES`, renames followed: one
-    that only moved it (``R100``) or edited other fields measured nothing. A golden file is
-    rewritten from one CI run's output, so the code at that commit, and the case's
-    configuration beside it then, produced its memory figures; a case kept under a new name
-    or with later flags but never re-measured still carries them."""
-    log = git(git_dir, "log", "--follow", "--format=commit %H", "--name-status", start,
-              "--", path)  # fmt: skip
-    commit = ""
-    found: tuple[str, str] | None = None
-    names: list[str] = []
-    for line in log.splitlines():
-        if line.startswith("commit "):
-            commit = line.split()[1]
-            continue
-        if not line.strip():
-            continue
-        status, *paths = line.split("\t")
-        names.extend(p for p in reversed(paths) if p not in names)
-        if found is not None or status == "R100":
-            continue
-        if status.startswith(("M", "R")):
-            before = git(git_dir, "show", f"{commit}^:{paths[0]}")
-            after = git(git_dir, "show", f"{commit}:{paths[-1]}")
-            if measured_series(before) == measured_series(after):
-                continue  # an edit, not a run
-        found = (commit, paths[-1])
-    assert found is not None, path
-    return found[0], found[1], names
+
+def measuring_commit(
+    git_dir: str, written: dict[str, tuple[str, str, str]], blob: str
+) -> tuple[str, str, list[str]]:
+    """The commit whose run wrote the numbers a golden values file with bytes ``blob``
+    holds, the file's path there, and the paths it had on the way to ``blob``, oldest first.
+
+    The earliest commit that wrote those bytes (:func:`first_written`, under whatever case's
+    path: a byte-identical copy carries another run's numbers), then back past every commit
+    that left the :data:`MEASURED_SERIES` as they were (a rename with edits, or an edit of
+    other fields such as Megatron-LM 93ebf8d72f's removal of leading NaN iteration times) to
+    the one that changed them. A golden file is rewritten from one CI run's output, so the
+    code at that commit, and the case's configuration beside it then, produced its memory
+    figures; a case kept under a new name or with later flags but never re-measured still
+    carries them."""
+    _, commit, path = written[blob]
+    names = [path]
+    series = measured_series(git(git_dir, "show", blob))
+    while True:
+        before = previous_version(git_dir, commit, path)
+        if before is None or before[1] not in written:
+            break
+        if measured_series(git(git_dir, "show", before[1])) != series:
+            break  # this commit's run changed them
+        _, commit, path = written[before[1]]
+        names.insert(0, path)
+    return commit, path, names

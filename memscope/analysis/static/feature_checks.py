@@ -61,7 +61,7 @@ def validate_moe(m: ModelSpec, p: ParallelSpec) -> None:
     if m.add_bias_linear and bias_rule == "none":
         raise ValueError(
             f"model.add_bias_linear with MoE: megatron-core {m.megatron_core_version} refuses "
-            "expert biases (0.13 and 0.14)"
+            "expert biases (0.13 to 0.15.0rc5)"
         )
     if m.add_bias_linear and bias_rule == "etp1" and p.expert_tp > 1:
         raise ValueError("model.add_bias_linear with MoE needs parallel.etp == 1 (megatron-core)")

@@ -34,13 +34,14 @@ release that changed it. Each change, with where it is in megatron-core's source
   (2025-04-09, "Memory efficient token permutation", first in core_v0.13.0rc0) added
   ``assert not self.add_bias_linear, "Bias is not supported for MoE"`` to
   ``TransformerConfig.__post_init__``; a329dd6da5 (2025-09-22, "Enable bias in expert mlp",
-  core_v0.15.0) relaxed it to expert tensor parallelism 1 (:data:`MOE_BIAS_ETP1`). Before
+  first in core_v0.15.0rc6: FlagScale 0.8.0's 0.15.0rc5 still refuses) relaxed it to expert
+  tensor parallelism 1 (:data:`MOE_BIAS_ETP1`). Before
   0.13 the experts carried biases at any expert TP: ``SequentialMLP.forward`` (0.12
   ``moe/experts.py``) expands each local expert's fc2 bias over its tokens and concatenates
   them, and the allgather dispatcher's ``token_unpermutation`` weights that ``[n, h]`` tensor
   by the routing probabilities (``bias * permuted_probs``), which keeps it for backward
   (:func:`moe_expert_bias_saved`); the alltoall dispatcher refused a bias there.
-- **0.15: a pipeline layout places the MTP layers** (:data:`MTP_IN_LAYOUT`). Megatron-LM
+- **0.15.0rc2: a pipeline layout places the MTP layers** (:data:`MTP_IN_LAYOUT`). Megatron-LM
   d7bf5aaaa8 (2025-08-26, "Support EP A2A overlap for interleaved PP and MTP", first in
   core_v0.15.0rc2) lets ``pipeline_model_parallel_layout`` hold ``m`` and counts the MTP layers
   there; before, ``PipelineParallelLayerLayout.validate_layer_layout`` raised
@@ -118,15 +119,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # (config imports the checks that import this module)
     from memscope.analysis.static.config import ModelSpec, TrainingSpec
 
-Release = tuple[int, int]
+Release = tuple[int, ...]  # (major, minor) or (major, minor, release candidate)
 
 SWIGLU_FUSION: Release = (0, 5)
 INPLACE_LOGITS_SHIFT: Release = (0, 8)
 GLU_LINEAR_COPY: Release = (0, 15)
-MTP_IN_LAYOUT: Release = (0, 15)
+MTP_IN_LAYOUT: Release = (0, 15, 2)
 MOE_BIAS_REFUSED: Release = (0, 13)
 PROBS_IN_EXPERTS: Release = (0, 13)
-MOE_BIAS_ETP1: Release = (0, 15)
+MOE_BIAS_ETP1: Release = (0, 15, 6)
 ARGSORT_PERMUTE: Release = (0, 17)
 NO_LEGACY_GROUPED_MLP: Release = (0, 17)
 MTP_MODEL_LAYER: Release = (0, 17)
@@ -137,13 +138,21 @@ MLA_QK_NORM_RESOLVER: Release = (0, 19)
 MUON_DISTRIBUTED_IS_LAYER_WISE: Release = (0, 19)
 TE_GRAPHS_AFTER_WARMUP: Release = (0, 16)
 
-_RELEASE = re.compile(r"^\s*(\d+)\.(\d+)")
+_RELEASE = re.compile(r"^\s*(\d+)\.(\d+)(?:\.\d+)?(?:rc(\d+))?")
+#: The third field of a version without ``rcN``: later than every candidate of its release.
+FINAL = 99
 
 
 def release(version: str | None) -> Release | None:
-    """``(major, minor)`` of a version string such as ``0.19.2+9fbc6af`` or ``0.15.0rc5``."""
+    """``(major, minor, candidate)`` of a version string: ``0.15.0rc5`` -> ``(0, 15, 5)``,
+    ``0.19.2+9fbc6af`` -> ``(0, 19, FINAL)``. A two-field constant such as ``(0, 15)`` is
+    reached by every candidate of 0.15; a three-field one (:data:`MOE_BIAS_ETP1`) only by its
+    candidate and later. A main-line commit between releases carries the next release's
+    number (``0.15.0``) and reads as that release."""
     match = _RELEASE.match(version or "")
-    return (int(match[1]), int(match[2])) if match else None
+    if not match:
+        return None
+    return (int(match[1]), int(match[2]), int(match[3]) if match[3] else FINAL)
 
 
 def at_least(model: ModelSpec, first: Release) -> bool:
@@ -171,7 +180,8 @@ def probs_in_experts(model: ModelSpec) -> bool:
 
 def moe_bias_rule(model: ModelSpec) -> str:
     """What the spec's release allows of MoE experts with biases (``add_bias_linear``):
-    ``"any"`` (before :data:`MOE_BIAS_REFUSED`), ``"none"`` (0.13, 0.14) or ``"etp1"``."""
+    ``"any"`` (before :data:`MOE_BIAS_REFUSED`), ``"none"`` (0.13 to 0.15.0rc5) or
+    ``"etp1"``."""
     if older_than(model, MOE_BIAS_REFUSED):
         return "any"
     if older_than(model, MOE_BIAS_ETP1):

@@ -300,9 +300,12 @@ def moe_layer_saved(
     if legacy_grouped:
         experts_bytes += INT64 * local
     if not probs_in_experts(m):
-        # before 0.13 the dispatcher weights the experts' [n, h] output by the probabilities
-        # (allgather token_unpermutation, moe_utils.unpermute), which keeps it for backward
-        experts_bytes += n * h * e
+        # before 0.13 the dispatcher weights the experts' output by the probabilities, which
+        # keeps it for backward: the allgather dispatcher on the experts' side, the n rows
+        # (token_unpermutation); alltoall in moe_utils.unpermute after the output came back,
+        # this rank's T k rows
+        weighted = n if m.moe_token_dispatcher == "allgather" else tokens * k
+        experts_bytes += weighted * h * e
     if moe_expert_bias_saved(m, local):  # before 0.13: bias * permuted_probs keeps the bias
         experts_bytes += n * h * e
     out = {"moe_router": router, "moe_dispatcher": dispatcher, "moe_experts": experts_bytes}
