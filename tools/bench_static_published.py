@@ -612,8 +612,8 @@ def render(result: dict[str, Any]) -> str:
     src, parser = result["source"], result["parser"]
     lines = [
         f"# published GPU memory: {src['repo']}@{src['commit'][:12]} functional-test golden "
-        "values (last rank), each with the configuration beside it at the commit that last "
-        f"wrote them, parsed by Megatron-LM {parser['megatron']} (FlagScale "
+        "values (last rank), each with its configuration and argument defaults at the commit "
+        f"whose run wrote its numbers, parsed by Megatron-LM {parser['megatron']} (FlagScale "
         f"{parser['flagscale']}) and estimated for the megatron-core release of that commit "
         "(mcore: megatron/core/package_info.py there); GiB; steady = mem-allocated-bytes at "
         "the last logged iteration, peak = max mem-max-allocated-bytes; est = ours under "
