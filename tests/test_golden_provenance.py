@@ -71,7 +71,7 @@ def history(tmp_path, monkeypatch):
 
 def test_golden_values_are_traced_to_the_commit_that_wrote_them(history):
     git_dir, first, remeasured, old, new = history
-    commit, path, names = bench.measured_at(git_dir, f"{new}/golden_values_dev.json")
+    commit, _, path, names = bench.measured_at(git_dir, f"{new}/golden_values_dev.json")
     assert commit == remeasured != first  # not the rename after it, nor the edit
     assert path == f"{old}/golden_values_dev.json"  # where it was then
     assert names == [f"{old}/golden_values_dev.json", f"{new}/golden_values_dev.json"]
@@ -168,7 +168,7 @@ def test_a_copied_golden_file_carries_the_run_that_wrote_its_bytes(tmp_path, mon
     _commit(repo, {f"{root}/other/golden_values_dev.json": text.replace("7", "8")}, "other")
     head = _commit(repo, {f"{root}/gb200_case/golden_values_dev.json": text}, "copied")
     monkeypatch.setattr(bench, "SOURCE_COMMIT", head)
-    commit, path, names = bench.measured_at(
+    commit, _, path, names = bench.measured_at(
         os.path.join(repo, ".git"), f"{root}/gb200_case/golden_values_dev.json"
     )
     assert (commit, path) == (first, f"{root}/h100_case/golden_values_dev.json")

@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import glob
 import json
 import os
@@ -405,8 +406,10 @@ def prepare_case(
     return case
 
 
-def _measured_at_records() -> dict[str, dict[str, str]]:
-    with open(MEASURED_AT, encoding="utf-8") as f:
+@functools.lru_cache(maxsize=4)
+def _measured_at_records(path: str) -> dict[str, dict[str, str]]:
+    """The committed records at ``path`` (read once: every case looks its file up)."""
+    with open(path, encoding="utf-8") as f:
         records: dict[str, dict[str, str]] = json.load(f)["files"]
     return records
 
@@ -417,7 +420,7 @@ def measured_at(family: str, name: str, path: str) -> dict[str, str] | None:
     None otherwise."""
     import golden_history
 
-    record = _measured_at_records().get(f"{family}/{name}/{os.path.basename(path)}")
+    record = _measured_at_records(MEASURED_AT).get(f"{family}/{name}/{os.path.basename(path)}")
     with open(path, "rb") as f:
         blob = golden_history.blob_id(f.read())
     return record if record is not None and record["blob"] == blob else None
@@ -439,8 +442,7 @@ def write_measured_at(tree: str, git_dir: str) -> int:
                 if blob not in written:
                     continue
                 # the run behind those bytes: an edit (of another field) may have written them
-                commit, then, _ = golden_history.measuring_commit(git_dir, written, blob)
-                date = golden_history.git(git_dir, "show", "-s", "--format=%cs", commit).strip()
+                commit, date, then, _ = golden_history.measuring_commit(git_dir, written, blob)
                 if commit not in versions:
                     versions[commit] = golden_history.megatron_core_version(git_dir, commit)
                 key = f"{family}/{name}/{os.path.basename(path)}"
@@ -669,6 +671,11 @@ def write_committed(result: dict[str, Any]) -> None:
             f.write(text)
 
 
+def short_release(version: str) -> str:
+    """``0.15.0rc5`` -> ``0.15``: the release a table column shows."""
+    return ".".join(version.split(".")[:2])
+
+
 def release_counts(rows: list[dict[str, Any]]) -> str:
     """How many modelled cases each megatron-core release measured, as docs/static-estimator.md
     words it (``of the 119 modelled cases 2 were written on 0.11, 33 on 0.12, ...``)."""
@@ -716,7 +723,7 @@ def render(result: dict[str, Any]) -> str:
         golden = golden.replace("_dgx_", "/")
         lines.append(
             f"{r['family'] + '/' + r['name']:<100} {golden:<10} "
-            f"{'.'.join(r['megatron_core'].split('.')[:2]):>5} {r['world_size']:>5} "
+            f"{short_release(r['megatron_core']):>5} {r['world_size']:>5} "
             f"{r['rank']:>4} {r['tp_rank']:>2},{r['pp_rank']:<2} "
             f"{_gib(m['steady_bytes'])} {_gib(m['peak_bytes'])} "
             f"{_gib(e['steady_bytes']):>8} {_gib(e['peak_bytes']):>8} "

@@ -186,11 +186,11 @@ def _recipe_world_sizes(git_dir: str, commit: str) -> dict[str, tuple[int, str]]
 
 def measured_at(
     git_dir: str, path: str, written: dict[str, tuple[str, str, str]] | None = None
-) -> tuple[str, str, list[str]]:
+) -> tuple[str, str, str, list[str]]:
     """Where the golden values file at ``path`` (as of :data:`SOURCE_COMMIT`) was measured
-    (:func:`golden_history.measuring_commit`): the commit, the file's path then, and the paths
-    it had on the way, oldest first. ``written``: :func:`golden_history.first_written`, read
-    once for many files."""
+    (:func:`golden_history.measuring_commit`): the commit, its date, the file's path then, and
+    the paths it had on the way, oldest first. ``written``:
+    :func:`golden_history.first_written`, read once for many files."""
     written = (
         written if written is not None else golden_history.first_written(git_dir, SOURCE_COMMIT)
     )
@@ -303,7 +303,9 @@ def extract(git_dir: str) -> list[dict[str, Any]]:
         ]
         golden_name = _golden_path(files)
         assert golden_name is not None, name
-        commit, measured_path, names = measured_at(git_dir, f"{folder}/{golden_name}", written)
+        commit, date, measured_path, names = measured_at(
+            git_dir, f"{folder}/{golden_name}", written
+        )
         config_path = measured_path.rsplit("/", 1)[0] + "/model_config.yaml"
         config = yaml.safe_load(_git(git_dir, "show", f"{commit}:{config_path}"))
         if str(config.get("MODE", "pretraining")) == "inference":
@@ -331,7 +333,6 @@ def extract(git_dir: str) -> list[dict[str, Any]]:
         if commit not in versions:
             versions[commit] = golden_history.megatron_core_version(git_dir, commit)
             arguments[commit] = arguments_at(git_dir, commit)
-        date = _git(git_dir, "show", "-s", "--format=%cs", commit).strip()
         out.append(
             {
                 "family": family,
@@ -599,11 +600,6 @@ def doc_figures(s: dict[str, Any]) -> str:
     )
 
 
-def _release(version: str) -> str:
-    """``0.20.0`` -> ``0.20``."""
-    return ".".join(version.split(".")[:2])
-
-
 def _gib(n: float) -> str:
     return f"{n / GIB:7.2f}"
 
@@ -635,7 +631,7 @@ def render(result: dict[str, Any]) -> str:
         term = r["most_differing_term"]
         lines.append(
             f"{r['family'] + '/' + r['name']:<80} "
-            f"{_release(r['source']['megatron_core_version']):>5} {r['world_size']:>5} "
+            f"{golden.short_release(r['source']['megatron_core_version']):>5} {r['world_size']:>5} "
             f"{r['tp_rank']:>2},{r['pp_rank']:<2} {_gib(m['steady_bytes'])} "
             f"{_gib(m['peak_bytes'])} {_gib(e['steady_bytes']):>8} {_gib(e['peak_bytes']):>8} "
             f"{r['error'] * 100:+6.1f}% {at_bound} {at_drift} {term:<9} "

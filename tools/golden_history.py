@@ -101,9 +101,10 @@ def previous_version(git_dir: str, commit: str, path: str) -> tuple[str, str] | 
 
 def measuring_commit(
     git_dir: str, written: dict[str, tuple[str, str, str]], blob: str
-) -> tuple[str, str, list[str]]:
+) -> tuple[str, str, str, list[str]]:
     """The commit whose run wrote the numbers a golden values file with bytes ``blob``
-    holds, the file's path there, and the paths it had on the way to ``blob``, oldest first.
+    holds, its date, the file's path there, and the paths it had on the way to ``blob``,
+    oldest first.
 
     The earliest commit that wrote those bytes (:func:`first_written`, under whatever case's
     path: a byte-identical copy carries another run's numbers), then back past every commit
@@ -113,7 +114,7 @@ def measuring_commit(
     code at that commit, and the case's configuration beside it then, produced its memory
     figures; a case kept under a new name or with later flags but never re-measured still
     carries them."""
-    _, commit, path = written[blob]
+    date, commit, path = written[blob]
     names = [path]
     series = measured_series(git(git_dir, "show", blob))
     while True:
@@ -122,6 +123,6 @@ def measuring_commit(
             break
         if measured_series(git(git_dir, "show", before[1])) != series:
             break  # this commit's run changed them
-        _, commit, path = written[before[1]]
+        date, commit, path = written[before[1]]
         names.insert(0, path)
-    return commit, path, names
+    return commit, date, path, names

@@ -822,14 +822,20 @@ def mlp_half_saved(items: dict[str, int]) -> int:
     return half + items.get("residual_dropout_masks", 0) // 2
 
 
-def paired_forward(spec: TrainingSpec, n_layers: int, first: bool) -> PairedForward:
-    """:class:`PairedForward` of a chunk of ``n_layers`` layers (first chunk: ``first``);
-    a layer's attention half is what it keeps but :func:`mlp_half_saved`."""
-    x = dims(spec)
+def kept_halves(spec: TrainingSpec, x: Dims) -> tuple[int, int]:
+    """(what one layer keeps for backward, recompute applied; of it, the attention half:
+    everything but :func:`mlp_half_saved`)."""
     full = layer_saved(spec, x)
     kept = sum(full.values()) - sum(recompute_discarded(spec, x, full).values())
+    return kept, max(0, kept - mlp_half_saved(full))
+
+
+def paired_forward(spec: TrainingSpec, n_layers: int, first: bool) -> PairedForward:
+    """:class:`PairedForward` of a chunk of ``n_layers`` layers (first chunk: ``first``)."""
+    x = dims(spec)
+    kept, attention = kept_halves(spec, x)
     base = sum(chunk_inputs(spec, x, first).values())
-    return PairedForward(base, kept, max(0, kept - mlp_half_saved(full)), n_layers)
+    return PairedForward(base, kept, attention, n_layers)
 
 
 def chunk_activations(

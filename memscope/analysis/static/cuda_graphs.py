@@ -49,9 +49,9 @@ from memscope.analysis.static.activations import (
     attention_backward_work,
     dataloader_mask,
     dims,
+    kept_halves,
     layer_saved,
     mlp_half_saved,
-    recompute_discarded,
     schedule_moments,
 )
 from memscope.analysis.static.config import TrainingSpec
@@ -86,15 +86,6 @@ def eager_iterations_first(spec: TrainingSpec) -> bool:
     return spec.cuda_graph_warmup_steps > 0
 
 
-def _halves(spec: TrainingSpec, x: Dims) -> tuple[dict[str, int], int, int]:
-    """(the layer's saved items, its attention half, its MLP half incl. the layer output),
-    recompute applied (the split :func:`.activations.paired_forward` makes)."""
-    full = layer_saved(spec, x)
-    kept = sum(full.values()) - sum(recompute_discarded(spec, x, full).values())
-    attention = max(0, kept - mlp_half_saved(full))
-    return full, attention, kept - attention
-
-
 def _scope(spec: TrainingSpec) -> tuple[bool, bool]:
     """(attention graphed, MLP graphed): the whole layer without modules; ``mlp`` graphs a
     dense MLP only (a MoE layer's experts stay eager)."""
@@ -106,9 +97,9 @@ def _scope(spec: TrainingSpec) -> tuple[bool, bool]:
 
 def graphed_per_layer(spec: TrainingSpec, x: Dims) -> int:
     """One layer-microbatch's saved tensors inside the graphs (its graphed halves)."""
-    _, attention, mlp_half = _halves(spec, x)
+    kept, attention = kept_halves(spec, x)
     attn, mlp = _scope(spec)
-    return (attention if attn else 0) + (mlp_half if mlp else 0)
+    return (attention if attn else 0) + (kept - attention if mlp else 0)
 
 
 def _graphed_working(spec: TrainingSpec, x: Dims) -> int:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from memscope.analysis.static.megatron_versions import (
     MLA_QK_NORM_RESOLVER,
+    MoeBias,
     at_least,
     legacy_grouped_mlp,
     moe_bias_rule,
@@ -57,20 +58,20 @@ def validate_moe(m: ModelSpec, p: ParallelSpec) -> None:
             f"parallel.ep x etp ({p.ep} x {p.expert_tp}) must divide parallel.tp x cp x dp "
             f"({p.tp} x {p.cp} x {p.dp})"
         )
-    bias_rule = moe_bias_rule(m)
-    if m.add_bias_linear and bias_rule == "none":
+    bias_rule = moe_bias_rule(m) if m.add_bias_linear else None
+    if bias_rule is MoeBias.REFUSED:
         raise ValueError(
             f"model.add_bias_linear with MoE: megatron-core {m.megatron_core_version} refuses "
             "expert biases (0.13 to 0.15.0rc5)"
         )
-    if m.add_bias_linear and bias_rule == "etp1" and p.expert_tp > 1:
+    if bias_rule is MoeBias.ETP1 and p.expert_tp > 1:
         raise ValueError("model.add_bias_linear with MoE needs parallel.etp == 1 (megatron-core)")
-    if m.add_bias_linear and bias_rule == "any" and m.moe_token_dispatcher != "allgather":
+    if bias_rule is MoeBias.ANY_ETP and m.moe_token_dispatcher != "allgather":
         raise ValueError(  # 0.12 token_dispatcher.py MoEAlltoAllTokenDispatcher
             f"model.add_bias_linear with MoE: megatron-core {m.megatron_core_version}'s "
             f"{m.moe_token_dispatcher} dispatcher refuses expert biases"
         )
-    if m.add_bias_linear and bias_rule == "any" and m.moe_grouped_gemm:
+    if bias_rule is MoeBias.ANY_ETP and m.moe_grouped_gemm:
         raise ValueError(  # experts.py GroupedMLP refuses; TEGroupedMLP's bias path is not read
             "model.add_bias_linear with MoE grouped GEMM before megatron-core 0.13 is not modelled"
         )

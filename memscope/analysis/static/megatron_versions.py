@@ -114,6 +114,7 @@ An unknown version (no megatron-core installed where the spec was read) follows 
 from __future__ import annotations
 
 import re
+from enum import Enum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # (config imports the checks that import this module)
@@ -178,15 +179,22 @@ def probs_in_experts(model: ModelSpec) -> bool:
     return not older_than(model, PROBS_IN_EXPERTS)
 
 
-def moe_bias_rule(model: ModelSpec) -> str:
-    """What the spec's release allows of MoE experts with biases (``add_bias_linear``):
-    ``"any"`` (before :data:`MOE_BIAS_REFUSED`), ``"none"`` (0.13 to 0.15.0rc5) or
-    ``"etp1"``."""
+class MoeBias(Enum):
+    """What a release allows of MoE experts with biases (``add_bias_linear``)."""
+
+    ANY_ETP = "any expert TP"  # before MOE_BIAS_REFUSED
+    REFUSED = "refused"  # 0.13 to 0.15.0rc5
+    ETP1 = "expert TP 1"  # from MOE_BIAS_ETP1
+
+
+def moe_bias_rule(model: ModelSpec) -> MoeBias:
+    """:class:`MoeBias` of the spec's release (:data:`MOE_BIAS_REFUSED`,
+    :data:`MOE_BIAS_ETP1`)."""
     if older_than(model, MOE_BIAS_REFUSED):
-        return "any"
+        return MoeBias.ANY_ETP
     if older_than(model, MOE_BIAS_ETP1):
-        return "none"
-    return "etp1"
+        return MoeBias.REFUSED
+    return MoeBias.ETP1
 
 
 def moe_expert_bias_saved(model: ModelSpec, local_experts: int) -> bool:
@@ -194,7 +202,7 @@ def moe_expert_bias_saved(model: ModelSpec, local_experts: int) -> bool:
     (before :data:`MOE_BIAS_REFUSED`, several local experts, :func:`moe_bias_rule`)."""
     return bool(
         model.add_bias_linear
-        and moe_bias_rule(model) == "any"
+        and moe_bias_rule(model) is MoeBias.ANY_ETP
         and model.moe_token_dispatcher == "allgather"
         and local_experts > 1
     )
