@@ -10,6 +10,9 @@ mentions ``torch.cuda``).
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -33,12 +36,46 @@ def device_name() -> str:
     return torch.cuda.get_device_name() if accelerator_available() else "cpu"
 
 
+# The observers of this process. torch cannot detach what it was given, so it is given one
+# dispatcher, once; the observers are held weakly (a bound method by ``WeakMethod``) so that a
+# finished session, and the model and optimizer it references, can be freed.
+_observers: list[Callable[[], OomObserver | None]] = []
+_dispatcher_attached = False
+
+
+def _dispatch(device: int, alloc: int, device_alloc: int, device_free: int) -> None:
+    for ref in list(_observers):
+        observer = ref()
+        if observer is None:
+            _observers.remove(ref)
+            continue
+        # one observer's bug must not hide the allocator's own error from the others
+        with contextlib.suppress(Exception):
+            observer(device, alloc, device_alloc, device_free)
+
+
+def _weak(observer: OomObserver) -> Callable[[], OomObserver | None]:
+    if inspect.ismethod(observer):
+        return weakref.WeakMethod(observer)
+    return weakref.ref(observer)
+
+
 def attach_oom_observer(observer: OomObserver) -> bool:
     """Have the CUDA caching allocator call ``observer`` when an allocation fails; whether it
-    was attached (not without a GPU, nor with a torch that lacks the hook). torch offers no
-    way to detach it: the observer must turn itself into a no-op when its owner is done."""
+    was attached (not without a GPU, nor with a torch that lacks the hook). ``observer`` is
+    held weakly and :func:`detach_oom_observer` removes it; torch itself is given one
+    dispatcher per process, which cannot be detached."""
+    global _dispatcher_attached
     attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
     if not accelerator_available() or not callable(attach):
         return False
-    attach(observer)
+    if not _dispatcher_attached:
+        attach(_dispatch)
+        _dispatcher_attached = True
+    _observers.append(_weak(observer))
     return True
+
+
+def detach_oom_observer(observer: OomObserver) -> None:
+    """Stop calling ``observer`` (a no-op when it was never attached)."""
+    _observers[:] = [ref for ref in _observers if ref() not in (None, observer)]

@@ -4,8 +4,8 @@
 ``atexit`` handler (exit without ``finalize()``), takes SIGTERM when nobody else handles it
 (torchrun stops the surviving workers with SIGTERM), and attaches the CUDA allocator's OOM
 observer (through :mod:`memscope.capture.device`). Each calls back into the session;
-everything is undone by :meth:`uninstall` (torch offers no way to detach an OOM observer, so
-after it the observer does nothing).
+everything is undone by :meth:`uninstall`. None of them keeps a finished session alive: the
+OOM observer is held weakly and detached (``capture/device.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from memscope.capture.device import attach_oom_observer
+from memscope.capture.device import attach_oom_observer, detach_oom_observer
 
 logger = logging.getLogger("memscope")
 
@@ -60,6 +60,7 @@ class CrashGuard:
         if not self.installed:
             return
         self.installed = False
+        detach_oom_observer(self._cuda_oom)
         if sys.excepthook == self._excepthook:
             sys.excepthook = self._prev_excepthook
         atexit.unregister(self._atexit)
