@@ -114,6 +114,16 @@ def test_vocab_is_padded_like_megatron_args_unless_padded_size_given():
     assert spec_from_megatron_args(_args(padded_vocab_size=97)).model.vocab_size == 97
 
 
+def test_null_tokenizer_adds_its_end_of_document_token_before_padding():
+    """Megatron-LM's _NullTokenizer.vocab_size is --vocab-size + 1; the GPU end-to-end run
+    (examples/flagscale_gpu_e2e) logged "padded vocab (size: 4097) ... (new size: 4224)"."""
+    null = dict(padded_vocab_size=None, tokenizer_type="NullTokenizer")
+    assert spec_from_megatron_args(_args(vocab_size=4096, **null)).model.vocab_size == 4224
+    assert spec_from_megatron_args(_args(vocab_size=4095, **null)).model.vocab_size == 4096
+    other = dict(padded_vocab_size=None, tokenizer_type="HuggingFaceTokenizer")
+    assert spec_from_megatron_args(_args(vocab_size=4096, **other)).model.vocab_size == 4096
+
+
 def test_uneven_pipeline_stages_place_layers_like_megatron():
     args = _args(
         num_layers=27,

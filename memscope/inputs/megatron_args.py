@@ -57,9 +57,16 @@ def _is_int(value: Any) -> bool:
     )
 
 
+#: Megatron-LM's tokenizer whose vocabulary is ``--vocab-size`` plus one end-of-document token
+NULL_TOKENIZER = "NullTokenizer"
+
+
 def _vocab(args: Any, tp: int, vocab_size: int | None) -> int:
     """The padded vocabulary: ``padded_vocab_size``, else ``vocab_size`` (or the caller's,
-    for a tokenizer-defined vocabulary) padded as Megatron does."""
+    for a tokenizer-defined vocabulary) padded as Megatron does. Megatron-LM's
+    ``NullTokenizer`` adds its end-of-document token to ``vocab_size`` (its ``vocab_size``
+    property is the given size + 1, ``megatron/training/tokenizer/tokenizer.py``), which the
+    padding then starts from: ``--vocab-size 4096`` trains 4224 rows, not 4096."""
     padded = get_int(args, "padded_vocab_size", None, "model.padded_vocab_size")
     if padded is not None:
         return int(padded)
@@ -73,8 +80,11 @@ def _vocab(args: Any, tp: int, vocab_size: int | None) -> int:
                 f"model.vocab_size: not given{given}; the tokenizer defines it -- pass "
                 "--vocab-size (vocab_size=) with the tokenizer's unpadded vocabulary size"
             )
-        raw = vocab_size
-    raw = as_int(raw, "model.vocab_size")
+        raw = as_int(vocab_size, "model.vocab_size")
+    else:
+        raw = as_int(raw, "model.vocab_size")
+        if get(args, "tokenizer_type") == NULL_TOKENIZER:
+            raw += 1  # its end-of-document token
     divisible = get_size(args, "make_vocab_size_divisible_by", 128)
     for stage_tp, _ in stage_meshes(args) or ():  # hetero: every stage's tp must divide it
         tp = math.lcm(tp, max(stage_tp, 1))

@@ -158,6 +158,7 @@ READ_KEYS = frozenset(NEGATED_FLAGS) | frozenset(
         "sgd_momentum",
         "swiglu",
         "tensor_model_parallel_size",
+        "tokenizer_type",
         "torch_optimizer",
         "transformer_impl",
         "untie_embeddings_and_output_weights",
