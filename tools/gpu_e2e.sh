@@ -108,6 +108,7 @@ run() {
   local rc=${PIPESTATUS[0]}
   set -e
   tail -n 200 "$WORK/train.log" >"$outdir/train_log_tail.txt"
+  cp "$WORK/train.log" "$outdir/train_log.txt"  # whole: memscope analyze-log reads it
   [[ $rc -eq 0 ]] || die "training exited $rc (see $outdir/train_log_tail.txt)"
 
   local rank="$WORK/memscope/rank00000"

@@ -5,10 +5,13 @@ traced by ``MemScopeMegatronRuntime`` with the ``cuda`` backend, and checks:
 
 - the report's peak equals ``torch.cuda.max_memory_allocated`` over the same steps (the true
   allocator high-water mark, not a sampled value), per step as well;
-- the allocator snapshot is dumped on its schedule and loads with pickle (it opens in
-  pytorch.org/memory_viz);
+- the allocator snapshot is dumped on its schedule, is pickle protocol <= 4 and loads with
+  torch's own ``torch.cuda._memory_viz`` functions (what pytorch.org/memory_viz renders);
 - a real CUDA OOM triggers the OOM observer: an ``oom`` report and an ``oom_snapshot.pickle``;
-- losses are identical with tracing on and off; hook overhead at default settings.
+- losses are identical with tracing on and off; hook overhead at default settings;
+- the host's own counter is left alone: ``torch.cuda.max_memory_allocated()`` read after each
+  step and never reset (as Megatron-LM's "max allocated" is) is the same with tracing on and
+  off.
 
 Usage: ``python tools/gpu_runtime_check.py [--outdir DIR]``; prints one ``ok``/``FAIL`` line
 per check and exits non-zero if any check fails.
@@ -37,7 +40,9 @@ def _model() -> torch.nn.Module:
     return torch.nn.TransformerEncoder(layer, num_layers=8).cuda().to(torch.bfloat16)
 
 
-def _train(argv: list[str] | None, steps: int, oom_at: int | None = None) -> dict:
+def _train(
+    argv: list[str] | None, steps: int, oom_at: int | None = None, reset_each_step: bool = True
+) -> dict:
     model = _model()
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     runtime = None
@@ -55,7 +60,8 @@ def _train(argv: list[str] | None, steps: int, oom_at: int | None = None) -> dic
             torch.cuda.synchronize()
             t = time.perf_counter()
             opt.zero_grad(set_to_none=True)
-            torch.cuda.reset_peak_memory_stats()
+            if reset_each_step:
+                torch.cuda.reset_peak_memory_stats()
             if runtime:
                 runtime.on_train_step_start(step)
             for _ in range(4):
@@ -84,6 +90,22 @@ def _train(argv: list[str] | None, steps: int, oom_at: int | None = None) -> dic
     return {"losses": losses, "times": times, "torch_peaks": torch_peaks, "runtime": runtime}
 
 
+def _memory_viz_check(path: str) -> tuple[bool, str]:
+    """(ok, detail): pickle protocol <= 4 and torch's own memory_viz renders it."""
+    from torch.cuda import _memory_viz
+
+    with open(path, "rb") as f:
+        head = f.read(2)
+        f.seek(0)
+        data = pickle.load(f)
+    protocol = head[1] if head[:1] == b"\x80" else 0
+    pages = [_memory_viz.trace_plot(data), _memory_viz.segment_plot(data)]
+    summary = _memory_viz.segsum(data)
+    ok = protocol <= 4 and all(isinstance(p, str) and len(p) > 1000 for p in pages)
+    ok = ok and "segments" in data and "device_traces" in data and bool(summary)
+    return ok, f"protocol {protocol}, trace_plot {len(pages[0])} chars, segsum {len(summary)} chars"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--outdir", default=None)
@@ -101,7 +123,13 @@ def main() -> int:
         print(f"{'ok  ' if ok else 'FAIL'} {name}: {detail}", flush=True)
 
     print(f"device {torch.cuda.get_device_name()} torch {torch.__version__} outdir {outdir}")
+    # bitwise-comparable losses need deterministic kernels (SDPA's backward is not by default);
+    # the untraced pair shows whether the GPU repeats itself at all
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
     off = _train(None, ns.steps)
+    again = _train(None, ns.steps)["losses"]
+    print(f"untraced runs repeat bitwise: {again == off['losses']}")
     base = ["--memscope", "--memscope-backend", "cuda", "--memscope-outdir"]
     on = _train(
         [*base, os.path.join(outdir, "traced"), "--memscope-enable-memory-snapshot",
@@ -118,16 +146,23 @@ def main() -> int:
     per_step = [s["peak_allocated"] for s in report["steps"]]
     check("per-step peaks match", per_step == on["torch_peaks"], f"{per_step[:3]}...")
     snaps = [a for k, a in report["artifacts"].items() if k.startswith("memory_snapshot")]
-    ok = bool(snaps)
+    check("snapshot dumped", bool(snaps), ", ".join(snaps))
     for name in snaps:
-        with open(os.path.join(outdir, "traced", rank_folder_name(0), name), "rb") as f:
-            data = pickle.load(f)
-        ok = ok and "segments" in data and "device_traces" in data
-    check("snapshot dumped and loadable", ok, ", ".join(snaps))
+        check(f"snapshot {name} opens in memory_viz", *_memory_viz_check(
+            os.path.join(outdir, "traced", rank_folder_name(0), name)))  # fmt: skip
     dev = report["steps"][-1].get("device_end", {})
     check("device-level used memory recorded", dev.get("device_used_bytes", 0) >= peak, str(dev))
     ratio = statistics.median(on["times"][2:]) / statistics.median(off["times"][2:])
     print(f"overhead (all hooks, default settings, no sync): {ratio:.3f}")
+
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    plain = _train(None, 4, reset_each_step=False)["torch_peaks"]
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    traced = _train([*base, os.path.join(outdir, "counters")], 4, reset_each_step=False)
+    check("host's max_memory_allocated unchanged by tracing", traced["torch_peaks"] == plain,
+          f"off {plain} on {traced['torch_peaks']}")  # fmt: skip
 
     oom_dir = os.path.join(outdir, "oom")
     _train([*base, oom_dir, "--memscope-enable-memory-snapshot"], 3, oom_at=1)

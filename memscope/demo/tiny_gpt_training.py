@@ -67,7 +67,7 @@ def make_data_iterators(
     return [_microbatch_stream(cfg, dp_rank) for _ in range(cfg.vpp or 1)]
 
 
-def _loss_func(
+def megatron_loss(
     loss_mask: torch.Tensor, output_tensor: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """Megatron ``pretrain_gpt`` style 3-tuple loss: (sum, num_tokens, report)."""
@@ -90,7 +90,7 @@ def _forward_step(
         batch["attention_mask"],
         labels=batch["labels"],
     )
-    return output, partial(_loss_func, batch["loss_mask"])
+    return output, partial(megatron_loss, batch["loss_mask"])
 
 
 def _call(callbacks: Any, name: str, **kwargs: Any) -> None:
