@@ -199,7 +199,7 @@ def no_te_moe_workaround() -> None:
     from megatron.core.transformer.moe import moe_utils
 
     if not hasattr(moe_utils, "te_general_gemm"):
-        moe_utils.te_general_gemm = None  # type: ignore[attr-defined]
+        moe_utils.te_general_gemm = None
 
 
 def transformer_config(case: GpuCase, device: Device) -> Any:
@@ -460,21 +460,16 @@ def accuracy(
     """Measured, runtime-reported and estimated peaks of every case (see module doc), appended
     to ``rows``; ``saved()`` after each."""
     for case in CASES:
+        if device.cpu and case.num_experts:  # megatron-core's router moves its weight to CUDA
+            print(f"{case.name:<26} not smoke-tested: the MoE router needs CUDA", flush=True)
+            continue
         case = smoke_case(case) if device.cpu else case
         row: dict[str, Any] = {"case": case.name, "config": dataclasses.asdict(case)}
         try:
             traced = os.path.join(outdir, "accuracy", case.name.split()[0])
-            res = run(
-                case,
-                device,
-                steps,
-                [
-                    "--memscope-backend",
-                    (device.name == "cuda" and "cuda") or "storage",
-                    "--memscope-outdir",
-                    traced,
-                ],
-            )
+            backend = "storage" if device.cpu else "cuda"
+            argv = ["--memscope-backend", backend, "--memscope-outdir", traced]
+            res = run(case, device, steps, argv)
             assert res.report is not None and res.args is not None
             est = args_estimate(res.args)
             comparison = res.report.get("comparisons") or {}
@@ -593,8 +588,7 @@ def overhead(device: Device, outdir: str, steps: int, repeats: int, warmup: int)
             "mode": name, "ratio": statistics.median(ratios[name]), "ratios": ratios[name],
             "median_step_on_s": statistics.median(medians[name]),
         })  # fmt: skip
-    params = None
-    rows.append({"mode": "off", "median_step_off_s": statistics.median(offs), "params": params})
+    rows.append({"mode": "off", "median_step_off_s": statistics.median(offs)})
     return rows
 
 
