@@ -8,7 +8,9 @@ the "off" run done just before it; its ratio is the median over repeats of
 The "on" configurations, chosen with ``--modes`` (default: all of them):
 
 * ``hooks``: the hook families switched on one after the other with ``--backend`` (step
-  callbacks only, + module hooks, + output-grad hooks, + param-grad hooks = the defaults).
+  callbacks only, + module hooks, + output-grad hooks, + param-grad hooks = the defaults),
+  then all hooks timed after their recording window (``--memscope-hook-steps`` set to the
+  warm-up steps): what every step after the first 20 costs by default.
   The last of these rows is always run: it is the figure of the last line.
 * ``always-on``: the GPU's default mode, backend ``cuda`` (allocator counters and context
   markers, no per-op dispatch, no stacks); skipped on a machine without CUDA.
@@ -88,6 +90,9 @@ HOOK_ROWS: list[tuple[str, tuple[bool, bool, bool] | None]] = [
     ("+ param-grad hooks (all, default)", None),
 ]
 DEFAULT_CONFIG = HOOK_ROWS[-1][0]
+#: With the ``hooks`` rows: all hooks at their defaults, timed after the hook window closed
+#: (``--memscope-hook-steps`` = the warm-up steps), what a long run pays on every later step.
+AFTER_WINDOW = "all hooks, after the hook window"
 
 HOOKS = "hooks"
 # mode -> (row name, backend); the "hooks" rows use --backend.
@@ -166,6 +171,8 @@ def build_configs(
     configs = [
         Config(name, HOOKS, backend, tuple(hook_argv(switches))) for name, switches in hook_rows
     ]
+    if HOOKS in modes and warmup > 0:
+        configs.append(Config(AFTER_WINDOW, HOOKS, backend, ("--memscope-hook-steps", str(warmup))))
     for mode, (name, mode_backend) in MODES.items():
         if mode in modes:
             extra = history_argv(warmup, steps, world_size) if mode.startswith("deep") else []

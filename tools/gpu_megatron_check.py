@@ -111,6 +111,9 @@ OVERHEAD_MODES: tuple[tuple[str, tuple[str, ...]], ...] = (
         "--memscope-backend", "cuda", "--memscope-hook-modules", "false",
         "--memscope-hook-output-grads", "false", "--memscope-hook-param-grads", "false")),
     ("storage (exact composition)", ("--memscope-backend", "storage")),
+    # timed after the hook window (the warm-up steps): what every step past the first 20 pays
+    ("cuda, all hooks, after the window", ("--memscope-backend", "cuda",
+                                           "--memscope-hook-steps", "{warmup}")),
 )  # fmt: skip
 
 
@@ -571,6 +574,7 @@ def overhead(device: Device, outdir: str, steps: int, repeats: int, warmup: int)
     offs: list[float] = []
     for repeat in range(repeats):
         for name, argv in OVERHEAD_MODES:
+            argv = tuple(a.format(warmup=warmup) for a in argv)
             if device.cpu:
                 argv = tuple("storage" if a == "cuda" else a for a in argv)
             off = run(case, device, warmup + steps)
