@@ -44,7 +44,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any
 
@@ -397,22 +397,37 @@ class RunResult:
     args: argparse.Namespace | None = None
 
 
+def start_runtime(
+    case: GpuCase, chunks: list[Any], optimizer: Any, memscope_argv: Sequence[str]
+) -> tuple[Any, argparse.Namespace]:
+    """MemScope wired as the Megatron-LM patch wires it, started; (runtime, its args)."""
+    from memscope.integrations.megatron import MemScopeMegatronRuntime
+
+    args = megatron_args(case, ["--memscope", *memscope_argv])
+    runtime = MemScopeMegatronRuntime.from_megatron_args(args)
+    runtime.attach_model(chunks)
+    runtime.attach_optimizer(optimizer)
+    runtime.start()
+    return runtime, args
+
+
+def mode_argv(argv: Sequence[str], device: Device, warmup: int) -> list[str]:
+    """An overhead mode's MemScope argv for this run: the hook window set to ``warmup`` where
+    the mode asks for it, the ``storage`` backend in place of ``cuda`` on the CPU."""
+    out = [a.format(warmup=warmup) for a in argv]
+    return ["storage" if device.cpu and a == "cuda" else a for a in out]
+
+
 def run(
     case: GpuCase, device: Device, steps: int, memscope_argv: list[str] | None = None
 ) -> RunResult:
     """Build ``case``, train ``steps`` steps (traced when ``memscope_argv`` is given)."""
-    from memscope.integrations.megatron import MemScopeMegatronRuntime
-
     device.fresh()
     before = device.allocated()
     chunks, optimizer, _ = build(case, device)
     runtime, args = None, None
     if memscope_argv is not None:
-        args = megatron_args(case, ["--memscope", *memscope_argv])
-        runtime = MemScopeMegatronRuntime.from_megatron_args(args)
-        runtime.attach_model(chunks)
-        runtime.attach_optimizer(optimizer)
-        runtime.start()
+        runtime, args = start_runtime(case, chunks, optimizer, memscope_argv)
     data = batches(case, device)
     result = RunResult([], [], [], [], before, args=args)
     try:
@@ -574,12 +589,10 @@ def overhead(device: Device, outdir: str, steps: int, repeats: int, warmup: int)
     offs: list[float] = []
     for repeat in range(repeats):
         for name, argv in OVERHEAD_MODES:
-            argv = tuple(a.format(warmup=warmup) for a in argv)
-            if device.cpu:
-                argv = tuple("storage" if a == "cuda" else a for a in argv)
             off = run(case, device, warmup + steps)
             where = os.path.join(outdir, "overhead", f"r{repeat}")
-            on = run(case, device, warmup + steps, [*argv, "--memscope-outdir", where])
+            on_argv = [*mode_argv(argv, device, warmup), "--memscope-outdir", where]
+            on = run(case, device, warmup + steps, on_argv)
             t_off = statistics.median(off.step_times[warmup:])
             t_on = statistics.median(on.step_times[warmup:])
             offs.append(t_off)
@@ -631,8 +644,6 @@ def profile(device: Device, outdir: str) -> dict:
     import pstats
     import warnings
 
-    from memscope.integrations.megatron import MemScopeMegatronRuntime
-
     out: dict[str, Any] = {}
     if not device.cpu:
         out["us_per_call"] = {
@@ -644,16 +655,12 @@ def profile(device: Device, outdir: str) -> dict:
         print(f"profile: {out['us_per_call']}", flush=True)
     case = smoke_case(OVERHEAD_CASE) if device.cpu else OVERHEAD_CASE
     for name, argv in OVERHEAD_MODES[:2]:
-        if device.cpu:
-            argv = tuple("storage" if a == "cuda" else a for a in argv)
         device.fresh()
         chunks, optimizer, _ = build(case, device)
-        args = megatron_args(case, ["--memscope", *argv, "--memscope-outdir",
-                                    os.path.join(outdir, "profile")])  # fmt: skip
-        runtime = MemScopeMegatronRuntime.from_megatron_args(args)
-        runtime.attach_model(chunks)
-        runtime.attach_optimizer(optimizer)
-        runtime.start()
+        where = os.path.join(outdir, "profile")
+        runtime, _ = start_runtime(
+            case, chunks, optimizer, [*mode_argv(argv, device, 0), "--memscope-outdir", where]
+        )
         data = batches(case, device)
         entry: dict[str, Any] = {}
         try:

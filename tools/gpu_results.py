@@ -151,15 +151,22 @@ def accuracy(run_dir: str) -> list[str]:
     return out
 
 
-def end_to_end() -> tuple[list[str], list[str]]:
-    """Sections 4 (the run) and 6 (its log against its report)."""
+def static_summary() -> dict:
+    """``memscope analyze-static`` on the end-to-end run's YAML: its report's summary."""
+    with tempfile.TemporaryDirectory() as tmp:
+        _cli(["analyze-static", "--config", E2E_YAML, "--outdir", tmp])
+        return _load(os.path.join(tmp, STATIC_REPORT_NAME))["summary"]
+
+
+def end_to_end(summary: dict) -> tuple[list[str], list[str]]:
+    """Sections 4 (the run) and 6 (its log against its report); ``summary``: the static
+    estimate of its YAML."""
+    static = summary["peak_memory_bytes"]
     report = _load(os.path.join(E2E, "rank00000", REPORT_NAME))
     steps = [s["peak_allocated"] for s in report["steps"]]
     with tempfile.TemporaryDirectory() as tmp:
         _cli(["analyze-log", os.path.join(E2E, "train_log.txt"), "--outdir", tmp])
         rank = _load(os.path.join(tmp, LOG_REPORT))["runs"][0]["ranks"][0]
-        _cli(["analyze-static", "--config", E2E_YAML, "--outdir", tmp])
-        static = _load(os.path.join(tmp, STATIC_REPORT_NAME))["summary"]["peak_memory_bytes"]
     inrun = report["comparisons"]["static_peak_memory_bytes"]
     measured = report["peak"]["memory_bytes"]
     timeline = report["allocator_timeline"]["peak_bytes"]
@@ -218,11 +225,9 @@ TERMS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
 )  # fmt: skip
 
 
-def fixture() -> list[str]:
-    """Section 5: the snapshot's composition at its peak against the estimate's terms."""
-    with tempfile.TemporaryDirectory() as tmp:
-        _cli(["analyze-static", "--config", E2E_YAML, "--outdir", tmp])
-        summary = _load(os.path.join(tmp, STATIC_REPORT_NAME))["summary"]
+def fixture(summary: dict) -> list[str]:
+    """Section 5: the snapshot's composition at its peak against the estimate's terms
+    (``summary``: the static estimate of the run's YAML)."""
     with tempfile.TemporaryDirectory() as tmp:
         for name in os.listdir(os.path.dirname(SNAPSHOT)):
             os.symlink(os.path.join(os.path.dirname(SNAPSHOT), name), os.path.join(tmp, name))
@@ -259,8 +264,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     run_dir = os.path.abspath(args[0])
     lines = header(run_dir) + runtime_checks(run_dir) + overhead(run_dir) + accuracy(run_dir)
-    run, log = end_to_end()
-    lines += run + fixture() + log
+    summary = static_summary()
+    run, log = end_to_end(summary)
+    lines += run + fixture(summary) + log
     print("\n".join(lines))
     return 0
 
