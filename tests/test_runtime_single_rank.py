@@ -314,12 +314,20 @@ def test_a_rank_outside_memscope_ranks_is_inert(tmp_path, small_cfg):
 
 
 def test_hook_steps_limits_module_events_to_the_first_steps_of_the_window(tmp_path, small_cfg):
+    """Steps 1-2 record; the hooks are off the model for step 0 (before the window) and from
+    step 3 on (past --memscope-hook-steps), so those steps run the model untouched."""
     argv = ["--memscope", "--memscope-outdir", str(tmp_path), "--memscope-step-start", "1",
             "--memscope-hook-steps", "2", "--memscope-detail-steps", "5"]  # fmt: skip
-    report = load_json(run_in_process(small_cfg, 5, argv).report_path)
+    result = run_in_process(small_cfg, 5, argv)
+    report = load_json(result.report_path)
     fine_steps = {e["step"] for e in report["runtime_trace"] if e["event_type"] != "step_phase"}
     assert fine_steps == {1, 2}
     assert [s["step"] for s in report["steps"]] == [0, 1, 2, 3, 4]
+    meta = report["metadata"]
+    handles = 2 * meta["modules_hooked"] + 2 * meta["params_hooked"]
+    assert handles > 0 and result.handles_per_step == [0, handles, handles, 0, 0]
+    assert meta["hooks_suspended"] == 2  # before step 0 and before step 3
+    assert meta["hook_handles_removed"] == 2 * handles and result.handles_left == 0
 
 
 def test_a_failed_start_leaves_no_dispatch_mode_or_hooks(tmp_path, small_cfg, monkeypatch):

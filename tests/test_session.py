@@ -31,14 +31,19 @@ def _hooks_on(model: torch.nn.Module) -> int:
     )
 
 
-def _one_step(session: TracingSession, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
-    session.step_start(0)
+def _one_step(
+    session: TracingSession, model: torch.nn.Module, opt: torch.optim.Optimizer, step: int = 0
+) -> int:
+    """One training step; returns how many hooks were on the model while it ran."""
+    session.step_start(step)
+    hooks = _hooks_on(model)
     model(torch.randn(4, 8)).sum().backward()
     session.forward_backward_end()
     session.optimizer_step_start()
     opt.step()
     session.optimizer_step_end()
     session.step_end()
+    return hooks
 
 
 def test_lifecycle_moves_through_the_states_and_finalize_is_reentrant(tmp_path):
@@ -58,6 +63,28 @@ def test_lifecycle_moves_through_the_states_and_finalize_is_reentrant(tmp_path):
     session.finalize()  # second call: nothing happens, nothing raises
     session.start()  # a finalized session never restarts
     assert session.state is SessionState.FINALIZED and session.report_path == first
+
+
+def test_hooks_are_on_the_model_only_for_steps_that_record(tmp_path):
+    """A step outside the recording window runs with no MemScope hook on the model; a later
+    one inside it gets every hook back; the events say which steps recorded."""
+    session = _session(tmp_path, step_start=1, step_end=4, hook_steps=2)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    session.attach_model([model])
+    session.start()
+    full = _hooks_on(model)
+    assert full == 2 * 4 + 2 * 4  # 4 modules (pre + post), 4 parameters (two hooks each)
+    on_during = [_one_step(session, model, opt, step) for step in range(6)]
+    assert on_during == [0, full, full, 0, 0, 0]  # window 1-3, two hooked steps: 1 and 2
+    session.finalize()
+    assert _hooks_on(model) == 0
+    counts = session.hook_counts
+    assert counts["hooks_suspended"] == 2 and counts["hook_handles_removed"] == 2 * full
+    with open(session.report_path, encoding="utf-8") as f:
+        report = json.load(f)
+    fine = {e["step"] for e in report["runtime_trace"] if e["event_type"] != "step_phase"}
+    assert fine == {1, 2}
 
 
 def test_teardown_removes_everything_start_installed_in_reverse_order(tmp_path, monkeypatch):

@@ -302,13 +302,15 @@ class MemoryTracer:
         )
 
     # -- step boundaries -------------------------------------------------------------------
-    def step_start(self, step: int, notes: str = "") -> None:
+    def step_start(self, step: int, notes: str = "") -> bool:
+        """Open step ``step``; returns whether it records module/grad events."""
         self._stack.clear()
         self._microbatches.clear()
         self.current_microbatch = None
         self._backward_microbatch = None
         self._param_before.clear()
         self.steps.start(step)
+        return self.steps.in_window
 
     def phase_end(self, phase: str, next_phase: str, notes: str = "") -> None:
         """Close the running step phase (recording it) and open ``next_phase``."""

@@ -290,7 +290,7 @@ class TracingSession:
         assert self.tracer is not None
         number = _step_number(step, self.tracer.step + 1, self.failures)
         self.recorders.on_step_start(number)
-        self.tracer.step_start(number, notes)
+        self.model_hooks.follow_window(self.tracer.step_start(number, notes))
 
     @_isolated("on_forward_backward_end")
     def forward_backward_end(self, notes: str = "") -> None:

@@ -100,6 +100,8 @@ class InstrumentedResult(WorkerResult):
     param_bytes: int = 0
     optimizer_state_bytes: int = 0
     handles_left: int = 0  # hooks on the model after finalize beyond those before MemScope
+    #: MemScope's hooks on the model at the end of each step (after ``trained``).
+    handles_per_step: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -123,6 +125,8 @@ class Instrumentation:
     leaked: list[torch.Tensor] = field(default_factory=list)
     injected: bool = False
     hooks_before: int = 0
+    chunks: list[torch.nn.Module] = field(default_factory=list)
+    handles_per_step: list[int] = field(default_factory=list)
     measured: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -131,6 +135,7 @@ class Instrumentation:
 
     def model_built(self, chunks: list[torch.nn.Module], optimizer: torch.optim.Optimizer) -> None:
         self.hooks_before = count_hooks(chunks)
+        self.chunks = chunks
         if self.leak_from_step is not None:
             self._plant_leak(chunks, self.leak_from_step)
         if self.late_free:
@@ -205,7 +210,9 @@ class Instrumentation:
 
     def trained(self, iteration: int, loss: float | None) -> None:
         """Log the loss as Megatron-LM's ``training_log`` does: at ``iteration``, the step
-        count after ``iteration += 1`` (megatron/training/training.py)."""
+        count after ``iteration += 1`` (megatron/training/training.py). Also counts the hooks
+        MemScope has on the model as the step ends."""
+        self.handles_per_step.append(self._memscope_hooks())
         if loss is None:
             return
         if self.writer is not None:
@@ -234,11 +241,14 @@ class Instrumentation:
                 for v in st.values()
                 if isinstance(v, torch.Tensor)
             ),
-            "handles_left": count_hooks(chunks)
-            - self.hooks_before
-            - (self.leak_from_step is not None)  # the planted leak's own hook
-            - self.late_free,
+            "handles_left": self._memscope_hooks(),
+            "handles_per_step": self.handles_per_step,
         }
+
+    def _memscope_hooks(self) -> int:
+        """Hooks on the model beyond those it had before MemScope and those planted here."""
+        planted = [self.leak_from_step is not None, self.late_free, self.die_at_step is not None]
+        return count_hooks(self.chunks) - self.hooks_before - sum(planted)
 
 
 def instrumented_worker(
