@@ -81,6 +81,7 @@ import statistics
 import subprocess
 import sys
 import types
+from collections.abc import Iterable
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -244,21 +245,48 @@ def _env_value(value: Any) -> str:
     return str(value)
 
 
-def recipe_world_sizes(tree: str) -> dict[str, int]:
-    """test case -> nodes x gpus of the recipe listing it."""
+def recipes_world_sizes(
+    files: Iterable[tuple[str, str]],
+) -> dict[str, tuple[int, str, bool]]:
+    """test case -> (nodes x gpus, the recipe's path, whether the recipe lists the case only in
+    a commented-out entry) over Megatron-LM's test recipes, given as (path, YAML text).
+
+    A case a DGX recipe (8 GPUs a node, the golden files' platforms) lists takes that one's
+    world size, not a GB200 recipe's; a case listed in one recipe and commented out in another
+    takes the listing's; a case only commented out ran under that file's spec when it ran.
+    The one reader of a recipe's text, for the tree's files and for git."""
     import yaml
 
-    out: dict[str, int] = {}
-    for path in sorted(glob.glob(os.path.join(tree, RECIPES_DIR, "*.yaml"))):
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f) or {}
-        spec = data.get("spec") or {}
+    listed: dict[str, tuple[int, str, bool]] = {}
+    commented: dict[str, tuple[int, str, bool]] = {}
+    for path, text in sorted(files, key=lambda f: ("gb200" in f[0], f[0])):
+        data = yaml.safe_load(text) or {}
+        spec = (data.get("spec") or {}) if isinstance(data, dict) else {}
         if not isinstance(spec.get("nodes"), int) or not isinstance(spec.get("gpus"), int):
             continue
+        world = spec["nodes"] * spec["gpus"]
         for product in data.get("products") or []:
             for case in product.get("test_case") or []:
-                out.setdefault(str(case), spec["nodes"] * spec["gpus"])
-    return out
+                listed.setdefault(str(case), (world, path, False))
+        for case in re.findall(r"#\s*- test_case: \[(\w+)\]", text):
+            commented.setdefault(case, (world, path, True))
+    return {**commented, **listed}
+
+
+def recipe_world_sizes(tree: str) -> dict[str, int]:
+    """test case -> nodes x gpus of the recipe listing it, from the tree's recipe files. A
+    case only commented out is left out: it does not run at the tree's commit, so its golden
+    values are older than its model_config.yaml here, which may have changed since (the
+    selective-recompute MoE case gained an MTP layer in its layout after its H100 values)."""
+    files = []
+    for path in glob.glob(os.path.join(tree, RECIPES_DIR, "*.yaml")):
+        with open(path, encoding="utf-8") as f:
+            files.append((path, f.read()))
+    return {
+        case: world
+        for case, (world, _, only_commented) in recipes_world_sizes(files).items()
+        if not only_commented
+    }
 
 
 def world_size(name: str, recipes: dict[str, int]) -> tuple[int | None, str]:

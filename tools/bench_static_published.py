@@ -158,29 +158,14 @@ RECIPES_ROOT = "tests/test_utils/recipes"
 
 def _recipe_world_sizes(git_dir: str, commit: str) -> dict[str, tuple[int, str]]:
     """Case name -> (world size, where it came from) for every recipe under
-    :data:`RECIPES_ROOT` at ``commit`` whose spec gives ``nodes`` and ``gpus``; a case a
-    DGX (8 GPUs a node, the golden files' platforms) recipe lists takes that one's, not a
-    GB200 recipe's."""
-    import yaml
-
-    out: dict[str, tuple[int, str]] = {}
+    :data:`RECIPES_ROOT` at ``commit`` whose spec gives ``nodes`` and ``gpus``
+    (:func:`bench_static_gpu_golden.recipes_world_sizes` reads them)."""
     paths = _git(git_dir, "ls-tree", "-r", "--name-only", commit, RECIPES_ROOT + "/").split()
-    for path in sorted(paths, key=lambda p: ("gb200" in p, p)):
-        if not path.endswith(".yaml"):
-            continue
-        text = _git(git_dir, "show", f"{commit}:{path}")
-        data = yaml.safe_load(text) or {}
-        spec = data.get("spec") or {} if isinstance(data, dict) else {}
-        if not isinstance(spec.get("nodes"), int) or not isinstance(spec.get("gpus"), int):
-            continue
-        world = spec["nodes"] * spec["gpus"]
+    files = [(p, _git(git_dir, "show", f"{commit}:{p}")) for p in paths if p.endswith(".yaml")]
+    out: dict[str, tuple[int, str]] = {}
+    for case, (world, path, commented) in golden.recipes_world_sizes(files).items():
         where = f"{path}@{commit[:10]} nodes x gpus"
-        for product in data.get("products") or []:
-            for case in product.get("test_case") or []:
-                out.setdefault(str(case), (world, where))
-        # a case whose entry is commented out still ran under that file's spec
-        for case in re.findall(r"#\s*- test_case: \[(\w+)\]", text):
-            out.setdefault(case, (world, f"{where} (commented-out entry)"))
+        out[case] = (world, f"{where} (commented-out entry)" if commented else where)
     return out
 
 
