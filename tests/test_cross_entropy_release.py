@@ -16,10 +16,15 @@ import pytest
 
 from memscope.analysis.static.activations import cross_entropy_saved, dims, loss_moments
 from memscope.analysis.static.estimator import estimate_rank
-from memscope.analysis.static.megatron_versions import dating_argument, logits_shift_copy
+from memscope.analysis.static.megatron_versions import (
+    ReleaseRange,
+    dating_argument,
+    logits_shift_copy,
+    release_range,
+)
 from memscope.analysis.static.params import RankPosition
 from memscope.cli.analyze_log_cmd import analyze_logs
-from memscope.inputs.log_spec import dated_spec
+from memscope.inputs.log_spec import dating_note
 from memscope.inputs.megatron_args import spec_from_megatron_args
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -47,7 +52,7 @@ def _dated_releases(run: dict[str, Any]) -> list[str]:
     return [
         m[1]
         for n in run["notes"]
-        for m in [re.search(r"follows megatron-core (\S+)'s", str(n))]
+        for m in [re.search(r"estimated with megatron-core (\S+)'s terms", str(n))]
         if m
     ]
 
@@ -105,12 +110,16 @@ def test_recorded_0_7_measurement_is_the_estimate():
 
 
 def test_an_arguments_block_without_cross_entropy_loss_fusion_predates_0_8():
-    newer = {"fp16", "bias_swiglu_fusion", "glu_linear_offset"}  # from 0.5 and from 0.15
+    newer = {"fp16", "bias_swiglu_fusion"}  # from 0.5
     assert dating_argument(newer) == ("cross_entropy_loss_fusion", "0.7")
-    spec = _spec(None)
-    dated, note = dated_spec(spec, newer)
-    assert dated.model.megatron_core_version == "0.7" and note and "0.8" in note
-    assert dated_spec(spec, newer | {"cross_entropy_loss_fusion"}) == (spec, None)
+    releases = release_range(newer)
+    assert releases == ReleaseRange("0.5", "0.7", "cross_entropy_loss_fusion")
+    assert releases.distinct_releases() == ("0.7",)  # no term changes between 0.5 and 0.7
+    note = dating_note(releases, "0.7", [])
+    assert "predates megatron-core 0.8 (it is megatron-core 0.5 to 0.7)" in note
+    assert release_range(newer | {"cross_entropy_loss_fusion", "glu_linear_offset"}) is None
+    # a block with an argument newer than one it lacks is not dated (that one was renamed)
+    assert release_range({"fp16", "bias_swiglu_fusion", "glu_linear_offset"}) is None
 
 
 def test_published_runs_follow_the_release_their_arguments_block_dates():

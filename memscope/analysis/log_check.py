@@ -23,7 +23,7 @@ from memscope.analysis.static.params import RankPosition
 from memscope.analysis.static.planner import ESTIMATE_UNCERTAINTY
 from memscope.analysis.static.remedies import rank_remedies
 from memscope.analysis.static.terms import adam_bytes_per_param
-from memscope.analysis.unlogged_settings import UNLOGGED_SETTINGS
+from memscope.analysis.unlogged_settings import UNLOGGED_SETTINGS, UnloggedSetting
 
 MIB = 2**20
 #: megatron/core/parallel_state.py ``initialize_model_parallel(order=...)`` default.
@@ -177,12 +177,17 @@ def verdict(measured: int, predicted: int, terms: dict[str, int]) -> Verdict:
 
 
 def explained_if(
-    spec: TrainingSpec, position: RankPosition, steps: int, measured: int
+    spec: TrainingSpec,
+    position: RankPosition,
+    steps: int,
+    measured: int,
+    unlogged: tuple[UnloggedSetting, ...] = (),
 ) -> list[dict[str, Any]]:
-    """The settings the log cannot show (:data:`.unlogged_settings.UNLOGGED_SETTINGS`) under
-    which ``measured`` falls within the estimator's band, each with its estimate."""
+    """The settings the log cannot show (:data:`.unlogged_settings.UNLOGGED_SETTINGS` and this
+    run's ``unlogged``, such as its oldest possible release) under which ``measured`` falls
+    within the estimator's band, each with its estimate."""
     out = []
-    for setting in UNLOGGED_SETTINGS:
+    for setting in (*UNLOGGED_SETTINGS, *unlogged):
         changed = setting.apply(spec)
         if changed is None:
             continue
@@ -208,8 +213,10 @@ def check_rank(
     iteration: int,
     steps: int,
     order: str = DEFAULT_ORDER,
+    unlogged: tuple[UnloggedSetting, ...] = (),
 ) -> dict[str, Any]:
-    """One memory line explained: grid place, measured, estimate by term, verdict."""
+    """One memory line explained: grid place, measured, estimate by term, verdict (with the
+    run's own ``unlogged`` alternatives besides the general ones, :func:`explained_if`)."""
     grid = grid_position(spec, rank, order)
     position = RankPosition(tp_rank=grid["tp"], pp_rank=grid["pp"])
     est = estimate_rank(spec, position)
@@ -233,7 +240,7 @@ def check_rank(
             "terms": terms,
             "not_yet_allocated": dict(moment.missing),
         },
-        "verdict": _judged(spec, position, steps, measured["max_allocated"], moment, est),
+        "verdict": _judged(spec, position, steps, measured["max_allocated"], moment, est, unlogged),
         "allocated_verdict": verdict(
             measured["allocated"], moment.allocated_bytes, _terms(est)
         ).to_dict(),
@@ -247,12 +254,13 @@ def _judged(
     measured: int,
     moment: Moment,
     est: RankEstimate,
+    unlogged: tuple[UnloggedSetting, ...],
 ) -> dict[str, Any]:
     """The max-allocated verdict, with the unlogged settings that would explain a miss."""
     judged = verdict(measured, moment.peak_bytes, _terms(est))
     out = judged.to_dict()
     if judged.status is not Status.WITHIN_BAND:
-        out["explained_if"] = explained_if(spec, position, steps, measured)
+        out["explained_if"] = explained_if(spec, position, steps, measured, unlogged)
     return out
 
 

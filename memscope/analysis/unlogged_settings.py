@@ -7,6 +7,10 @@ tries Transformer Engine's ``FusedAdam``, then Apex's, and falls back to
 printed configuration as Megatron's defaults would run it; when a measurement lies outside
 the estimator's band, each alternative here is estimated too, and one that brings it within
 the band is named beside the verdict (``log_check.explained_if``), never silently taken.
+
+Which megatron-core ran the log is one such setting too: an arguments block dates a run only
+to a range of releases (``megatron_versions.release_range``); the spec follows the newest,
+and each older release whose terms differ is an alternative (:func:`older_release`).
 """
 
 from __future__ import annotations
@@ -43,3 +47,15 @@ UNLOGGED_SETTINGS: tuple[UnloggedSetting, ...] = (
         _torch_adamw,
     ),
 )
+
+
+def older_release(version: str, spec_there: TrainingSpec, dated: str) -> UnloggedSetting:
+    """An older release a dated arguments block can come from (``dated``: the range, as
+    ``0.8 to 0.14``), whose terms differ from the newest's, with the spec read there (its
+    checks and layout as that release has them)."""
+    return UnloggedSetting(
+        f"megatron-core {version}",
+        f"the arguments block dates the run to megatron-core {dated} only; the estimate "
+        "follows the newest of them that accepts the run",
+        lambda spec: spec_there,
+    )

@@ -33,17 +33,25 @@ from memscope.inputs.values import as_bool, as_str
 
 
 def spec_from_flagscale_yaml(
-    config: dict[str, Any], vocab_size: int | None = None, world_size: int | None = None
+    config: dict[str, Any],
+    vocab_size: int | None = None,
+    world_size: int | None = None,
+    megatron_core: str | None = None,
 ) -> TrainingSpec:
     """From a FlagScale training YAML (its ``system``/``model``/``data`` sections merged).
 
     The merged keys get Megatron's argument defaults (:func:`.megatron_defaults`); a YAML for
-    a model other than ``GPTModel`` is refused, heterogeneous meshes are resolved."""
-    return _from_flagscale_yaml(config, vocab_size, world_size)[0]
+    a model other than ``GPTModel`` is refused, heterogeneous meshes are resolved.
+    ``megatron_core``: the release that ran it where not the installed one (a logged run's),
+    which the spec follows and is checked against."""
+    return _from_flagscale_yaml(config, vocab_size, world_size, megatron_core)[0]
 
 
 def _from_flagscale_yaml(
-    config: dict[str, Any], vocab_size: int | None, world_size: int | None
+    config: dict[str, Any],
+    vocab_size: int | None,
+    world_size: int | None,
+    megatron_core: str | None = None,
 ) -> tuple[TrainingSpec, dict[str, Any]]:
     """:func:`spec_from_flagscale_yaml` and the merged keys as the YAML gives them."""
     merged: dict[str, Any] = {}
@@ -62,7 +70,7 @@ def _from_flagscale_yaml(
     refuse_non_gpt(merged)
     megatron_defaults(merged)
     apply_hetero(merged)
-    return spec_from_megatron_args(merged, vocab_size, world_size), given
+    return spec_from_megatron_args(merged, vocab_size, world_size, megatron_core), given
 
 
 # The original MemScope JSON config's names (and common synonyms) -> Megatron arg names.

@@ -160,7 +160,9 @@ def explain_run(
     for line in _latest_lines(run):
         steps, note = optimizer_steps(line.iteration, iterations)
         try:
-            row = check_rank(spec, line.rank, _measured(line), line.iteration, steps, order)
+            row = check_rank(
+                spec, line.rank, _measured(line), line.iteration, steps, order, rs.unlogged
+            )
         except UNEXPLAINED as exc:
             out["notes"].append(f"{line.where}: rank {line.rank}: {_reason(exc)}")
             continue

@@ -8,15 +8,15 @@ names, its defaults, the non-GPT refusals), with the world size the log itself s
 from __future__ import annotations
 
 import ast
-import dataclasses
 import re
 import warnings
 from dataclasses import dataclass
 from typing import Any
 
 from memscope.analysis.static.config import TrainingSpec
-from memscope.analysis.static.megatron_versions import dating_argument
+from memscope.analysis.static.megatron_versions import ReleaseRange, release_range
 from memscope.analysis.static.validation import ConfigWarning
+from memscope.analysis.unlogged_settings import UnloggedSetting, older_release
 from memscope.inputs.config_files import spec_from_flagscale_yaml
 from memscope.inputs.training_log import LogRun
 
@@ -57,6 +57,13 @@ class RunSpec:
     world_size: int
     world_origin: str
     notes: tuple[str, ...]
+    #: The megatron-core releases the arguments block dates the run to (the spec follows
+    #: the newest); None when it does not date it.
+    releases: ReleaseRange | None = None
+    #: What the log cannot show about this run beyond the general settings: the older
+    #: releases it dates to whose terms differ, each with the spec read there
+    #: (``log_check.explained_if``).
+    unlogged: tuple[UnloggedSetting, ...] = ()
 
 
 def run_args(run: LogRun) -> tuple[dict[str, Any], str, str]:
@@ -112,28 +119,49 @@ def run_spec(run: LogRun, vocab_size: int | None = None, world_size: int | None 
     vocab = vocab_size if vocab_size is not None else run.unpadded_vocab
     args.pop("world_size", None)  # the world size found above wins, checked to agree
     args.pop("data_parallel_size", None)  # derived by Megatron from it
+    # a command line names only the flags it sets: only a printed block dates the run
+    releases = release_range(set(args)) if origin == "arguments block" else None
+    if releases is None:
+        spec, notes = _read_at(args, vocab, world, None)
+        return RunSpec(spec, origin, where, world, world_origin, notes)
+    # the newest release whose checks accept the run ran it; older ones whose terms differ
+    # are alternatives the verdict may name
+    read: list[tuple[str, TrainingSpec, tuple[str, ...]]] = []
+    refused: list[tuple[str, ValueError]] = []
+    for version in releases.distinct_releases():
+        try:
+            read.append((version, *_read_at(args, vocab, world, version)))
+        except ValueError as exc:
+            if not read:
+                refused.append((version, exc))
+    if not read:
+        raise refused[0][1]
+    (version, spec, notes), older = read[0], read[1:]
+    newer = [f"megatron-core {v} refuses it ({e})" for v, e in refused]
+    notes += (dating_note(releases, version, newer),)
+    unlogged = tuple(older_release(v, s, releases.describe()) for v, s, _ in older)
+    return RunSpec(spec, origin, where, world, world_origin, notes, releases, unlogged)
+
+
+def _read_at(
+    args: dict[str, Any], vocab: int | None, world: int, version: str | None
+) -> tuple[TrainingSpec, tuple[str, ...]]:
+    """The spec of ``args`` as megatron-core ``version`` (None: the installed one) runs it,
+    with the reader's notes."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConfigWarning)
-        spec = spec_from_flagscale_yaml({"system": args}, vocab, world)
-    notes = tuple(str(w.message) for w in caught)
-    if origin == "arguments block":  # a command line names only the flags it sets
-        spec, dated = dated_spec(spec, set(args))
-        notes += (dated,) if dated else ()
-    return RunSpec(spec, origin, where, world, world_origin, notes)
+        spec = spec_from_flagscale_yaml({"system": args}, vocab, world, version)
+    return spec, tuple(str(w.message) for w in caught)
 
 
-def dated_spec(spec: TrainingSpec, names: set[str]) -> tuple[TrainingSpec, str | None]:
-    """``spec`` following the newest megatron-core release an arguments block printing
-    ``names`` can come from (:func:`dating_argument`), with a note saying so; the
-    spec unchanged when the block does not date the run."""
-    dated = dating_argument(names)
-    if dated is None:
-        return spec, None
-    missing, older = dated
-    model = dataclasses.replace(spec.model, megatron_core_version=older)
-    note = (
-        f"the arguments block has no {missing}: the run's Megatron-LM predates megatron-core "
-        f"{older.split('.')[0]}.{int(older.split('.')[1]) + 1}, so the estimate follows "
-        f"megatron-core {older}'s terms (analysis/static/megatron_versions.py)"
+def dating_note(releases: ReleaseRange, followed: str, refused: list[str]) -> str:
+    """What a dated arguments block means for the estimate: the range, the release whose
+    terms the estimate follows (``followed``), and the newer ones that refuse the run."""
+    major, minor = releases.newest.split(".")
+    why = f"; {'; '.join(refused)}" if refused else ""
+    return (
+        f"the arguments block has no {releases.missing}: the run's Megatron-LM predates "
+        f"megatron-core {major}.{int(minor) + 1} (it is megatron-core {releases.describe()})"
+        f"{why}; the spec is read and estimated with megatron-core {followed}'s terms "
+        "(analysis/static/megatron_versions.py)"
     )
-    return dataclasses.replace(spec, model=model), note

@@ -114,6 +114,7 @@ An unknown version (no megatron-core installed where the spec was read) follows 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
 
@@ -138,6 +139,13 @@ MEGATRON_FSDP_GRADS_DTYPE: Release = (0, 19)
 MLA_QK_NORM_RESOLVER: Release = (0, 19)
 MUON_DISTRIBUTED_IS_LAYER_WISE: Release = (0, 19)
 TE_GRAPHS_AFTER_WARMUP: Release = (0, 16)
+#: Every release above: where the estimate's terms or checks change.
+TERM_RELEASES: tuple[Release, ...] = (
+    SWIGLU_FUSION, INPLACE_LOGITS_SHIFT, GLU_LINEAR_COPY, MTP_IN_LAYOUT, MOE_BIAS_REFUSED,
+    PROBS_IN_EXPERTS, MOE_BIAS_ETP1, ARGSORT_PERMUTE, NO_LEGACY_GROUPED_MLP, MTP_MODEL_LAYER,
+    MTP_EMBEDDING_TAGGED, LAYER_WISE_PARAM_LAYOUT, MEGATRON_FSDP_GRADS_DTYPE,
+    MLA_QK_NORM_RESOLVER, MUON_DISTRIBUTED_IS_LAYER_WISE, TE_GRAPHS_AFTER_WARMUP,
+)  # fmt: skip
 
 _RELEASE = re.compile(r"^\s*(\d+)\.(\d+)(?:\.\d+)?(?:rc(\d+))?")
 #: The third field of a version without ``rcN``: later than every candidate of its release.
@@ -262,17 +270,60 @@ DATING_ARGUMENTS: tuple[tuple[str, Release], ...] = (
 )
 
 
+@dataclass(frozen=True)
+class ReleaseRange:
+    """The megatron-core releases an arguments block can come from, as its
+    :data:`DATING_ARGUMENTS` tell them: from ``oldest`` (None: any older release) to
+    ``newest``, both as version strings, and the argument the block lacks that sets
+    ``newest``."""
+
+    oldest: str | None
+    newest: str
+    missing: str
+
+    def describe(self) -> str:
+        """``0.8 to 0.14`` / ``0.4 or older``."""
+        if self.oldest is None:
+            return f"{self.newest} or older"
+        return self.newest if self.oldest == self.newest else f"{self.oldest} to {self.newest}"
+
+    def distinct_releases(self) -> tuple[str, ...]:
+        """One release for each span of the range over which the terms stay the same
+        (:data:`TERM_RELEASES`), newest first: ``0.14`` and ``0.12`` (before 0.13's MoE
+        changes) for ``0.8 to 0.14``."""
+        newest, oldest = release(self.newest), release(self.oldest)
+        assert newest is not None
+        out = [self.newest]
+        for first in sorted({r[:2] for r in TERM_RELEASES}, reverse=True):
+            if (oldest is None or oldest[:2] < first) and first <= newest[:2]:
+                out.append(f"{first[0]}.{first[1] - 1}")  # the last release without it
+        return tuple(dict.fromkeys(out))
+
+
+def release_range(names: set[str]) -> ReleaseRange | None:
+    """The releases an arguments block printing ``names`` can come from; None when it
+    names every dating argument (its release is not told apart: the estimate follows 0.16).
+    The newest is the release before the first that printed the missing argument that dates
+    the block most; the oldest, the first release that printed the newest argument it has.
+    A block with an argument newer than one it lacks (that one renamed or removed since, or a
+    hand-edited block) is not dated either."""
+    missing = [(first, name) for name, first in DATING_ARGUMENTS if name not in names]
+    present = [first for name, first in DATING_ARGUMENTS if name in names]
+    if not missing or (present and max(present) > min(missing)[0]):
+        return None
+    (first, name), oldest = min(missing), max(present, default=None)
+    return ReleaseRange(
+        None if oldest is None else f"{oldest[0]}.{oldest[1]}", f"{first[0]}.{first[1] - 1}", name
+    )
+
+
 def dating_argument(names: set[str]) -> tuple[str, str] | None:
     """The argument of :data:`DATING_ARGUMENTS` missing from an arguments block printing
     ``names`` that dates it most, and the newest release the block can then come from
     (``("cross_entropy_loss_fusion", "0.7")`` for a block with ``bias_swiglu_fusion`` but not
-    ``cross_entropy_loss_fusion``); None when the block names them all (its release is not
-    told apart: the estimate follows 0.16)."""
-    missing = [(first, name) for name, first in DATING_ARGUMENTS if name not in names]
-    if not missing:
-        return None
-    first, name = min(missing)
-    return name, f"{first[0]}.{first[1] - 1}"
+    ``cross_entropy_loss_fusion``); None when the block is not dated (:func:`release_range`)."""
+    dated = release_range(names)
+    return None if dated is None else (dated.missing, dated.newest)
 
 
 def legacy_grouped_mlp(model: ModelSpec) -> bool:
