@@ -3,7 +3,7 @@
 Every bf16 run without flash or fused attention takes this path (megatron-core's local spec,
 Transformer Engine's unfused backend). Its backward holds three fp32 score-sized tensors at
 the softmax: the saved output, the gradient the cast back to bf16 hands on, and the result
-(``activations.upcast_softmax_backward``). The CPU accuracy matrix trains in fp32 and never
+(``activations.torch_softmax_backward``). The CPU accuracy matrix trains in fp32 and never
 takes this path; the first GPU pass found the 4096-token case 12% over the estimate.
 
 Here real megatron-core GPTs train in bf16 on the CPU (``Float16Module``, Megatron's DDP

@@ -375,7 +375,7 @@ def attention_backward_work(
     released += saved["layer_output"] if output_stored else 0
     if spec.flash_attention:
         return x.hidden + cp_attention_backward(spec, x) - released
-    upcast = upcast_softmax_backward(spec, x, saved)
+    upcast = torch_softmax_backward(spec, x, saved)
     if "attention_dropout" in saved:
         return x.hidden + max(2 * x.heads + x.scores, upcast) - released
     if fused_softmax(spec, x):  # probability gradient, softmax backward in place on it
@@ -390,23 +390,43 @@ def attention_backward_work(
     return work - released
 
 
-def upcast_softmax_backward(spec: TrainingSpec, x: Dims, saved: dict[str, int]) -> int:
-    """The fp32 softmax's backward on 16-bit scores (unfused, not megatron's fused kernel),
-    relative to the layer's saved set; 0 on any other path.
+def torch_softmax_backward(spec: TrainingSpec, x: Dims, saved: dict[str, int]) -> int:
+    """``torch.nn.Softmax``'s backward in unfused attention (neither flash attention nor
+    megatron's fused kernel), relative to the layer's saved set; 0 on any other path.
 
-    megatron/core/fusions/fused_softmax.py ``forward_torch_softmax`` runs ``input.float()``,
-    the scale, the mask and ``torch.nn.Softmax`` in fp32 and casts the probabilities back to
-    16 bits. Going backward, the cast's backward turns the 16-bit probability gradient into
-    an fp32 one, and the softmax backward takes it with its saved fp32 output and returns a
-    third fp32 score-sized tensor. By then the dropout's saved output and mask and the 16-bit
-    probabilities the context ``bmm`` kept are freed; the value gradient is alive. Measured on
-    CPU in bf16 (``tests/test_static_bf16_attention_measured.py``); on the first GPU pass the
-    4096-token case sat 12% over its estimate before this term."""
-    if not (spec.model.attention_softmax_in_fp32 and x.e < FP32 and not fused_softmax(spec, x)):
+    megatron/core/fusions/fused_softmax.py ``forward_torch_softmax`` runs the scale, the mask
+    and the softmax in fp32 on an ``input.float()`` copy when ``attention_softmax_in_fp32``
+    is set on 16-bit scores, and casts the probabilities back to 16 bits; else in the scores'
+    own dtype. Going backward, the probability gradient reaches the softmax backward (in
+    fp32 through the cast's backward), which takes it with its saved output and returns the
+    score gradient: three softmax-sized tensors, plus on CUDA a fourth
+    (:func:`softmax_backward_temporaries`). By then the dropout's saved output and mask, and
+    with the upcast the 16-bit probabilities the context ``bmm`` kept, are freed; the value
+    gradient is alive. The upcast path is measured on CPU in bf16
+    (``tests/test_static_bf16_attention_measured.py``)."""
+    if spec.flash_attention or fused_softmax(spec, x):
         return 0
-    fp32_scores = x.scores // x.e * FP32
-    kept = saved.get("attention_scores", 0) + saved.get("attention_dropout", 0)
-    return x.heads + 3 * fp32_scores - kept
+    upcast = spec.model.attention_softmax_in_fp32 and x.e < FP32
+    softmax = x.scores // x.e * FP32 if upcast else x.scores
+    tensors = 3 + softmax_backward_temporaries(spec)
+    kept = saved.get("attention_dropout", 0)
+    if upcast:  # the fp32 output is one of the three; the saved probabilities go
+        kept += saved.get("attention_scores", 0)
+    else:  # the saved output is the softmax's own, counted in the saved set
+        tensors -= 1
+    return x.heads + tensors * softmax - kept
+
+
+def softmax_backward_temporaries(spec: TrainingSpec) -> int:
+    """Softmax-sized tensors torch's softmax backward allocates besides its result.
+
+    CUDA: ``softmax_backward_cuda_out`` (aten/src/ATen/native/cuda/SoftMax.cu) computes
+    ``Tensor tmp = grad * output`` and hands it to the kernel: one tensor of the gradient's
+    size and dtype, alive with the result. The CPU kernel (native/cpu/SoftMaxKernel.cpp)
+    reads the gradient and the output directly: none. Confirmed on the first GPU pass: the
+    three attention-backward peaks (4096 tokens; selective and full recompute) were one fp32
+    score tensor above an estimate that is exact on the CPU at the same shapes."""
+    return 1 if spec.device == "cuda" else 0
 
 
 def softmax_output_saved_twice(spec: TrainingSpec, x: Dims) -> int:
