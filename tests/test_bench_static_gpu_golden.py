@@ -112,18 +112,3 @@ def test_argv_follows_the_functional_test_script():
     assert bench.world_size("x_2N8G_y", {}) == (16, "name 2N8G")
     assert bench.world_size("case", {"case": 8}) == (8, "recipe nodes x gpus")
     assert bench.world_size("case", {})[0] is None
-
-
-def test_recipes_give_a_case_the_world_size_of_the_recipe_that_runs_it():
-    """A DGX recipe beats a GB200 one, a listing beats a commented-out entry elsewhere, and
-    the tree benchmark leaves a case that is only commented out."""
-    dgx = "spec: {nodes: 1, gpus: 8}\nproducts:\n  - test_case: [a]\n  # - test_case: [b]\n"
-    gb200 = "spec: {nodes: 1, gpus: 4}\nproducts:\n  - test_case: [a, b, c]\n"
-    commented = "spec: {nodes: 4, gpus: 8}\nproducts:\n  # - test_case: [c]\n  # - test_case: [d]\n"
-    files = [("r/gb200.yaml", gb200), ("r/dgx.yaml", dgx), ("r/more.yaml", commented)]
-    assert bench.recipes_world_sizes(files) == {
-        "a": (8, "r/dgx.yaml", False),
-        "b": (4, "r/gb200.yaml", False),
-        "c": (4, "r/gb200.yaml", False),
-        "d": (32, "r/more.yaml", True),
-    }

@@ -18,7 +18,6 @@ from memscope.analysis.static.activations import cross_entropy_saved, dims, loss
 from memscope.analysis.static.estimator import estimate_rank
 from memscope.analysis.static.megatron_versions import (
     ReleaseRange,
-    dating_argument,
     logits_shift_copy,
     release_range,
 )
@@ -111,9 +110,9 @@ def test_recorded_0_7_measurement_is_the_estimate():
 
 def test_an_arguments_block_without_cross_entropy_loss_fusion_predates_0_8():
     newer = {"fp16", "bias_swiglu_fusion"}  # from 0.5
-    assert dating_argument(newer) == ("cross_entropy_loss_fusion", "0.7")
     releases = release_range(newer)
-    assert releases == ReleaseRange("0.5", "0.7", "cross_entropy_loss_fusion")
+    assert releases == ReleaseRange((0, 5), (0, 8), "cross_entropy_loss_fusion")
+    assert releases.newest == "0.7"
     assert releases.distinct_releases() == ("0.7",)  # no term changes between 0.5 and 0.7
     note = dating_note(releases, "0.7", [])
     assert "predates megatron-core 0.8 (it is megatron-core 0.5 to 0.7)" in note

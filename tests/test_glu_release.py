@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from memscope.analysis.static.megatron_versions import dating_argument, dense_mlp_tensors
+from memscope.analysis.static.megatron_versions import dense_mlp_tensors, release_range
 from memscope.cli.analyze_log_cmd import analyze_logs
 from memscope.inputs.megatron_args import spec_from_megatron_args
 
@@ -84,10 +84,15 @@ def test_swiglu_is_fused_only_from_0_5():
 
 def test_an_arguments_block_is_dated_by_the_oldest_argument_it_lacks():
     every = {"bias_swiglu_fusion", "cross_entropy_loss_fusion", "glu_linear_offset"}
-    assert dating_argument(every) is None
-    assert dating_argument(every - {"glu_linear_offset"}) == ("glu_linear_offset", "0.14")
-    assert dating_argument({"bias_swiglu_fusion"}) == ("cross_entropy_loss_fusion", "0.7")
-    assert dating_argument({"fp16"}) == ("bias_swiglu_fusion", "0.4")
+
+    def dated(names: set[str]) -> tuple[str, str] | None:
+        found = release_range(names)
+        return None if found is None else (found.missing, found.newest)
+
+    assert dated(every) is None
+    assert dated(every - {"glu_linear_offset"}) == ("glu_linear_offset", "0.14")
+    assert dated({"bias_swiglu_fusion"}) == ("cross_entropy_loss_fusion", "0.7")
+    assert dated({"fp16"}) == ("bias_swiglu_fusion", "0.4")
 
 
 def test_a_published_pre_0_5_swiglu_run_out_of_memory_is_within_3_percent():

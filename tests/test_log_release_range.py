@@ -54,8 +54,8 @@ def _log(tmp_path: pathlib.Path, max_allocated_mib: float, **args: Any) -> Any:
 
 def test_a_block_is_dated_to_a_range_and_its_spans_of_equal_terms():
     dated = release_range({"fp16", "bias_swiglu_fusion", "cross_entropy_loss_fusion"})
-    assert dated == ReleaseRange("0.8", "0.14", "glu_linear_offset")
-    assert dated.describe() == "0.8 to 0.14"
+    assert dated == ReleaseRange((0, 8), (0, 15), "glu_linear_offset")
+    assert dated.describe() == "0.8 to 0.14" and dated.newest == "0.14"
     assert dated.distinct_releases() == ("0.14", "0.12")  # 0.13 changed the MoE terms
     oldest = release_range({"fp16"})
     assert oldest is not None and oldest.describe() == "0.4 or older"
@@ -107,3 +107,36 @@ def test_a_pre_0_15_layout_without_the_mtp_layers_is_read_as_that_release_built_
     assert spec.spec.parallel.layout == ("Et", "tttmL")
     with pytest.raises(ValueError, match="0 MTP layers"):
         spec_from_flagscale_yaml({"system": {**args, **FROM_0_8}})  # as the installed release
+
+
+def test_a_range_says_which_releases_it_spans_or_refuses_to_be_empty():
+    with pytest.raises(ValueError, match="empty release range"):
+        ReleaseRange((0, 15), (0, 8), "cross_entropy_loss_fusion")
+    with pytest.raises(ValueError, match="no release before"):
+        ReleaseRange(None, (1, 0), "a_future_argument")
+    # an argument as new as one the block lacks: renamed since, the block is not dated
+    assert release_range({"bias_swiglu_fusion", "glu_linear_offset"}) is None
+
+
+def test_every_release_constant_is_a_term_boundary():
+    """TERM_RELEASES lists every release constant of megatron_versions (each marks where a
+    term or check changes), so a range's spans of equal terms miss none."""
+    from memscope.analysis.static import megatron_versions as mv
+
+    constants = {
+        value
+        for name, value in vars(mv).items()
+        if name.isupper() and isinstance(value, tuple) and value and isinstance(value[0], int)
+    }
+    assert constants == set(mv.TERM_RELEASES)
+
+
+def test_a_run_every_release_of_its_range_refuses_says_so_once(tmp_path):
+    """An MoE model with expert biases under expert tensor parallelism 2 is refused by every
+    release the block can come from (0.12 with the alltoall dispatcher refused a bias)."""
+    args = {**MOE, "add_bias_linear": True, "moe_token_dispatcher_type": "alltoall",
+            "world_size": 2, "global_batch_size": 8, "expert_model_parallel_size": 2}  # fmt: skip
+    error = explain_run(_log(tmp_path, 3000.0, **args, **FROM_0_8))["error"]
+    assert error is not None and error.count("dates the run to megatron-core 0.8 to 0.14") == 1
+    assert "megatron-core 0.14 refuses it" in error and "megatron-core 0.12 refuses it" in error
+    assert error.count("bias") >= 2, error  # each release's own reason

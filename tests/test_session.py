@@ -87,6 +87,40 @@ def test_hooks_are_on_the_model_only_for_steps_that_record(tmp_path):
     assert fine == {1, 2}
 
 
+def test_hooks_follow_a_window_closed_by_step_end(tmp_path):
+    session = _session(tmp_path, step_end=2, hook_steps=0)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    session.attach_model([model])
+    session.start()
+    full = _hooks_on(model)
+    assert [_one_step(session, model, opt, step) for step in range(4)] == [full, full, 0, 0]
+    session.finalize()
+    assert session.hook_counts["hooks_suspended"] == 1
+
+
+def test_hooks_that_cannot_go_back_on_are_reported_and_steps_go_on(tmp_path, monkeypatch):
+    from memscope.capture.hooks import HookSet
+
+    session = _session(tmp_path, step_start=1)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    session.attach_model([model])
+    session.start()
+    _one_step(session, model, opt, 0)  # outside the window: hooks off
+
+    def broken(self, chunks):
+        raise RuntimeError("hook registry full")
+
+    monkeypatch.setattr(HookSet, "attach_modules", broken)
+    assert [_one_step(session, model, opt, step) for step in (1, 2)] == [0, 0]
+    session.finalize()
+    with open(session.report_path, encoding="utf-8") as f:
+        report = json.load(f)
+    assert [s["step"] for s in report["steps"]] == [0, 1, 2]
+    assert any("hook registry full" in str(e) for e in report["errors"])
+
+
 def test_teardown_removes_everything_start_installed_in_reverse_order(tmp_path, monkeypatch):
     session = _session(tmp_path)
     model = _model()

@@ -9,9 +9,12 @@ import dataclasses
 import os
 import re
 
-import pytest
-
-from memscope.analysis.static.activations import dims, layer_saved, torch_softmax_backward
+from memscope.analysis.static.activations import (
+    attention_backward_work,
+    dims,
+    layer_saved,
+    torch_softmax_backward,
+)
 from memscope.inputs.megatron_args import spec_from_megatron_args
 
 SUMMARY = os.path.join(
@@ -32,15 +35,34 @@ def _spec(device: str, **extra: object):
     return dataclasses.replace(spec, device=device)
 
 
-@pytest.mark.parametrize("fp32_softmax", [True, False])
-def test_cuda_holds_one_softmax_sized_tensor_more_than_the_cpu(fp32_softmax):
-    cuda = _spec("cuda", attention_softmax_in_fp32=fp32_softmax)
+def test_cuda_holds_one_fp32_score_tensor_more_at_the_attention_backward():
+    """The layer's working set at its attention backward (fp32 softmax on bf16 scores, with
+    dropout: the softmax backward is its high-water mark), CUDA against CPU on one saved
+    set: exactly one fp32 score tensor more."""
+    cuda = _spec("cuda")
     cpu = dataclasses.replace(cuda, device="cpu")
     x = dims(cuda)
-    saved = layer_saved(cuda, x)  # one saved set for both: only the backward differs
-    softmax = x.scores // x.e * FP32 if fp32_softmax else x.scores
-    assert softmax == 2 * 8 * 2048 * 2048 * (FP32 if fp32_softmax else 2)
-    assert torch_softmax_backward(cuda, x, saved) - torch_softmax_backward(cpu, x, saved) == softmax
+    saved = layer_saved(cuda, x)
+    fp32_scores = 2 * 8 * 2048 * 2048 * FP32  # [b, heads, s, s]
+    assert x.scores // x.e * FP32 == fp32_scores
+    work = attention_backward_work(cuda, x, saved, output_stored=True)
+    assert work - attention_backward_work(cpu, x, saved, output_stored=True) == fp32_scores
+
+
+def test_a_softmax_in_the_scores_dtype_with_dropout_peaks_at_its_cuda_backward():
+    """bf16 softmax (no upcast) with attention dropout: on the CPU the working set is the
+    context bmm's backward; on CUDA the softmax backward (probability and score gradients,
+    the temporary, the saved output) holds more, by the temporary less what the dropout had
+    kept beyond one score tensor and the two bmm gradients."""
+    cuda = _spec("cuda", attention_softmax_in_fp32=False)
+    cpu = dataclasses.replace(cuda, device="cpu")
+    x = dims(cuda)
+    saved = layer_saved(cuda, x)
+    on_cpu = attention_backward_work(cpu, x, saved, output_stored=True)
+    on_cuda = attention_backward_work(cuda, x, saved, output_stored=True)
+    bmm = 2 * x.heads + x.scores  # the CPU's high-water mark
+    softmax = x.heads + 3 * x.scores - saved["attention_dropout"]
+    assert softmax > bmm and on_cuda - on_cpu == softmax - bmm
 
 
 def test_no_temporary_where_torch_softmax_does_not_run():

@@ -245,7 +245,7 @@ def _env_value(value: Any) -> str:
     return str(value)
 
 
-def recipes_world_sizes(
+def read_recipes(
     files: Iterable[tuple[str, str]],
 ) -> dict[str, tuple[int, str, bool]]:
     """test case -> (nodes x gpus, the recipe's path, whether the recipe lists the case only in
@@ -275,7 +275,8 @@ def recipes_world_sizes(
 
 def recipe_world_sizes(tree: str) -> dict[str, int]:
     """test case -> nodes x gpus of the recipe listing it, from the tree's recipe files. A
-    case only commented out is left out: it does not run at the tree's commit, so its golden
+    case only commented out gets no world size here (its name may still carry one, which
+    :func:`world_size` reads first): it does not run at the tree's commit, so its golden
     values are older than its model_config.yaml here, which may have changed since (the
     selective-recompute MoE case gained an MTP layer in its layout after its H100 values)."""
     files = []
@@ -284,7 +285,7 @@ def recipe_world_sizes(tree: str) -> dict[str, int]:
             files.append((path, f.read()))
     return {
         case: world
-        for case, (world, _, only_commented) in recipes_world_sizes(files).items()
+        for case, (world, _, only_commented) in read_recipes(files).items()
         if not only_commented
     }
 

@@ -159,11 +159,11 @@ RECIPES_ROOT = "tests/test_utils/recipes"
 def _recipe_world_sizes(git_dir: str, commit: str) -> dict[str, tuple[int, str]]:
     """Case name -> (world size, where it came from) for every recipe under
     :data:`RECIPES_ROOT` at ``commit`` whose spec gives ``nodes`` and ``gpus``
-    (:func:`bench_static_gpu_golden.recipes_world_sizes` reads them)."""
+    (:func:`bench_static_gpu_golden.read_recipes` reads them)."""
     paths = _git(git_dir, "ls-tree", "-r", "--name-only", commit, RECIPES_ROOT + "/").split()
     files = [(p, _git(git_dir, "show", f"{commit}:{p}")) for p in paths if p.endswith(".yaml")]
     out: dict[str, tuple[int, str]] = {}
-    for case, (world, path, commented) in golden.recipes_world_sizes(files).items():
+    for case, (world, path, commented) in golden.read_recipes(files).items():
         where = f"{path}@{commit[:10]} nodes x gpus"
         out[case] = (world, f"{where} (commented-out entry)" if commented else where)
     return out

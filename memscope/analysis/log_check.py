@@ -26,6 +26,9 @@ from memscope.analysis.static.terms import adam_bytes_per_param
 from memscope.analysis.unlogged_settings import UNLOGGED_SETTINGS, UnloggedSetting
 
 MIB = 2**20
+#: What explaining a run may raise: the readers' and estimator's one-line ValueError, and a
+#: safety net for values no check foresaw (as inputs/megatron_args.py keeps one).
+UNEXPLAINED = (ValueError, ArithmeticError, LookupError, TypeError)
 #: megatron/core/parallel_state.py ``initialize_model_parallel(order=...)`` default.
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 
@@ -184,14 +187,18 @@ def explained_if(
     unlogged: tuple[UnloggedSetting, ...] = (),
 ) -> list[dict[str, Any]]:
     """The settings the log cannot show (:data:`.unlogged_settings.UNLOGGED_SETTINGS` and this
-    run's ``unlogged``, such as its oldest possible release) under which ``measured`` falls
-    within the estimator's band, each with its estimate."""
+    run's ``unlogged``: each older release its arguments block dates it to whose terms
+    differ) under which ``measured`` falls within the estimator's band, each with its
+    estimate. An alternative the estimator cannot estimate is left out."""
     out = []
     for setting in (*UNLOGGED_SETTINGS, *unlogged):
         changed = setting.apply(spec)
         if changed is None:
             continue
-        est = estimate_rank(changed, position)
+        try:
+            est = estimate_rank(changed, position)
+        except UNEXPLAINED:
+            continue
         predicted = moment_estimate(changed, est, steps).peak_bytes
         judged = verdict(measured, predicted, _terms(est))
         if judged.status is Status.WITHIN_BAND:

@@ -52,7 +52,8 @@ UNLOGGED_SETTINGS: tuple[UnloggedSetting, ...] = (
 def older_release(version: str, spec_there: TrainingSpec, dated: str) -> UnloggedSetting:
     """An older release a dated arguments block can come from (``dated``: the range, as
     ``0.8 to 0.14``), whose terms differ from the newest's, with the spec read there (its
-    checks and layout as that release has them)."""
+    checks and layout as that release has them). Its ``apply`` returns that spec whatever
+    it is handed: it belongs to the one run whose block was read twice."""
     return UnloggedSetting(
         f"megatron-core {version}",
         f"the arguments block dates the run to megatron-core {dated} only; the estimate "

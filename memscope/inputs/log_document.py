@@ -9,7 +9,13 @@ import warnings
 from dataclasses import asdict
 from typing import Any
 
-from memscope.analysis.log_check import DEFAULT_ORDER, check_oom, check_rank, optimizer_steps
+from memscope.analysis.log_check import (
+    DEFAULT_ORDER,
+    UNEXPLAINED,
+    check_oom,
+    check_rank,
+    optimizer_steps,
+)
 from memscope.analysis.log_sections import add_section_values, sections_index
 from memscope.analysis.static.config import TrainingSpec
 from memscope.analysis.static.params import RankPosition, rank_params
@@ -18,9 +24,6 @@ from memscope.inputs.log_spec import RunSpec, run_args, run_spec
 from memscope.inputs.training_log import LogRun, MemoryLine, OomMessage, log_files
 
 MIB = 2**20
-#: What explaining a run may raise: the readers' and estimator's one-line ValueError, and a
-#: safety net for values no check foresaw (as inputs/megatron_args.py keeps one).
-UNEXPLAINED = (ValueError, ArithmeticError, LookupError, TypeError)
 #: How far Megatron's own parameter count may be from the configuration's before the log is
 #: said not to describe the run (its formula leaves out biases, norms and position
 #: embeddings: a few percent; a configuration other than the one that ran is off by far more).

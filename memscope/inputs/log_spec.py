@@ -57,9 +57,6 @@ class RunSpec:
     world_size: int
     world_origin: str
     notes: tuple[str, ...]
-    #: The megatron-core releases the arguments block dates the run to (the spec follows
-    #: the newest); None when it does not date it.
-    releases: ReleaseRange | None = None
     #: What the log cannot show about this run beyond the general settings: the older
     #: releases it dates to whose terms differ, each with the spec read there
     #: (``log_check.explained_if``).
@@ -127,20 +124,26 @@ def run_spec(run: LogRun, vocab_size: int | None = None, world_size: int | None 
     # the newest release whose checks accept the run ran it; older ones whose terms differ
     # are alternatives the verdict may name
     read: list[tuple[str, TrainingSpec, tuple[str, ...]]] = []
-    refused: list[tuple[str, ValueError]] = []
+    refused: list[str] = []
     for version in releases.distinct_releases():
         try:
             read.append((version, *_read_at(args, vocab, world, version)))
         except ValueError as exc:
+            if not read:  # a newer release refusing it: the run is older
+                refused.append(f"megatron-core {version} refuses it ({exc})")
+        except (ArithmeticError, LookupError, TypeError):
             if not read:
-                refused.append((version, exc))
+                raise
+            # an older alternative the reader cannot take is left out
     if not read:
-        raise refused[0][1]
+        raise ValueError(
+            f"the arguments block dates the run to megatron-core {releases.describe()}, and "
+            f"every release of it refuses the configuration: {'; '.join(refused)}"
+        )
     (version, spec, notes), older = read[0], read[1:]
-    newer = [f"megatron-core {v} refuses it ({e})" for v, e in refused]
-    notes += (dating_note(releases, version, newer),)
+    notes += (dating_note(releases, version, refused),)
     unlogged = tuple(older_release(v, s, releases.describe()) for v, s, _ in older)
-    return RunSpec(spec, origin, where, world, world_origin, notes, releases, unlogged)
+    return RunSpec(spec, origin, where, world, world_origin, notes, unlogged)
 
 
 def _read_at(
@@ -157,11 +160,11 @@ def _read_at(
 def dating_note(releases: ReleaseRange, followed: str, refused: list[str]) -> str:
     """What a dated arguments block means for the estimate: the range, the release whose
     terms the estimate follows (``followed``), and the newer ones that refuse the run."""
-    major, minor = releases.newest.split(".")
+    first = ".".join(str(part) for part in releases.excluded[:2])
     why = f"; {'; '.join(refused)}" if refused else ""
     return (
         f"the arguments block has no {releases.missing}: the run's Megatron-LM predates "
-        f"megatron-core {major}.{int(minor) + 1} (it is megatron-core {releases.describe()})"
-        f"{why}; the spec is read and estimated with megatron-core {followed}'s terms "
+        f"megatron-core {first} (it is megatron-core {releases.describe()}){why}; the spec is "
+        f"read and estimated with megatron-core {followed}'s terms "
         "(analysis/static/megatron_versions.py)"
     )

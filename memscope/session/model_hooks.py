@@ -8,11 +8,13 @@ nothing of MemScope's in them; a later step inside the window puts them back.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import torch
 
 from memscope.capture.hooks import HookSet
+from memscope.capture.safety import FailureLog
 from memscope.capture.tracer import MemoryTracer
 from memscope.config import RuntimeConfig
 
@@ -20,8 +22,9 @@ from memscope.config import RuntimeConfig
 class ModelHooks:
     """Module and parameter-gradient hooks of one session (on while steps record)."""
 
-    def __init__(self, config: RuntimeConfig) -> None:
+    def __init__(self, config: RuntimeConfig, failures: FailureLog) -> None:
         self.config = config
+        self._failures = failures
         self.hooks: HookSet | None = None
         self._target: tuple[MemoryTracer, list[torch.nn.Module]] | None = None
         #: The report's metadata counts: modules and parameters hooked, handles removed,
@@ -42,14 +45,20 @@ class ModelHooks:
 
     def follow_window(self, recording: bool) -> None:
         """A step starts that records module/grad events (``recording``) or does not: put
-        the hooks back on, or take them off, accordingly."""
+        the hooks back on, or take them off, accordingly. Never raises: a failure takes
+        every hook off for good (recorded under ``module_hooks``); step boundaries go on."""
         if self._target is None:
             return
-        if recording and self.hooks is None:
-            self._put_on()
-        elif not recording and self.hooks is not None:
-            self._take_off()
-            self.counts["hooks_suspended"] += 1
+        try:
+            if recording and self.hooks is None:
+                self._put_on()
+            elif not recording and self.hooks is not None:
+                self._take_off()
+                self.counts["hooks_suspended"] += 1
+        except Exception as exc:
+            self._failures.record("module_hooks", exc)
+            with contextlib.suppress(Exception):
+                self.remove()
 
     def remove(self) -> None:
         """Take every hook off for good (counted in ``hook_handles_removed``)."""
@@ -59,7 +68,7 @@ class ModelHooks:
     def _put_on(self) -> None:
         assert self._target is not None and self.hooks is None
         tracer, chunks = self._target
-        self.hooks = HookSet(tracer)
+        self.hooks = HookSet(tracer)  # set first: a failure part-way still removes its handles
         if self.config.hook_modules:
             self.hooks.attach_modules(chunks)
         if self.config.hook_param_grads:

@@ -141,7 +141,7 @@ class TracingSession:
         self.files = ReportFiles(
             os.path.join(cfg.outdir, rank_folder_name(self.rank)), self.failures
         )
-        self.model_hooks = ModelHooks(cfg)
+        self.model_hooks = ModelHooks(cfg, self.failures)
         self.hook_counts = self.model_hooks.counts
         self.recorders = Recorders(cfg, self.rank, self.failures)
         self.job = JobSummaryShare(cfg, self.rank, parallel.world_size, self.failures)

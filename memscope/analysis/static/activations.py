@@ -365,7 +365,9 @@ def attention_backward_work(
     gradient, the value gradient and four score-sized tensors (probability and score
     gradients, the masked-fill result, the flat buffer the view's backward zero-fills) are
     alive and the softmax output is gone. With dropout it is the probability gradient
-    (``bmm`` backward), next to the context and value gradients, probabilities still alive.
+    (``bmm`` backward), next to the context and value gradients, probabilities still alive,
+    or the softmax backward where that holds more (:func:`torch_softmax_backward`: the fp32
+    upcast, or on CUDA its temporary).
     """
     released = saved["norm_outputs"] // 2 + saved["norm_statistics"] // 2  # pre-MLP norm
     released += sum(
@@ -412,7 +414,7 @@ def torch_softmax_backward(spec: TrainingSpec, x: Dims, saved: dict[str, int]) -
     kept = saved.get("attention_dropout", 0)
     if upcast:  # the fp32 output is one of the three; the saved probabilities go
         kept += saved.get("attention_scores", 0)
-    else:  # the saved output is the softmax's own, counted in the saved set
+    elif "attention_scores" in saved:  # the output is the saved set's (not under recompute)
         tensors -= 1
     return x.heads + tensors * softmax - kept
 

@@ -270,60 +270,73 @@ DATING_ARGUMENTS: tuple[tuple[str, Release], ...] = (
 )
 
 
+def _name(version: Release) -> str:
+    """``(0, 14)`` -> ``0.14``."""
+    return f"{version[0]}.{version[1]}"
+
+
+def _before(first: Release) -> str:
+    """The last release without ``first``'s change: ``(0, 15)`` -> ``0.14``."""
+    assert first[1] >= 1, f"no release before {first} is named here"
+    return f"{first[0]}.{first[1] - 1}"
+
+
 @dataclass(frozen=True)
 class ReleaseRange:
     """The megatron-core releases an arguments block can come from, as its
-    :data:`DATING_ARGUMENTS` tell them: from ``oldest`` (None: any older release) to
-    ``newest``, both as version strings, and the argument the block lacks that sets
-    ``newest``."""
+    :data:`DATING_ARGUMENTS` tell them: from ``oldest`` (None: any older release) up to, not
+    including, ``excluded``, the first release that printed ``missing`` (the argument the
+    block lacks that dates it most)."""
 
-    oldest: str | None
-    newest: str
+    oldest: Release | None
+    excluded: Release
     missing: str
+
+    def __post_init__(self) -> None:
+        if len(self.excluded) < 2 or self.excluded[1] < 1:
+            raise ValueError(f"no release before megatron-core {self.excluded} is known here")
+        if self.oldest is not None and self.oldest[:2] >= self.excluded[:2]:
+            raise ValueError(
+                f"an empty release range: from {_name(self.oldest)} to before "
+                f"{_name(self.excluded)}"
+            )
+
+    @property
+    def newest(self) -> str:
+        """The newest release of the range (``0.14``)."""
+        return _before(self.excluded)
 
     def describe(self) -> str:
         """``0.8 to 0.14`` / ``0.4 or older``."""
         if self.oldest is None:
             return f"{self.newest} or older"
-        return self.newest if self.oldest == self.newest else f"{self.oldest} to {self.newest}"
+        oldest = _name(self.oldest)
+        return self.newest if oldest == self.newest else f"{oldest} to {self.newest}"
 
     def distinct_releases(self) -> tuple[str, ...]:
         """One release for each span of the range over which the terms stay the same
-        (:data:`TERM_RELEASES`), newest first: ``0.14`` and ``0.12`` (before 0.13's MoE
-        changes) for ``0.8 to 0.14``."""
-        newest, oldest = release(self.newest), release(self.oldest)
-        assert newest is not None
+        (:data:`TERM_RELEASES`, to the minor release), newest first: ``0.14`` and ``0.12``
+        (before 0.13's MoE changes) for ``0.8 to 0.14``."""
         out = [self.newest]
         for first in sorted({r[:2] for r in TERM_RELEASES}, reverse=True):
-            if (oldest is None or oldest[:2] < first) and first <= newest[:2]:
-                out.append(f"{first[0]}.{first[1] - 1}")  # the last release without it
+            if (self.oldest is None or self.oldest[:2] < first) and first < self.excluded[:2]:
+                out.append(_before(first))
         return tuple(dict.fromkeys(out))
 
 
 def release_range(names: set[str]) -> ReleaseRange | None:
     """The releases an arguments block printing ``names`` can come from; None when it
     names every dating argument (its release is not told apart: the estimate follows 0.16).
-    The newest is the release before the first that printed the missing argument that dates
-    the block most; the oldest, the first release that printed the newest argument it has.
-    A block with an argument newer than one it lacks (that one renamed or removed since, or a
+    The range ends before the first release that printed the missing argument that dates
+    the block most, and starts at the first release that printed the newest argument it has.
+    A block with an argument as new as one it lacks (that one renamed or removed since, or a
     hand-edited block) is not dated either."""
     missing = [(first, name) for name, first in DATING_ARGUMENTS if name not in names]
     present = [first for name, first in DATING_ARGUMENTS if name in names]
-    if not missing or (present and max(present) > min(missing)[0]):
+    if not missing or (present and max(present) >= min(missing)[0]):
         return None
     (first, name), oldest = min(missing), max(present, default=None)
-    return ReleaseRange(
-        None if oldest is None else f"{oldest[0]}.{oldest[1]}", f"{first[0]}.{first[1] - 1}", name
-    )
-
-
-def dating_argument(names: set[str]) -> tuple[str, str] | None:
-    """The argument of :data:`DATING_ARGUMENTS` missing from an arguments block printing
-    ``names`` that dates it most, and the newest release the block can then come from
-    (``("cross_entropy_loss_fusion", "0.7")`` for a block with ``bias_swiglu_fusion`` but not
-    ``cross_entropy_loss_fusion``); None when the block is not dated (:func:`release_range`)."""
-    dated = release_range(names)
-    return None if dated is None else (dated.missing, dated.newest)
+    return ReleaseRange(oldest, first, name)
 
 
 def legacy_grouped_mlp(model: ModelSpec) -> bool:
