@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -125,7 +126,9 @@ class Instrumentation:
     leaked: list[torch.Tensor] = field(default_factory=list)
     injected: bool = False
     hooks_before: int = 0
-    chunks: list[torch.nn.Module] = field(default_factory=list)
+    #: The model, held weakly: an exception's traceback keeps this observer alive, and later
+    #: tests in the same process must not see the model as live memory.
+    chunks: list[weakref.ref[torch.nn.Module]] = field(default_factory=list)
     handles_per_step: list[int] = field(default_factory=list)
     measured: dict[str, Any] = field(default_factory=dict)
 
@@ -135,7 +138,7 @@ class Instrumentation:
 
     def model_built(self, chunks: list[torch.nn.Module], optimizer: torch.optim.Optimizer) -> None:
         self.hooks_before = count_hooks(chunks)
-        self.chunks = chunks
+        self.chunks = [weakref.ref(chunk) for chunk in chunks]
         if self.leak_from_step is not None:
             self._plant_leak(chunks, self.leak_from_step)
         if self.late_free:
@@ -248,7 +251,8 @@ class Instrumentation:
     def _memscope_hooks(self) -> int:
         """Hooks on the model beyond those it had before MemScope and those planted here."""
         planted = [self.leak_from_step is not None, self.late_free, self.die_at_step is not None]
-        return count_hooks(self.chunks) - self.hooks_before - sum(planted)
+        chunks = [chunk for ref in self.chunks if (chunk := ref()) is not None]
+        return count_hooks(chunks) - self.hooks_before - sum(planted)
 
 
 def instrumented_worker(
