@@ -2,6 +2,7 @@
 # Every check of the GPU list (../shared/gpu-checklist.md) in one pass on a machine with one GPU:
 #   1. runtime correctness      tools/gpu_runtime_check.py
 #   2. overhead, ~1B GPT bf16   tools/gpu_megatron_check.py --sections overhead
+#      and per hook event       tools/bench_hook_cost.py --device cuda
 #   3. accuracy, megatron-core  tools/gpu_megatron_check.py --sections accuracy (+ losses, 5.)
 #   4. FlagScale end to end     tools/gpu_e2e.sh run
 #   5. a real snapshot fixture  tools/gpu_megatron_check.py --sections fixture
@@ -71,6 +72,7 @@ check megatron_accuracy 150 "$PY" tools/gpu_megatron_check.py --outdir "$WORK/me
 check e2e 150 bash tools/gpu_e2e.sh run "$RESULTS/e2e"
 check megatron_overhead 150 "$PY" tools/gpu_megatron_check.py --outdir "$WORK/overhead" \
   --sections profile overhead
+check hook_cost 40 "$PY" tools/bench_hook_cost.py --device cuda
 CUBLAS_WORKSPACE_CONFIG=:4096:8 check megatron_losses 60 "$PY" tools/gpu_megatron_check.py \
   --outdir "$WORK/losses" --sections losses
 
