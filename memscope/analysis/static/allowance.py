@@ -1,11 +1,16 @@
 """What a formula cannot see on a GPU, stated separately from the estimate (never added to it).
 
-The estimate predicts what the CUDA caching allocator reports as *allocated* at the peak.
-``nvidia-smi`` shows more: the CUDA context (outside the allocator), NCCL's communication
-buffers (also outside it) and what the allocator *reserves* beyond what is allocated
-(512-byte rounding, 2 MiB / 20 MiB segment granularity, fragmentation). The first two are
-given here as typical sizes with their formula; the last depends on the allocation order and
-is what the runtime report's reserved-minus-allocated measures.
+The estimate predicts the bytes the training code asks the CUDA caching allocator for at the
+peak. The allocator's *allocated* counter (``torch.cuda.max_memory_allocated``) is a little
+higher: it counts each block at its rounded size (c10/cuda/CUDACachingAllocator.cpp
+``round_size``: a multiple of 512 bytes; the ``allocated_bytes`` stat grows by the block's
+size, ``requested_bytes`` by the request): under 512 bytes per live allocation, which only
+models with many small tensors notice. ``nvidia-smi`` shows more still: the CUDA context
+(outside the allocator), NCCL's communication buffers (also outside it) and what the
+allocator *reserves* beyond what is allocated (2 MiB / 20 MiB segment granularity,
+fragmentation). The first two are given here as typical sizes with their formula; the last
+depends on the allocation order and is what the runtime report's reserved-minus-allocated
+measures.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ MIB = 1024 * 1024
 CUDA_CONTEXT_BYTES = 512 * MIB  # typical for torch + CUDA 12 with lazy module loading
 NCCL_BUFFSIZE = 4 * MIB  # NCCL's default per-channel buffer (NCCL_BUFFSIZE)
 NCCL_CHANNELS = 2  # a conservative per-peer channel count for a small communicator
-ROUNDING_BYTES_PER_BLOCK = 256  # allocations round up to 512 bytes: half a block on average
+#: The CUDA caching allocator's block granularity: each allocation is counted rounded up to it.
+ALLOCATION_ROUNDING = 512
 
 
 @dataclass(frozen=True)
@@ -57,8 +63,9 @@ def allowance(spec: TrainingSpec) -> Allowance:
         nccl_buffer_bytes=groups * NCCL_BUFFSIZE * NCCL_CHANNELS * 2,
         communicators=groups,
         fragmentation=(
-            "not predictable from the config: allocations round up to 512 bytes "
-            f"(~{ROUNDING_BYTES_PER_BLOCK} B per live block) and segments to 2 or 20 MiB; the "
-            "runtime report's reserved - allocated at the peak measures it"
+            "not predictable from the config: segments round up to 2 or 20 MiB; the runtime "
+            "report's reserved - allocated at the peak measures it. Allocations round up to "
+            f"{ALLOCATION_ROUNDING} bytes (under {ALLOCATION_ROUNDING} B per live block), which "
+            "the allocated counter includes and the estimate does not"
         ),
     )
