@@ -31,4 +31,4 @@ def test_the_benchmark_counts_one_event_per_module_output_and_parameter():
         "step callbacks only": str(steps),
         "all hooks": str(steps + 2 * modules + params),
     }
-    assert re.search(r"^per event: \d+\.\d us$", text, re.M)
+    assert re.search(r"^per event: -?\d+\.\d us$", text, re.M)  # a timing: its sign is noise here
