@@ -30,6 +30,7 @@ The last line printed is ``per event: X us``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import gc
 import io
@@ -92,9 +93,9 @@ def _run(mode: str, args: argparse.Namespace, outdir: str, profile: bool = False
             if prof is not None and timed:
                 prof.enable()
             start = time.perf_counter()
-            with ms.step(step) if ms is not None else _nothing():
+            with ms.step(step) if ms is not None else contextlib.nullcontext():
                 model(batch).square().mean().backward()
-                with ms.optimizer_step() if ms is not None else _nothing():
+                with ms.optimizer_step() if ms is not None else contextlib.nullcontext():
                     opt.step()
                 opt.zero_grad()
             if args.device == "cuda":
@@ -122,14 +123,6 @@ def _run(mode: str, args: argparse.Namespace, outdir: str, profile: bool = False
 def _backend(device: str) -> str:
     """The backend a user gets there: ``cuda`` on a GPU, ``storage`` on the CPU."""
     return "cuda" if device == "cuda" else "storage"
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -160,11 +160,10 @@ def _read_at(
 def dating_note(releases: ReleaseRange, followed: str, refused: list[str]) -> str:
     """What a dated arguments block means for the estimate: the range, the release whose
     terms the estimate follows (``followed``), and the newer ones that refuse the run."""
-    first = ".".join(str(part) for part in releases.excluded[:2])
     why = f"; {'; '.join(refused)}" if refused else ""
     return (
         f"the arguments block has no {releases.missing}: the run's Megatron-LM predates "
-        f"megatron-core {first} (it is megatron-core {releases.describe()}){why}; the spec is "
-        f"read and estimated with megatron-core {followed}'s terms "
+        f"megatron-core {releases.predates} (it is megatron-core {releases.describe()}){why}; "
+        f"the spec is read and estimated with megatron-core {followed}'s terms "
         "(analysis/static/megatron_versions.py)"
     )

@@ -306,6 +306,11 @@ class ReleaseRange:
         """The newest release of the range (``0.14``)."""
         return _before(self.excluded)
 
+    @property
+    def predates(self) -> str:
+        """The first release past the range (``0.15``)."""
+        return _name(self.excluded)
+
     def describe(self) -> str:
         """``0.8 to 0.14`` / ``0.4 or older``."""
         if self.oldest is None:
