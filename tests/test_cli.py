@@ -7,6 +7,8 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import load_json
@@ -86,11 +88,49 @@ def test_summarize_prints_the_markdown(traced_run, capsys):
     assert "## Peak" in res.out
 
 
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "cpu_pp2_demo"
+
+
+def _shape(value: Any) -> Any:
+    """A JSON document's keys, nested (a list: the union of its items' shapes), without its
+    values: what a report written by older code lacks or has extra."""
+    if isinstance(value, dict):
+        return {k: _shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        merged: dict[str, Any] = {}
+        for item in value:
+            if isinstance(item, dict):
+                merged.update(_shape(item))
+        return [merged] if merged else []
+    return None
+
+
+#: where the README's ``memscope demo`` excerpt ran (the command prints absolute paths)
+README_DEMO_DIR = "/home/you/memscope_demo"
+
+
+def _readme_demo_lines() -> list[str]:
+    """The lines the README shows ``memscope demo`` printing to stdout (rank, job page,
+    reports), in order."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    block = readme.split("$ memscope demo\n", 1)[1].split("$ memscope summarize", 1)[0]
+    return [line for line in block.splitlines() if not line.startswith("memscope: ")]
+
+
 @pytest.mark.multiprocess
 def test_demo_trains_two_processes_and_leaves_reports(tmp_path, capsys):
-    rc = main(["demo", "--outdir", str(tmp_path), "--steps", "2"])
+    rc = main(["demo", "--outdir", str(tmp_path)])  # the README's command, default steps
     res = capsys.readouterr()
     assert rc == 0, res.err[-3000:]
+    shown = [line.replace(README_DEMO_DIR, str(tmp_path)) for line in _readme_demo_lines()]
+    assert len(shown) == 4 and res.out.splitlines() == shown  # the README's excerpt is current
+    for name in ("rank00000/runtime_report.json", "rank00001/runtime_report.json",
+                 "job_summary.json"):  # fmt: skip
+        example, fresh = load_json(str(EXAMPLE / name)), load_json(str(tmp_path / name))
+        assert _shape(example) == _shape(fresh), name  # examples/cpu_pp2_demo is current
+        if "peak" in fresh:
+            assert example["peak"]["memory_bytes"] == fresh["peak"]["memory_bytes"], name
+            assert example["sections"] == fresh["sections"], name
     for rank in (0, 1):
         report = load_json(str(tmp_path / f"rank{rank:05d}" / "runtime_report.json"))
         assert report["status"] == "complete" and report["metadata"]["pp_size"] == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
 
 import pytest
@@ -58,6 +59,24 @@ def test_all_warmup_keeps_every_last_chunk_microbatch():
     assert states[0] == (1, (2, 2), None)
 
 
+def _docs_figures() -> tuple[int, int, str]:
+    """(measured, estimated, error) that docs/static-estimator.md quotes for the run below."""
+    path = os.path.join(os.path.dirname(__file__), "..", "docs", "static-estimator.md")
+    with open(path, encoding="utf-8") as f:
+        docs = " ".join(f.read().split())
+    found = re.search(r"last stage measured ([\d,]+) B, estimated ([\d,]+) B, ([-+][\d.]+%)", docs)
+    assert found, "docs/static-estimator.md quotes the interleaved run"
+    measured, estimated = (int(found.group(i).replace(",", "")) for i in (1, 2))
+    return measured, estimated, found.group(3)
+
+
+def test_the_docs_quote_this_estimate_of_the_large_vocabulary_last_stage():
+    measured, estimated, error = _docs_figures()
+    spec = _spec(LARGE_VOCAB)
+    assert estimate_rank(spec, RankPosition(0, 1)).peak_memory_bytes == estimated
+    assert f"{(estimated - measured) / measured:+.2%}" == error
+
+
 @pytest.mark.integration
 @pytest.mark.multiprocess
 def test_vpp_large_vocab_last_stage_within_bound_of_a_real_run():
@@ -69,6 +88,7 @@ def test_vpp_large_vocab_last_stage_within_bound_of_a_real_run():
     print(f"last stage: measured {last['measured']:,} estimated {est.peak_memory_bytes:,}")
     assert abs(error) <= TOLERANCE, (last["measured"], est.peak_memory_bytes, error)
     assert last["in_report"] == est.peak_memory_bytes  # the runtime report carries it too
+    assert last["measured"] == _docs_figures()[0]  # the figure docs/static-estimator.md quotes
 
 
 def test_pipeline_inputs_kept_between_steps_count_in_steady_not_in_the_peak():
