@@ -300,6 +300,24 @@ def world_size(name: str, recipes: dict[str, int]) -> tuple[int | None, str]:
     return None, "neither NxG in the name nor a recipe listing the case"
 
 
+#: SentencePiece files that test cases name by path but the tree does not hold, whose
+#: vocabulary is published: (tokenizer type, file name) -> (pieces, where that is stated).
+#: Megatron's ``_SentencePieceTokenizer`` and ``_Llama2Tokenizer`` take the model's piece count
+#: as the vocabulary (megatron/training/tokenizer/tokenizer.py), padded like any other.
+PUBLIC_VOCABULARIES: dict[tuple[str, str], tuple[int, str]] = {
+    ("GPTSentencePieceTokenizer", "nemotron_2_256k.model"): (
+        256_000,
+        "nemotron_2_256k.model, Nemotron-4's tokenizer: 256,000 tokens (Nemotron-4 15B "
+        "technical report, arXiv:2402.16819; the file ships with nvidia/Nemotron-4-340B-Base)",
+    ),
+    ("Llama2Tokenizer", "tokenizer.model"): (
+        32_000,
+        "Llama2Tokenizer's tokenizer.model: 32,000 pieces, Llama 2's (arXiv:2307.09288) and "
+        "Mixtral's (arXiv:2401.04088) alike",
+    ),
+}
+
+
 def tokenizer_vocab(ns: Any) -> tuple[int | None, str]:
     """The tokenizer's (unpadded) vocabulary as Megatron's ``build_tokenizer`` gets it."""
     kind = getattr(ns, "tokenizer_type", None) or "GPT2BPETokenizer"
@@ -310,6 +328,9 @@ def tokenizer_vocab(ns: Any) -> tuple[int | None, str]:
         return int(given) + 1, "NullTokenizer --vocab-size + EOD"
     if kind == "TikTokenizer":
         return int(given or TIKTOKEN_DEFAULT_VOCAB), "TikTokenizer"
+    model = os.path.basename(str(getattr(ns, "tokenizer_model", None) or ""))
+    if (kind, model) in PUBLIC_VOCABULARIES:
+        return PUBLIC_VOCABULARIES[kind, model]
     return None, f"{kind}: the vocabulary is in a tokenizer file the tree does not hold"
 
 

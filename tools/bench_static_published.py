@@ -46,6 +46,14 @@ the parsed arguments afterwards as Megatron-LM at ``SOURCE_COMMIT`` sets them
 - A newer flag the estimator warns it does not model (``coverage.NOT_MODELLED``) is set from
   its words, so the case's ``warned`` list names it.
 
+A case whose world size is not public (the release cases, which run from NVIDIA's private
+recipes, and one case no recipe ran) is estimated at every world size its flags admit
+(:func:`world_candidates`) and shown at the one whose estimated steady allocation is nearest the
+measured, with every candidate's steady error; those cases are summed up on their own line,
+outside the headline figures, since one number of theirs (the steady allocation) chose the
+world size. Their tokenizer files are not public, their vocabularies are
+(``bench_static_gpu_golden.PUBLIC_VOCABULARIES``).
+
 A case the estimator refuses is listed with its reason: none is dropped. Nothing is tuned to
 these numbers.
 """
@@ -130,6 +138,15 @@ CONSISTENCY_RUNS = (
     "TEST_TYPE checkpoint-consistency: {runs} configurations, each on its own GPUs per node "
     "({gpus}), run in turn into one TensorBoard log; the golden values do not say which run "
     "their memory figures are"
+)
+# A release case's world size is inferred (see :func:`world_candidates`): the GPUs of whole
+# nodes of the machines its golden file names (DGX H100/A100: 8 each), up to this many.
+NODE_GPUS = 8
+MAX_INFERRED_WORLD = 4096
+INFERRED_WORLD_SIZE = (
+    "inferred: of the world sizes its flags admit in whole {node}-GPU nodes (data parallel "
+    "dividing global / micro batch), the one whose estimated steady allocation is nearest "
+    "the measured"
 )
 GIB = 1024**3
 
@@ -470,6 +487,7 @@ def _vocab_unknown(model_args: dict[str, Any]) -> str | None:
 
     ns = types.SimpleNamespace(
         tokenizer_type=model_args.get("--tokenizer-type"),
+        tokenizer_model=model_args.get("--tokenizer-model"),
         vocab_size=model_args.get("--vocab-size"),
     )
     vocab, source = golden.tokenizer_vocab(ns)
@@ -478,9 +496,54 @@ def _vocab_unknown(model_args: dict[str, Any]) -> str | None:
     return f"vocabulary unknown too: {source} ({model_args.get('--tokenizer-model')})"
 
 
+def world_candidates(model_args: dict[str, Any]) -> list[int]:
+    """World sizes a case's flags admit, for a case whose runs' world size is not public:
+    tp x pp x cp x dp with dp dividing global batch / micro batch (Megatron's
+    ``num_microbatches_calculator`` refuses the rest), in whole :data:`NODE_GPUS`-GPU nodes,
+    at most :data:`MAX_INFERRED_WORLD`. Megatron's own argument checks (expert parallelism
+    dividing the data-parallel ranks, ...) then drop the ones it refuses."""
+
+    def size(flag: str) -> int:
+        return int(model_args.get(flag, 1))
+
+    model = size("--tensor-model-parallel-size") * size("--pipeline-model-parallel-size")
+    model *= size("--context-parallel-size")
+    micro = size("--micro-batch-size")
+    batches = size("--global-batch-size") // micro
+    return [
+        model * dp
+        for dp in range(1, batches + 1)
+        if batches % dp == 0 and (model * dp) % NODE_GPUS == 0 and model * dp <= MAX_INFERRED_WORLD
+    ]
+
+
+def _inferable(case: dict[str, Any]) -> bool:
+    """A pretraining case whose world size is not public (a release case, or one no recipe
+    lists), not one whose golden values mix several runs' world sizes."""
+    return case["world_size"] is None and not case["world_size_source"].startswith("TEST_TYPE")
+
+
+def _nearest_steady(
+    name: str, estimates: dict[int, dict[str, Any]], measured_steady: int
+) -> dict[str, Any]:
+    """The candidate whose estimated steady allocation is nearest the measured one, with
+    every candidate's steady error (``world_size_fit``) so the choice can be judged."""
+    fits = {
+        world: (e["estimate"]["steady_bytes"] - measured_steady) / measured_steady
+        for world, e in estimates.items()
+    }
+    world = min(fits, key=lambda w: abs(fits[w]))
+    chosen = estimates[world]
+    chosen["world_size_source"] = INFERRED_WORLD_SIZE.format(node=NODE_GPUS)
+    chosen["world_size_fit"] = {str(w): fits[w] for w in sorted(fits)}
+    assert chosen["name"] == name
+    return chosen
+
+
 def run(tree: str, cases: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     cases = load_cases() if cases is None else cases
     rows: list[dict[str, Any]] = []
+    inferred: list[dict[str, Any]] = []
     separate: list[dict[str, Any]] = []
     jobs, prepared = [], []
     for c in cases:
@@ -496,49 +559,77 @@ def run(tree: str, cases: list[dict[str, Any]] | None = None) -> dict[str, Any]:
             reason = f"MODE: {c['mode']}: {what}, not a training run the estimator models"
             separate.append({**base, "reason": reason})
             continue
-        if c["world_size"] is None:
+        vocab = _vocab_unknown(c["model_args"])
+        if c["world_size"] is None and (vocab or not _inferable(c)):
             reason = f"world size unknown: {c['world_size_source']}"
-            vocab = _vocab_unknown(c["model_args"])
             separate.append({**base, "reason": reason + (f"; {vocab}" if vocab else "")})
             continue
-        base.update(world_size=c["world_size"], world_size_source=c["world_size_source"])
         argv = golden.argv_from_model_args(c["model_args"])
-        jobs.append(
-            {
-                "name": c["name"],
-                "argv": parser_argv(argv),
-                "env": c["env_vars"],
-                "world_size": c["world_size"],
-            }
-        )
-        prepared.append({**base, "argv": argv, "env": c["env_vars"]})
+        worlds = [c["world_size"]] if c["world_size"] else world_candidates(c["model_args"])
+        for world in worlds:
+            job = {"name": f"{c['name']}@{world}", "argv": parser_argv(argv), "world_size": world}
+            jobs.append(job | {"env": c["env_vars"]})
+            prepared.append(
+                {
+                    **base,
+                    "world_size": world,
+                    "world_size_source": c["world_size_source"],
+                    "argv": argv,
+                    "env": c["env_vars"],
+                    "job": job["name"],
+                    "inferring": c["world_size"] is None,
+                }
+            )
     parsed = golden.parse_with_megatron(tree, jobs, "h100") if jobs else {}
+    candidates: dict[str, dict[int, dict[str, Any]]] = {}  # inferred cases' estimates by world
+    refusals: dict[str, list[str]] = {}
     for case in prepared:
-        ns = parsed[case["name"]]
+        ns, inferring = parsed[case.pop("job")], case.pop("inferring")
         if "error" not in ns:
             ns = with_newer_flags(case["argv"], ns, case["source"].get("arguments"))
-        if "reason" in ns:
-            kept = {k: v for k, v in case.items() if k not in ("argv", "env")}
-            separate.append(kept | {"reason": ns["reason"]})
-            continue
         # the estimate follows the release that ran the case, not the one installed here
         megatron_core = case["source"]["megatron_core_version"]
-        result = golden.estimate_case(case, ns, megatron_core=megatron_core)
-        if "reason" in result:
-            separate.append(result)
-            continue
-        result["imbalance_bound"] = imbalance_range(case, ns, megatron_core)
-        rows.append(result)
+        result = (
+            {k: v for k, v in case.items() if k not in ("argv", "env")} | {"reason": ns["reason"]}
+            if "reason" in ns
+            else golden.estimate_case(case, ns, megatron_core=megatron_core)
+        )
+        if not inferring:
+            if "reason" in result:
+                separate.append(result)
+                continue
+            result["imbalance_bound"] = imbalance_range(case, ns, megatron_core)
+            rows.append(result)
+        elif "reason" in result:
+            refusals.setdefault(case["name"], []).append(
+                f"{case['world_size']}: {result['reason']}"
+            )
+        else:
+            result["imbalance_bound"] = imbalance_range(case, ns, megatron_core)
+            candidates.setdefault(case["name"], {})[case["world_size"]] = result
+    for c in cases:
+        if c["name"] in candidates:
+            inferred.append(
+                _nearest_steady(c["name"], candidates[c["name"]], c["measured"]["steady_bytes"])
+            )
+        elif c["name"] in refusals:
+            reason = "world size unknown, and every world size its flags admit is refused: "
+            separate.append(
+                {"name": c["name"], "family": c["family"], "source": c["source"],
+                 "measured": c["measured"], "reason": reason + "; ".join(refusals[c["name"]])}
+            )  # fmt: skip
     megatron, flagscale = golden.versions(tree)
     return {
         "source": {"repo": SOURCE_REPO, "commit": SOURCE_COMMIT},
         "parser": {"megatron": megatron, "flagscale": flagscale},
         "rows": rows,
+        "inferred": inferred,
         "separate": separate,
-        "summary": summary(rows, len(cases)),
+        "summary": summary(rows, sum(1 for c in cases if c["world_size"] is not None)),
+        "inferred_summary": summary(inferred, sum(1 for c in cases if c["world_size"] is None)),
         "features": summary(
             [r for r in rows if r["name"] in FEATURE_NAMES],
-            sum(1 for c in cases if c["name"] in FEATURE_NAMES),
+            sum(1 for c in cases if c["name"] in FEATURE_NAMES and c["world_size"] is not None),
         ),
     }
 
@@ -589,6 +680,24 @@ def _gib(n: float) -> str:
     return f"{n / GIB:7.2f}"
 
 
+def _row(r: dict[str, Any]) -> str:
+    """One estimated case as a line of the table."""
+    m, e = r["measured"], r["estimate"]
+    bound = r["imbalance_bound"]
+    at_bound = _gib(bound["peak_bytes"]) if bound else f"{'-':>7}"
+    at_drift = _gib(bound["drift_peak_bytes"]) if bound else f"{'-':>7}"
+    term = r["most_differing_term"]
+    return (
+        f"{r['family'] + '/' + r['name']:<80} "
+        f"{golden.short_release(r['source']['megatron_core_version']):>5} {r['world_size']:>5} "
+        f"{r['tp_rank']:>2},{r['pp_rank']:<2} {_gib(m['steady_bytes'])} "
+        f"{_gib(m['peak_bytes'])} {_gib(e['steady_bytes']):>8} {_gib(e['peak_bytes']):>8} "
+        f"{r['error'] * 100:+6.1f}% {at_bound} {at_drift} {term:<9} "
+        f"{r[term + '_diff_bytes'] / GIB:+6.2f}  {e['peak_moment']}"
+        + (f"; warned: {', '.join(r['warned'])}" if r["warned"] else "")
+    )
+
+
 def render(result: dict[str, Any]) -> str:
     src, parser = result["source"], result["parser"]
     lines = [
@@ -608,27 +717,24 @@ def render(result: dict[str, Any]) -> str:
         f"{'est.stdy':>8} {'est.peak':>8} {'error':>7} {'@bound':>7} {'@drift':>7} "
         f"{'term':<9} {'diff':>6}  moment",
     ]
-    for r in result["rows"]:
-        m, e = r["measured"], r["estimate"]
-        bound = r["imbalance_bound"]
-        at_bound = _gib(bound["peak_bytes"]) if bound else f"{'-':>7}"
-        at_drift = _gib(bound["drift_peak_bytes"]) if bound else f"{'-':>7}"
-        term = r["most_differing_term"]
-        lines.append(
-            f"{r['family'] + '/' + r['name']:<80} "
-            f"{golden.short_release(r['source']['megatron_core_version']):>5} {r['world_size']:>5} "
-            f"{r['tp_rank']:>2},{r['pp_rank']:<2} {_gib(m['steady_bytes'])} "
-            f"{_gib(m['peak_bytes'])} {_gib(e['steady_bytes']):>8} {_gib(e['peak_bytes']):>8} "
-            f"{r['error'] * 100:+6.1f}% {at_bound} {at_drift} {term:<9} "
-            f"{r[term + '_diff_bytes'] / GIB:+6.2f}  {e['peak_moment']}"
-            + (f"; warned: {', '.join(r['warned'])}" if r["warned"] else "")
-        )
+    lines.extend(_row(r) for r in result["rows"])
+    inferred = result["inferred"]
+    lines.append("")
+    how = INFERRED_WORLD_SIZE.format(node=NODE_GPUS)
+    lines.append(
+        f"world size not public ({len(inferred)} cases): {how} (world = that size; below "
+        "each, every admitted world size with its steady error)"
+    )
+    for r in inferred:
+        lines.append(_row(r))
+        fits = ", ".join(f"{w} {100 * f:+.1f}%" for w, f in r["world_size_fit"].items())
+        lines.append(f"    steady error by world size: {fits}")
     lines.append("")
     lines.append(f"listed separately: {len(result['separate'])} cases")
     for s in result["separate"]:
         lines.append(f"  {s['family']}/{s['name']}: {s['reason']}")
     lines.append("sources:")
-    for r in [*result["rows"], *result["separate"]]:
+    for r in [*result["rows"], *inferred, *result["separate"]]:
         src = r["source"]
         lines.append(
             f"  {r['name']}: {src['repo']}@{src['commit'][:12]} ({src['date']}, megatron-core "
@@ -657,6 +763,16 @@ def render(result: dict[str, Any]) -> str:
             "the features new since the FlagScale tree (FEATURE_CASES): "
             + doc_figures(result["features"])
         )
+        i = result["inferred_summary"]
+        lines.append(
+            "world size not public, inferred from the steady allocation: " + doc_figures(i)
+        )
+        if i.get("dropless_moe"):
+            lines.append(
+                "  of them dropless MoE: the measured peak lies between ours at balanced routing "
+                f"and ours at the imbalance bound in {len(i['within_imbalance_range'])} of "
+                f"{i['dropless_moe']}"
+            )
         lines.append(
             f"worst: {100 * s['worst_error']:+.1f}%  median: {100 * s['median_abs_error']:.1f}%"
         )
