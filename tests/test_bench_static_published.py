@@ -251,3 +251,24 @@ def test_a_case_is_read_as_it_was_when_measured(result):
     args = next(c for c in bench.load_cases() if c["name"] == biased["name"])["model_args"]
     assert "--disable-bias-linear" not in args and biased["parallel"]["tp"] == 2  # etp = tp
     assert abs(biased["error"]) < 0.05
+
+
+def test_the_docs_figure_for_two_runs_of_one_mixtral_config_is_their_measurements():
+    cases = {c["name"]: c for c in bench.load_cases()}
+    first, second = (cases[f"mixtral_8x7b_alltoall_tp2pp4ep4_release{s}"] for s in ("", "_sm"))
+    differing = {k for k in {**first["model_args"], **second["model_args"]}
+                 if first["model_args"].get(k) != second["model_args"].get(k)}  # fmt: skip
+    # only how long each ran and where it checkpoints
+    assert differing == {"--exit-interval", "--load", "--save", "--save-interval",
+                         "--train-samples"}  # fmt: skip
+    assert first["env_vars"] == second["env_vars"]
+    assert first["source"]["commit"] == second["source"]["commit"]
+    a, b = first["measured"], second["measured"]
+    assert a["steady_bytes"] == b["steady_bytes"]
+    gap = b["peak_bytes"] - a["peak_bytes"]
+    with open(os.path.join(ROOT, "docs", "static-estimator.md"), encoding="utf-8") as f:
+        docs = " ".join(f.read().split())
+    assert (
+        f"(set at iterations {a['peak_iteration']} and {b['peak_iteration']}) differ by "
+        f"{gap / 2**30:.2f} GiB, {100 * gap / a['peak_bytes']:.1f}% of the first" in docs
+    )
