@@ -143,6 +143,17 @@ def test_admitted_world_sizes_follow_the_batch_and_the_model_parallel_grid():
     assert bench.world_candidates(args) == [8, 16, 24, 32, 48, 64, 96, 192]
     args["--tensor-model-parallel-size"] = 1  # 4 GPUs per replica: only even dp fill nodes
     assert bench.world_candidates(args) == [8, 16, 24, 32, 48, 96]
+    args["--global-batch-size"] = 3  # one micro-batch per step and 4 GPUs: no whole node
+    assert bench.world_candidates(args) == []
+
+
+def test_a_case_whose_flags_admit_no_world_size_is_listed_with_that_reason():
+    (case,) = [c for c in bench.load_cases() if c["name"].endswith("muon_param_layout")]
+    flags = {**case["model_args"], "--global-batch-size": 4, "--micro-batch-size": 4}
+    result = bench.run(pristine_tree(), [{**case, "model_args": flags}])
+    assert not result["rows"] and not result["inferred"]
+    (left,) = result["separate"]
+    assert "admit none in whole 8-GPU nodes" in left["reason"], left["reason"]
 
 
 def test_dropless_moe_rows_carry_the_imbalance_range(result):

@@ -566,6 +566,13 @@ def run(tree: str, cases: list[dict[str, Any]] | None = None) -> dict[str, Any]:
             continue
         argv = golden.argv_from_model_args(c["model_args"])
         worlds = [c["world_size"]] if c["world_size"] else world_candidates(c["model_args"])
+        if not worlds:
+            reason = (
+                f"world size unknown: {c['world_size_source']}; and its flags admit none in "
+                f"whole {NODE_GPUS}-GPU nodes up to {MAX_INFERRED_WORLD} GPUs"
+            )
+            separate.append({**base, "reason": reason})
+            continue
         for world in worlds:
             job = {"name": f"{c['name']}@{world}", "argv": parser_argv(argv), "world_size": world}
             jobs.append(job | {"env": c["env_vars"]})
