@@ -39,9 +39,15 @@ def test_committed_benchmark_output_is_what_the_tool_prints_now(result):
     with open(os.path.join(ROOT, "docs", "static-estimator.md"), encoding="utf-8") as f:
         docs = " ".join(f.read().split())
     assert f"Last run: {bench.doc_figures(result['summary'])}." in docs
-    assert f"tree alone: {bench.doc_figures(result['features'])}." in docs
+    aside = len(bench.FEATURE_NAMES & {r["name"] for r in result["inferred"]})
+    features = bench.doc_figures(result["features"])
+    assert f"tree alone: {features} ({aside} more have no public world size: below)." in docs
     inferred = bench.doc_figures(result["inferred_summary"])
     assert f"inferred from the steady allocation (below): {inferred}." in docs
+    i, s = result["inferred_summary"], result["summary"]
+    assert len(i["within_imbalance_range"]) == i["dropless_moe"] > 0  # "all lie inside"
+    assert len(s["within_imbalance_range"]) < s["dropless_moe"]  # "most do, not all"
+    assert "peaks all lie inside our imbalance ranges (on the CI shapes most do, not all)" in docs
     proxy = next(r for r in result["inferred"] if r["name"].startswith("deepseekv3_proxy"))
     smallest = min(proxy["world_size_fit"], key=int)
     assert proxy["world_size"] == int(smallest)
@@ -69,8 +75,12 @@ def test_every_case_names_its_source_and_nothing_is_dropped(result):
     listed = [r["name"] for r in [*result["rows"], *result["inferred"], *result["separate"]]]
     assert sorted(listed) == sorted(names)
     assert result["summary"]["cases"] + result["inferred_summary"]["cases"] == len(cases)
-    unknown = {c["name"] for c in cases if c["world_size"] is None}
-    assert result["features"]["cases"] == len(bench.FEATURE_NAMES - unknown)
+    # the inferred line counts the cases it infers, every one estimated or listed with why
+    assert result["inferred_summary"]["cases"] == len(result["inferred"]) + sum(
+        1 for s in result["separate"] if "admit" in s["reason"]
+    )
+    inferred = {r["name"] for r in result["inferred"]}
+    assert result["features"]["cases"] == len(bench.FEATURE_NAMES - inferred)
     for case in cases:
         src = case["source"]
         assert src["repo"] == bench.SOURCE_REPO and len(src["commit"]) == 40
@@ -145,6 +155,24 @@ def test_admitted_world_sizes_follow_the_batch_and_the_model_parallel_grid():
     assert bench.world_candidates(args) == [8, 16, 24, 32, 48, 96]
     args["--global-batch-size"] = 3  # one micro-batch per step and 4 GPUs: no whole node
     assert bench.world_candidates(args) == []
+    args["--tensor-model-parallel-size"] = "${TP}"  # left to the launch script
+    assert bench.world_candidates(args) == []
+
+
+def test_a_batch_ramp_admits_the_data_parallel_sizes_every_batch_it_steps_with_divides():
+    ramp = {"--global-batch-size": 1152, "--micro-batch-size": 4, "--tensor-model-parallel-size": 8,
+            "--rampup-batch-size": "[384 384 97656250]"}  # fmt: skip
+    # two increments of 384 over 97,656,250 samples: one per 48,828,125
+    assert bench.run_batch_sizes({**ramp, "--train-samples": 19531250}) == [384]
+    assert bench.run_batch_sizes({**ramp, "--train-samples": 50_000_000}) == [384, 768]
+    assert bench.run_batch_sizes(ramp) == [384, 768, 1152]  # no sample count: the whole ramp
+    short = bench.world_candidates({**ramp, "--train-samples": 19531250})
+    assert 128 in short and 144 not in short  # dp 16 divides 384 / 4 = 96, dp 18 does not
+    assert 8 * 96 in short and max(short) == 8 * 96
+    assert bench.run_batch_sizes({"--micro-batch-size": 1}) is None  # any data parallel fits
+    for name in ("gpt3_15b_8t_release", "gpt3_15b_8t_release_sm"):
+        (case,) = [c for c in bench.load_cases() if c["name"] == name]
+        assert bench.run_batch_sizes(case["model_args"]) == [384]
 
 
 def test_a_case_whose_flags_admit_no_world_size_is_listed_with_that_reason():
@@ -276,6 +304,9 @@ def test_the_docs_figure_for_two_runs_of_one_mixtral_config_is_their_measurement
     assert first["source"]["commit"] == second["source"]["commit"]
     a, b = first["measured"], second["measured"]
     assert a["steady_bytes"] == b["steady_bytes"]
+    # the golden files name their containers: the second's a TE 2.5 one (the docs say so)
+    files = [c["source"]["measured"].rsplit("/", 1)[1] for c in (first, second)]
+    assert "te2.5" in files[1] and "te2.5" not in files[0], files
     gap = b["peak_bytes"] - a["peak_bytes"]
     with open(os.path.join(ROOT, "docs", "static-estimator.md"), encoding="utf-8") as f:
         docs = " ".join(f.read().split())

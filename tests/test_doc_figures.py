@@ -52,6 +52,7 @@ def test_the_analyze_log_docs_figures_are_the_fixture_tables():
     assert f"every one of their {len(ranks)} ranks is within {worst:.1f}%" in docs
     assert f"PP 4's last stage {five[(5, 3)]}, TP 2 x PP 2's {five[(3, 3)]}" in docs
     (oom,) = _fixture_rows("gpt2_774m_fp16_oom_v100.log").values()
+    assert oom.startswith("-")  # the estimate below what the log measured
     assert f"the estimate of that moment is {oom[1:]} below its allocated + request" in docs
     (qwen,) = _fixture_rows("qwen2_0.5b_bf16_dp2.log").values()
     assert f"from -5.3% to {qwen}" in docs and f"The Qwen2 gap ({qwen}, within the band)" in docs

@@ -144,9 +144,10 @@ CONSISTENCY_RUNS = (
 NODE_GPUS = 8
 MAX_INFERRED_WORLD = 4096
 INFERRED_WORLD_SIZE = (
-    "inferred: of the world sizes its flags admit in whole {node}-GPU nodes (data parallel "
-    "dividing global / micro batch), the one whose estimated steady allocation is nearest "
-    "the measured"
+    "inferred: of the world sizes its flags admit in whole {node}-GPU nodes (micro batch x "
+    "data parallel dividing each global batch size the run steps with) and Megatron's "
+    "argument checks and the estimator take, the one whose estimated steady allocation is "
+    "nearest the measured"
 )
 GIB = 1024**3
 
@@ -496,24 +497,50 @@ def _vocab_unknown(model_args: dict[str, Any]) -> str | None:
     return f"vocabulary unknown too: {source} ({model_args.get('--tokenizer-model')})"
 
 
+def run_batch_sizes(model_args: dict[str, Any]) -> list[int] | None:
+    """The global batch sizes a run steps with: ``--global-batch-size``, or with
+    ``--rampup-batch-size START INCREMENT SAMPLES`` the ones the ramp reaches within
+    ``--train-samples`` (megatron/core/num_microbatches_calculator.py: one increment per
+    SAMPLES / increments samples); None without a global batch size (Megatron then takes
+    micro batch x data parallel: any data-parallel size fits)."""
+    if "--global-batch-size" not in model_args:
+        return None
+    final = int(model_args["--global-batch-size"])
+    ramp = model_args.get("--rampup-batch-size")
+    if not ramp:
+        return [final]
+    start, step, samples = (int(w) for w in str(ramp).strip("[]").replace(",", " ").split())
+    increments = (final - start) // step
+    reached = increments
+    if "--train-samples" in model_args and increments:
+        reached = min(increments, int(int(model_args["--train-samples"]) * increments / samples))
+    return [start + k * step for k in range(reached + 1)]
+
+
 def world_candidates(model_args: dict[str, Any]) -> list[int]:
     """World sizes a case's flags admit, for a case whose runs' world size is not public:
-    tp x pp x cp x dp with dp dividing global batch / micro batch (Megatron's
-    ``num_microbatches_calculator`` refuses the rest), in whole :data:`NODE_GPUS`-GPU nodes,
-    at most :data:`MAX_INFERRED_WORLD`. Megatron's own argument checks (expert parallelism
-    dividing the data-parallel ranks, ...) then drop the ones it refuses."""
+    tp x pp x cp x dp with micro batch x dp dividing every global batch size the run steps
+    with (:func:`run_batch_sizes`; Megatron's ``num_microbatches_calculator`` checks it at
+    each step), in whole :data:`NODE_GPUS`-GPU nodes, at most :data:`MAX_INFERRED_WORLD`;
+    none when a size is not a number. Megatron's own argument checks (expert parallelism
+    dividing the data-parallel ranks, ...) and the estimator's then drop the ones they
+    refuse."""
 
     def size(flag: str) -> int:
         return int(model_args.get(flag, 1))
 
-    model = size("--tensor-model-parallel-size") * size("--pipeline-model-parallel-size")
-    model *= size("--context-parallel-size")
-    micro = size("--micro-batch-size")
-    batches = size("--global-batch-size") // micro
+    try:
+        model = size("--tensor-model-parallel-size") * size("--pipeline-model-parallel-size")
+        model *= size("--context-parallel-size")
+        micro = size("--micro-batch-size")
+        batches = run_batch_sizes(model_args)
+    except ValueError:  # a size left to the launch script (``${TP}``)
+        return []
     return [
         model * dp
-        for dp in range(1, batches + 1)
-        if batches % dp == 0 and (model * dp) % NODE_GPUS == 0 and model * dp <= MAX_INFERRED_WORLD
+        for dp in range(1, MAX_INFERRED_WORLD // model + 1)
+        if (model * dp) % NODE_GPUS == 0
+        and all(b % (micro * dp) == 0 for b in batches or [micro * dp])
     ]
 
 
@@ -632,11 +659,11 @@ def run(tree: str, cases: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         "rows": rows,
         "inferred": inferred,
         "separate": separate,
-        "summary": summary(rows, sum(1 for c in cases if c["world_size"] is not None)),
-        "inferred_summary": summary(inferred, sum(1 for c in cases if c["world_size"] is None)),
+        "summary": summary(rows, sum(1 for c in cases if not _inferable(c))),
+        "inferred_summary": summary(inferred, sum(1 for c in cases if _inferable(c))),
         "features": summary(
             [r for r in rows if r["name"] in FEATURE_NAMES],
-            sum(1 for c in cases if c["name"] in FEATURE_NAMES and c["world_size"] is not None),
+            sum(1 for c in cases if c["name"] in FEATURE_NAMES and not _inferable(c)),
         ),
     }
 
@@ -749,6 +776,15 @@ def render(result: dict[str, Any]) -> str:
         )
     s = result["summary"]
     lines.append("")
+    i = result["inferred_summary"]
+    lines.append("world size not public, inferred from the steady allocation: " + doc_figures(i))
+    if i.get("dropless_moe"):
+        lines.append(
+            "  of them dropless MoE: the measured peak lies between ours at balanced routing "
+            f"and ours at the imbalance bound in {len(i['within_imbalance_range'])} of "
+            f"{i['dropless_moe']}"
+        )
+    lines.append("the cases with a public world size:")
     if s["modelled"]:
         lines.append(
             f"modelled: {s['modelled']} of {s['cases']} cases; worst: {s['worst_case']}; "
@@ -770,16 +806,6 @@ def render(result: dict[str, Any]) -> str:
             "the features new since the FlagScale tree (FEATURE_CASES): "
             + doc_figures(result["features"])
         )
-        i = result["inferred_summary"]
-        lines.append(
-            "world size not public, inferred from the steady allocation: " + doc_figures(i)
-        )
-        if i.get("dropless_moe"):
-            lines.append(
-                "  of them dropless MoE: the measured peak lies between ours at balanced routing "
-                f"and ours at the imbalance bound in {len(i['within_imbalance_range'])} of "
-                f"{i['dropless_moe']}"
-            )
         lines.append(
             f"worst: {100 * s['worst_error']:+.1f}%  median: {100 * s['median_abs_error']:.1f}%"
         )
