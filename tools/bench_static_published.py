@@ -567,6 +567,11 @@ def _nearest_steady(
     return chosen
 
 
+def _base(case: dict[str, Any]) -> dict[str, Any]:
+    """What every listed case carries: its name, family, source and measurement."""
+    return {k: case[k] for k in ("name", "family", "source", "measured")}
+
+
 def run(tree: str, cases: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     cases = load_cases() if cases is None else cases
     rows: list[dict[str, Any]] = []
@@ -574,12 +579,7 @@ def run(tree: str, cases: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     separate: list[dict[str, Any]] = []
     jobs, prepared = [], []
     for c in cases:
-        base = {
-            "name": c["name"],
-            "family": c["family"],
-            "source": c["source"],
-            "measured": c["measured"],
-        }
+        base = _base(c)
         if c["mode"] != "pretraining":
             what = ("a reinforcement-learning loop (an inference engine beside the trainer)"
                     if c["mode"] == "rl" else "not a pretraining run")  # fmt: skip
@@ -615,7 +615,9 @@ def run(tree: str, cases: list[dict[str, Any]] | None = None) -> dict[str, Any]:
                 }
             )
     parsed = golden.parse_with_megatron(tree, jobs, "h100") if jobs else {}
-    candidates: dict[str, dict[int, dict[str, Any]]] = {}  # inferred cases' estimates by world
+    # inferred cases' estimates by world, with what their imbalance range is computed from
+    candidates: dict[str, dict[int, dict[str, Any]]] = {}
+    inputs: dict[tuple[str, int], tuple[dict[str, Any], dict[str, Any], str]] = {}
     refusals: dict[str, list[str]] = {}
     for case in prepared:
         ns, inferring = parsed[case.pop("job")], case.pop("inferring")
@@ -639,19 +641,19 @@ def run(tree: str, cases: list[dict[str, Any]] | None = None) -> dict[str, Any]:
                 f"{case['world_size']}: {result['reason']}"
             )
         else:
-            result["imbalance_bound"] = imbalance_range(case, ns, megatron_core)
             candidates.setdefault(case["name"], {})[case["world_size"]] = result
+            inputs[case["name"], case["world_size"]] = (case, ns, megatron_core)
     for c in cases:
         if c["name"] in candidates:
-            inferred.append(
-                _nearest_steady(c["name"], candidates[c["name"]], c["measured"]["steady_bytes"])
+            chosen = _nearest_steady(
+                c["name"], candidates[c["name"]], c["measured"]["steady_bytes"]
             )
+            # the range of the chosen world size only: the other candidates are not shown
+            chosen["imbalance_bound"] = imbalance_range(*inputs[c["name"], chosen["world_size"]])
+            inferred.append(chosen)
         elif c["name"] in refusals:
             reason = "world size unknown, and every world size its flags admit is refused: "
-            separate.append(
-                {"name": c["name"], "family": c["family"], "source": c["source"],
-                 "measured": c["measured"], "reason": reason + "; ".join(refusals[c["name"]])}
-            )  # fmt: skip
+            separate.append(_base(c) | {"reason": reason + "; ".join(refusals[c["name"]])})
     megatron, flagscale = golden.versions(tree)
     return {
         "source": {"repo": SOURCE_REPO, "commit": SOURCE_COMMIT},
