@@ -104,19 +104,60 @@ def test_every_case_names_its_source_and_nothing_is_dropped(result):
 
 
 def test_cases_left_out_say_why(result):
-    # a reinforcement-learning loop, or golden values that mix several runs' world sizes
-    kinds = {"rl": 0, "consistency": 0}
+    # only the reinforcement-learning loops (an inference engine beside the trainer)
+    assert result["separate"]
     for s in result["separate"]:
-        reason = s["reason"]
-        if reason.startswith("world size unknown: TEST_TYPE checkpoint-consistency"):
-            kinds["consistency"] += 1  # several world sizes logged into one file
-        else:
-            assert reason.startswith("MODE: rl:"), reason  # nothing refused
-            kinds["rl"] += 1
-    assert all(kinds.values()), kinds
+        assert s["reason"].startswith("MODE: rl:"), s["reason"]  # nothing refused
     assert bench._vocab_unknown({"--tokenizer-type": "GPT2BPETokenizer"}) is None
     unknown = {"--tokenizer-type": "GPTSentencePieceTokenizer", "--tokenizer-model": "x.model"}
     assert "x.model" in bench._vocab_unknown(unknown)
+
+
+def test_a_checkpoint_consistency_case_is_its_first_runs_world_size():
+    # run_ci_test.sh runs MODEL_ARGS first; the harness reads the first events file
+    config = {
+        "MODEL_ENV_VARS": {
+            "MODEL_ARGS": {"GPUS_PER_NODE": 1}, "MODEL_ARGS_2": {"GPUS_PER_NODE": 2},
+        },
+        "MODEL_ARGS": {}, "MODEL_ARGS_2": {}, "MODEL_ARGS_3": {},
+    }  # fmt: skip
+    world, source = bench.consistency_world_size(config, 16, "recipe.yaml")
+    assert world == 2 and "3 configurations" in source and "x 2 node(s)" in source
+    config["MODEL_ENV_VARS"]["MODEL_ARGS"]["GPUS_PER_NODE"] = 2
+    assert bench.consistency_world_size(config, 8, "recipe.yaml")[0] == 2
+    with pytest.raises(ValueError, match="without a DGX recipe"):
+        bench.consistency_world_size(config, None, "no recipe")
+    (case,) = [c for c in bench.load_cases() if "checkpoint-consistency" in c["world_size_source"]]
+    assert case["world_size"] == 1 and "MODEL_ARGS, GPUS_PER_NODE 1" in case["world_size_source"]
+    assert case["model_args"]["--tensor-model-parallel-size"] == 1  # MODEL_ARGS, not a later run
+
+
+def test_a_one_step_run_from_a_checkpoint_without_its_optimizer_peaks_before_the_moments(result):
+    (row,) = [r for r in result["rows"] if r["estimate"]["peak_stage"] == "first_step"]
+    assert row["measured"]["iterations"] == [1, 1]
+    case = next(c for c in bench.load_cases() if c["name"] == row["name"])
+    assert case["model_args"]["--no-load-optim"] and case["model_args"]["--finetune"]
+    steady_state = dict(case, measured={**case["measured"], "iterations": [1, 2]})
+    (later,) = bench.run(pristine_tree(), [steady_state])["rows"]
+    # a later step's forward/backward runs with the moments: higher by its activations
+    assert later["estimate"]["peak_bytes"] > row["estimate"]["peak_bytes"] * 1.03
+    assert row["estimate"]["peak_bytes"] >= row["estimate"]["steady_bytes"]
+    assert abs(row["error"]) < abs(later["error"])
+
+
+def test_harness_variables_are_substituted_as_envsubst_does():
+    argv = bench.golden.argv_from_model_args(
+        {"--seed": "${REPEAT}", "--load": "${CHECKPOINT_LOAD_PATH}/model"}
+    )
+    assert argv == ["--seed", "1", "--load", "${CHECKPOINT_LOAD_PATH}/model"]
+    ns = type("NS", (), {"load": "/ckpt", "finetune": False, "no_load_optim": False})()
+    assert bench.golden.optimizer_state_loaded(ns)
+    ns.no_load_optim = True
+    assert not bench.golden.optimizer_state_loaded(ns)
+    ns.no_load_optim, ns.finetune = False, True
+    assert not bench.golden.optimizer_state_loaded(ns)
+    ns.finetune, ns.load = False, None
+    assert not bench.golden.optimizer_state_loaded(ns)
 
 
 def test_a_world_size_not_public_is_the_admitted_one_nearest_the_steady_allocation(result):

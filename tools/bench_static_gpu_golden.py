@@ -197,6 +197,13 @@ def load_case_config(case_dir: str) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+# Variables Megatron-LM's harness exports before ``_run_training.sh`` substitutes them into
+# the flags (``envsubst``) that a parsed flag's type needs: run_ci_test.sh ``export
+# REPEAT=$i`` for the repeats 1..N_REPEAT; the golden values are the first repeat's (``--seed:
+# ${REPEAT}``).
+HARNESS_VARIABLES = {"REPEAT": "1"}
+
+
 def argv_from_model_args(model_args: dict[str, Any]) -> list[str]:
     """The command line ``_run_training.sh`` builds from ``MODEL_ARGS``: ``true`` -> the
     bare flag, a list or a ``"[a b]"`` string -> its items, anything else -> the flag and
@@ -204,10 +211,16 @@ def argv_from_model_args(model_args: dict[str, Any]) -> list[str]:
     argparse for a switch) is left out. A value with spaces (``--hierarchical-context-
     parallel-sizes: 2 2``) is split into words, as an ``nargs='+'`` option reads it (the
     script quotes it into one word, which argparse refuses for an int list; a
-    single-valued option ignores the extra words here)."""
+    single-valued option ignores the extra words here). A ``${NAME}`` of
+    :data:`HARNESS_VARIABLES` is replaced by its value, as the script's ``envsubst`` does;
+    other variables (paths) are left as written."""
     argv: list[str] = []
     for key, value in model_args.items():
         key = str(key)
+        if isinstance(value, str):
+            value = re.sub(
+                r"\$\{(\w+)\}", lambda m: HARNESS_VARIABLES.get(m.group(1), m.group(0)), value
+            )
         if value is True:
             argv.append(key)
         elif value is False or value is None:
@@ -549,6 +562,16 @@ def measured_gpu(golden_name: str, requested: str) -> str:
     return match.group(1) if match and match.group(1) in GPU_ARCH else requested
 
 
+def optimizer_state_loaded(ns: Any) -> bool:
+    """Whether the run's first step starts with the optimizer state a checkpoint holds:
+    megatron/training/checkpointing.py ``load_checkpoint`` loads it for ``--load`` unless
+    ``--finetune`` or ``--no-load-optim`` (``not release and not args.finetune and not
+    args.no_load_optim``); without it Adam allocates its moments at the first step."""
+    return bool(getattr(ns, "load", None)) and not (
+        getattr(ns, "finetune", False) or getattr(ns, "no_load_optim", False)
+    )
+
+
 def estimate_case(
     case: dict[str, Any],
     parsed: dict[str, Any],
@@ -561,6 +584,7 @@ def estimate_case(
     the case's ``ENV_VARS`` export (both size the fixed workspaces), and for the
     megatron-core release ``megatron_core`` that ran the case (``None``: the installed one, as
     the args reader records it)."""
+    from memscope.analysis.log_check import moment_estimate
     from memscope.analysis.static.coverage import not_modelled
     from memscope.analysis.static.estimator import estimate_rank, position_of_rank
     from memscope.inputs.megatron_args import spec_from_megatron_args
@@ -594,6 +618,19 @@ def estimate_case(
         return {**case, "reason": f"refused by the estimator: {exc}"}
     m = case["measured"]
     persistent, peak = est.steady_bytes, est.peak_memory_bytes
+    peak_stage, peak_moment = (
+        est.peak_stage,
+        (
+            "CUDA-graph capture"
+            if est.peak_stage == "cuda_graph_capture"
+            else est.activations.peak_moment
+        ),
+    )
+    if m["iterations"][1] == 1 and not optimizer_state_loaded(ns):
+        # one logged step: its peak is the first step's, whose forward/backward ran before
+        # the optimizer's moments existed (log_check.moment_estimate, as analyze-log reads it)
+        first = moment_estimate(spec, est, 1)
+        peak, peak_stage, peak_moment = first.peak_bytes, "first_step", first.label
     d_persistent = persistent - m["steady_bytes"]
     d_transient = (peak - persistent) - (m["peak_bytes"] - m["steady_bytes"])
     term = "steady" if abs(d_persistent) >= abs(d_transient) else "transient"
@@ -616,10 +653,8 @@ def estimate_case(
             "grad_bytes": est.persistent.grad_bytes,
             "optimizer_bytes": est.persistent.optimizer_bytes,
             "peak_bytes": peak,
-            "peak_stage": est.peak_stage,
-            "peak_moment": "CUDA-graph capture"
-            if est.peak_stage == "cuda_graph_capture"
-            else est.activations.peak_moment,
+            "peak_stage": peak_stage,
+            "peak_moment": peak_moment,
         },
         "ratio": peak / m["peak_bytes"],
         "error": (peak - m["peak_bytes"]) / m["peak_bytes"],

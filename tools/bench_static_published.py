@@ -130,14 +130,18 @@ RELEASE_WORLD_SIZE = (
     "release cases run from NVIDIA's private convergence-test recipes (Megatron-LM@4a756e24 "
     ".gitlab/stages/03.convergence-tests.yml)"
 )
-# Why a checkpoint-consistency case has no world size (run_ci_test.sh at the commits that
-# measured it): it runs MODEL_ARGS, MODEL_ARGS_2, ... in turn, each on the GPUs its
-# MODEL_ENV_VARS entry gives, all logging to one TensorBoard directory the golden values are
-# read from.
-CONSISTENCY_RUNS = (
-    "TEST_TYPE checkpoint-consistency: {runs} configurations, each on its own GPUs per node "
-    "({gpus}), run in turn into one TensorBoard log; the golden values do not say which run "
-    "their memory figures are"
+# Which run of a checkpoint-consistency case its golden values are (Megatron-LM's harness at
+# the commit that measured it): run_ci_test.sh runs MODEL_ARGS, MODEL_ARGS_2, ... in the order
+# ``yq keys`` lists them (the file's order), each on the GPUs per node its MODEL_ENV_VARS entry
+# gives (_run_training.sh ``--nproc_per_node $GPUS_PER_NODE``, ``--nnodes`` the recipe's
+# nodes), all into one TensorBoard directory; get_test_results_from_tensorboard_logs.py
+# (``--is-normal-test``, not a second run) reads index 0 of the events files sorted by
+# modification time (common.py ``read_tb_logs_as_list``): the first run's, MODEL_ARGS.
+CONSISTENCY_RUN = (
+    "TEST_TYPE checkpoint-consistency: its {runs} configurations run in turn into one "
+    "TensorBoard log; the golden values are the first events file's (common.py "
+    "read_tb_logs_as_list index 0, by modification time), the first run's: MODEL_ARGS, "
+    "GPUS_PER_NODE {gpus} (MODEL_ENV_VARS) x {nodes} node(s) ({recipe})"
 )
 # A release case's world size is inferred (see :func:`world_candidates`): the GPUs of whole
 # nodes of the machines its golden file names (DGX H100/A100: 8 each), up to this many.
@@ -265,6 +269,22 @@ def _world_size(
     return None, "neither NxG in the name nor a recipe listing the case"
 
 
+def consistency_world_size(
+    config: dict[str, Any], recipe_world: int | None, recipe_source: str
+) -> tuple[int, str]:
+    """The world size of the run a checkpoint-consistency case's golden values are
+    (:data:`CONSISTENCY_RUN`): MODEL_ARGS's ``GPUS_PER_NODE`` times the recipe's nodes (its
+    ``nodes x gpus`` over a DGX node's :data:`NODE_GPUS`)."""
+    if recipe_world is None or recipe_world % NODE_GPUS:
+        raise ValueError(f"checkpoint-consistency case without a DGX recipe: {recipe_source}")
+    runs = [k for k in config if re.fullmatch(r"MODEL_ARGS(_\d+)?", str(k))]
+    assert runs and runs[0] == "MODEL_ARGS", runs  # yq keys: the file's order
+    gpus = int((config.get("MODEL_ENV_VARS") or {}).get("MODEL_ARGS", {}).get("GPUS_PER_NODE", 8))
+    nodes = recipe_world // NODE_GPUS
+    source = CONSISTENCY_RUN.format(runs=len(runs), gpus=gpus, nodes=nodes, recipe=recipe_source)
+    return gpus * nodes, source
+
+
 def training_cases(git_dir: str) -> list[tuple[str, str]]:
     """(family, case) of every case of :data:`FAMILIES` at ``SOURCE_COMMIT`` with a golden
     values file, sorted."""
@@ -326,13 +346,8 @@ def extract(git_dir: str) -> list[dict[str, Any]]:
         )
         if world is None and config.get("TEST_TYPE") == "release":
             source = RELEASE_WORLD_SIZE
-        runs = sorted(k for k in config if re.fullmatch(r"MODEL_ARGS_\d+", str(k)))
-        if config.get("TEST_TYPE") == "checkpoint-consistency" and runs:
-            gpus = sorted({str(v.get("GPUS_PER_NODE")) for v in config["MODEL_ENV_VARS"].values()})
-            world, source = (
-                None,
-                CONSISTENCY_RUNS.format(runs=len(runs) + 1, gpus=" or ".join(gpus)),
-            )
+        if config.get("TEST_TYPE") == "checkpoint-consistency":
+            world, source = consistency_world_size(config, world, source)
         if commit not in versions:
             versions[commit] = golden_history.megatron_core_version(git_dir, commit)
             arguments[commit] = arguments_at(git_dir, commit)
