@@ -104,10 +104,13 @@ def test_every_case_names_its_source_and_nothing_is_dropped(result):
 
 
 def test_cases_left_out_say_why(result):
-    # only the reinforcement-learning loops (an inference engine beside the trainer)
+    # only runs whose model a private checkpoint shapes (--use-checkpoint-args)
+    cases = {c["name"]: c for c in bench.load_cases()}
     assert result["separate"]
     for s in result["separate"]:
-        assert s["reason"].startswith("MODE: rl:"), s["reason"]  # nothing refused
+        assert s["reason"].startswith("architecture from a checkpoint"), s["reason"]
+        missing = bench.architecture_from_checkpoint(cases[s["name"]]["model_args"])
+        assert missing and s["reason"].endswith(", ".join(missing))  # nothing refused
     assert bench._vocab_unknown({"--tokenizer-type": "GPT2BPETokenizer"}) is None
     unknown = {"--tokenizer-type": "GPTSentencePieceTokenizer", "--tokenizer-model": "x.model"}
     assert "x.model" in bench._vocab_unknown(unknown)
@@ -355,3 +358,48 @@ def test_the_docs_figure_for_two_runs_of_one_mixtral_config_is_their_measurement
         f"(set at iterations {a['peak_iteration']} and {b['peak_iteration']}) differ by "
         f"{gap / 2**30:.2f} GiB, {100 * gap / a['peak_bytes']:.1f}% of the first" in docs
     )
+
+
+def test_rl_runs_are_estimated_at_the_world_size_their_harness_launches(result):
+    rows = [r for r in result["rows"] if r["source"]["config"] and "grpo" in r["name"]]
+    assert rows, "the Qwen3-8B RL runs are estimated"
+    for r in rows:
+        assert r["world_size"] == 8  # recipe gpus: 1, _run_training.sh launches 8 a node
+        assert r["parallel"]["tp"] * r["parallel"]["dp"] == 8
+        assert r["vocab"]["padded"] == 152_064  # Qwen3's tokenizer padded to 128 x TP 4
+    dgx = "spec:\n  nodes: 2\n  gpus: 1\n"
+    gb200 = dgx + "  script: |\n    export GPUS_PER_NODE={gpus}\n"
+    assert bench.golden.launched_gpus_per_node(1, dgx) == 8
+    assert bench.golden.launched_gpus_per_node(4, gb200) == 4
+    recipe = dgx + "products:\n  - test_case: [a_case]\n"
+    assert bench.golden.read_recipes([("h100/rl.yaml", recipe)])["a_case"][0] == 16
+
+
+def test_the_docs_figures_for_the_rl_runs_are_the_benchmarks(result):
+    rows = {r["name"]: r for r in result["rows"]}
+    plain = rows["gpt_grpo_tp4_pp1_dp2_8b_throughput"]
+    graphed = rows["gpt_grpo_tp4_pp1_dp2_8b_cudagraphs_throughput"]
+    steady = plain["estimate"]["steady_bytes"] - plain["measured"]["steady_bytes"]
+    with open(os.path.join(ROOT, "docs", "static-estimator.md"), encoding="utf-8") as f:
+        docs = " ".join(f.read().split())
+    assert (
+        f"are {100 * plain['error']:+.1f}% at the peak, their steady allocation "
+        f"{steady / 2**30:+.2f} GiB from the measured" in docs
+    )
+    assert f"warned as not modelled) {100 * graphed['error']:+.1f}%." in docs
+    assert graphed["warned"] == ["rl_training_cuda_graphs"] and plain["warned"] == []
+    assert rows["gpt_grpo_tp4_pp1_dp2_8b_throughput_github"]["error"] == pytest.approx(
+        plain["error"], abs=0.001
+    )
+
+
+def test_a_model_shaped_by_its_checkpoint_names_the_flags_it_leaves_out():
+    full = {f: 1 for f in bench.CHECKPOINT_ARCHITECTURE}
+    assert bench.architecture_from_checkpoint(full) == []  # no --use-checkpoint-args
+    assert bench.architecture_from_checkpoint({**full, "--use-checkpoint-args": True}) == []
+    moe = {**full, "--use-checkpoint-args": True, "--num-experts": 8}
+    assert bench.architecture_from_checkpoint(moe) == list(bench.CHECKPOINT_MOE_ARCHITECTURE)
+    del full["--swiglu"]
+    assert bench.architecture_from_checkpoint({**full, "--use-checkpoint-args": True}) == [
+        "--swiglu"
+    ]

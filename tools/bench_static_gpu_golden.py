@@ -258,11 +258,24 @@ def _env_value(value: Any) -> str:
     return str(value)
 
 
+# _run_training.sh: ``GPUS_PER_NODE=${GPUS_PER_NODE:-8}``, ``torchrun --nproc_per_node
+# $GPUS_PER_NODE --nnodes $NUM_NODES``.
+LAUNCH_DEFAULT_GPUS_PER_NODE = 8
+
+
+def launched_gpus_per_node(gpus: int, text: str) -> int:
+    """The processes per node a recipe's run starts: its ``gpus`` where its script exports
+    ``GPUS_PER_NODE={gpus}`` (the GB200 recipes), else ``_run_training.sh``'s default of 8
+    (the DGX recipes, whatever their ``gpus`` says: the RL recipes say 1 and run TP 4 x DP 2)."""
+    return gpus if "GPUS_PER_NODE={gpus}" in text else LAUNCH_DEFAULT_GPUS_PER_NODE
+
+
 def read_recipes(
     files: Iterable[tuple[str, str]],
 ) -> dict[str, tuple[int, str, bool]]:
-    """test case -> (nodes x gpus, the recipe's path, whether the recipe lists the case only in
-    a commented-out entry) over Megatron-LM's test recipes, given as (path, YAML text).
+    """test case -> (nodes x the GPUs per node it launches, the recipe's path, whether the
+    recipe lists the case only in a commented-out entry) over Megatron-LM's test recipes,
+    given as (path, YAML text).
 
     A case a DGX recipe (8 GPUs a node, the golden files' platforms) lists takes that one's
     world size, not a GB200 recipe's; a case listed in one recipe and commented out in another
@@ -277,7 +290,7 @@ def read_recipes(
         spec = (data.get("spec") or {}) if isinstance(data, dict) else {}
         if not isinstance(spec.get("nodes"), int) or not isinstance(spec.get("gpus"), int):
             continue
-        world = spec["nodes"] * spec["gpus"]
+        world = spec["nodes"] * launched_gpus_per_node(spec["gpus"], text)
         for product in data.get("products") or []:
             for case in product.get("test_case") or []:
                 listed.setdefault(str(case), (world, path, False))
@@ -287,11 +300,12 @@ def read_recipes(
 
 
 def recipe_world_sizes(tree: str) -> dict[str, int]:
-    """test case -> nodes x gpus of the recipe listing it, from the tree's recipe files. A
-    case only commented out gets no world size here (its name may still carry one, which
-    :func:`world_size` reads first): it does not run at the tree's commit, so its golden
-    values are older than its model_config.yaml here, which may have changed since (the
-    selective-recompute MoE case gained an MTP layer in its layout after its H100 values)."""
+    """test case -> nodes x launched GPUs per node of the recipe listing it, from the tree's
+    recipe files. A case only commented out gets no world size here (its name may still
+    carry one, which :func:`world_size` reads first): it does not run at the tree's commit,
+    so its golden values are older than its model_config.yaml here, which may have changed
+    since (the selective-recompute MoE case gained an MTP layer in its layout after its H100
+    values)."""
     files = []
     for path in glob.glob(os.path.join(tree, RECIPES_DIR, "*.yaml")):
         with open(path, encoding="utf-8") as f:
@@ -309,7 +323,7 @@ def world_size(name: str, recipes: dict[str, int]) -> tuple[int | None, str]:
     if match:
         return int(match.group(1)) * int(match.group(2)), f"name {match.group(0)}"
     if name in recipes:
-        return recipes[name], "recipe nodes x gpus"
+        return recipes[name], "recipe nodes x GPUs per node"
     return None, "neither NxG in the name nor a recipe listing the case"
 
 
@@ -328,6 +342,14 @@ PUBLIC_VOCABULARIES: dict[tuple[str, str], tuple[int, str]] = {
         "Llama2Tokenizer's tokenizer.model: 32,000 pieces, Llama 2's (arXiv:2307.09288) and "
         "Mixtral's (arXiv:2401.04088) alike",
     ),
+    # Megatron's HuggingFaceTokenizer.vocab_size is len(tokenizer): base vocabulary and added
+    # tokens. Padded to a multiple of 128 x TP 4 it is 152,064, as the model's own
+    # vocab_size of 151,936 (config.json) would be too.
+    ("HuggingFaceTokenizer", "qwen3-8b-dist/tokenizer"): (
+        151_669,
+        "Qwen3's tokenizer (Qwen/Qwen3-8B tokenizer.json: 151,643 byte-level BPE tokens and "
+        "26 added tokens, ids up to 151,668)",
+    ),
 }
 
 
@@ -341,9 +363,10 @@ def tokenizer_vocab(ns: Any) -> tuple[int | None, str]:
         return int(given) + 1, "NullTokenizer --vocab-size + EOD"
     if kind == "TikTokenizer":
         return int(given or TIKTOKEN_DEFAULT_VOCAB), "TikTokenizer"
-    model = os.path.basename(str(getattr(ns, "tokenizer_model", None) or ""))
-    if (kind, model) in PUBLIC_VOCABULARIES:
-        return PUBLIC_VOCABULARIES[kind, model]
+    path = str(getattr(ns, "tokenizer_model", None) or "").rstrip("/").split("/")
+    for model in (path[-1], "/".join(path[-2:])):  # the file, or its folder and name
+        if (kind, model) in PUBLIC_VOCABULARIES:
+            return PUBLIC_VOCABULARIES[kind, model]
     return None, f"{kind}: the vocabulary is in a tokenizer file the tree does not hold"
 
 

@@ -118,7 +118,29 @@ NEWER_FLAGS = (
     # and --cuda-graph-scope instead)
     ("--cuda-graph-impl", "cuda_graph_impl", "none"),
     ("--cuda-graph-modules", "cuda_graph_modules", []),
-)
+    # the RL loop's inference engine (analysis/static/rl.py; a size of 0: not given, None
+    # there)
+    ("--inference-dynamic-batching-paused-buffer-size-gb",
+     "inference_dynamic_batching_paused_buffer_size_gb", 0.0),
+    ("--inference-dynamic-batching-block-size", "inference_dynamic_batching_block_size", 256),
+    ("--inference-dynamic-batching-unified-memory-level",
+     "inference_dynamic_batching_unified_memory_level", 0),
+    ("--rl-kv-cache-management-mode", "rl_kv_cache_management_mode", "persist"),
+    ("--rl-inference-tensor-model-parallel-size", "rl_inference_tensor_model_parallel_size", 0),
+    ("--rl-inference-pipeline-model-parallel-size",
+     "rl_inference_pipeline_model_parallel_size", 0),
+    ("--rl-inference-expert-model-parallel-size", "rl_inference_expert_model_parallel_size", 0),
+    ("--rl-inference-expert-tensor-model-parallel-size",
+     "rl_inference_expert_tensor_model_parallel_size", 0),
+    ("--rl-inference-model-unified-memory-level", "rl_inference_model_unified_memory_level", 0),
+    ("--rl-offload-inference-model-weights-when-idle",
+     "rl_offload_inference_model_weights_when_idle", False),
+    ("--decode-only-cuda-graphs", "decode_only_cuda_graphs", False),
+    ("--inference-dynamic-batching-max-requests", "inference_dynamic_batching_max_requests", 0),
+    ("--inference-dynamic-batching-max-tokens", "inference_dynamic_batching_max_tokens", 0),
+    ("--inference-dynamic-batching-cuda-graph-mixed-prefill-count",
+     "inference_dynamic_batching_cuda_graph_mixed_prefill_count", 16),
+)  # fmt: skip
 FEATURE_NAMES = frozenset(name for _, name in FEATURE_CASES)
 MUON = ("muon", "dist_muon")
 # Why a release case has no world size: none of the public recipes lists it; NVIDIA runs its
@@ -186,7 +208,7 @@ def _recipe_world_sizes(git_dir: str, commit: str) -> dict[str, tuple[int, str]]
     files = [(p, _git(git_dir, "show", f"{commit}:{p}")) for p in paths if p.endswith(".yaml")]
     out: dict[str, tuple[int, str]] = {}
     for case, (world, path, commented) in golden.read_recipes(files).items():
-        where = f"{path}@{commit[:10]} nodes x gpus"
+        where = f"{path}@{commit[:10]} nodes x GPUs per node"
         out[case] = (world, f"{where} (commented-out entry)" if commented else where)
     return out
 
@@ -274,7 +296,7 @@ def consistency_world_size(
 ) -> tuple[int, str]:
     """The world size of the run a checkpoint-consistency case's golden values are
     (:data:`CONSISTENCY_RUN`): MODEL_ARGS's ``GPUS_PER_NODE`` times the recipe's nodes (its
-    ``nodes x gpus`` over a DGX node's :data:`NODE_GPUS`)."""
+    nodes times GPUs per node over a DGX node's :data:`NODE_GPUS`)."""
     if recipe_world is None or recipe_world % NODE_GPUS:
         raise ValueError(f"checkpoint-consistency case without a DGX recipe: {recipe_source}")
     runs = [k for k in config if re.fullmatch(r"MODEL_ARGS(_\d+)?", str(k))]
@@ -496,6 +518,32 @@ def imbalance_range(
     }
 
 
+# Model-shaping fields ``--use-checkpoint-args`` takes from the checkpoint when the flags leave
+# them out (megatron/training/checkpointing.py ``load_args_from_checkpoint``; most with
+# ``force=True``, so the checkpoint's value wins): a case leaving any out has an architecture
+# its published flags do not give.
+CHECKPOINT_ARCHITECTURE = (
+    "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads",
+    "--num-query-groups", "--swiglu", "--untie-embeddings-and-output-weights",
+    "--disable-bias-linear", "--normalization",
+)  # fmt: skip
+CHECKPOINT_MOE_ARCHITECTURE = (
+    "--moe-layer-freq", "--moe-ffn-hidden-size", "--moe-router-topk",
+    "--moe-shared-expert-intermediate-size",
+)  # fmt: skip
+
+
+def architecture_from_checkpoint(model_args: dict[str, Any]) -> list[str]:
+    """The model-shaping flags a ``--use-checkpoint-args`` case leaves to its checkpoint
+    (:data:`CHECKPOINT_ARCHITECTURE`; the MoE ones with ``--num-experts``)."""
+    if not model_args.get("--use-checkpoint-args"):
+        return []
+    wanted = CHECKPOINT_ARCHITECTURE
+    if model_args.get("--num-experts"):
+        wanted += CHECKPOINT_MOE_ARCHITECTURE
+    return [flag for flag in wanted if flag not in model_args]
+
+
 def _vocab_unknown(model_args: dict[str, Any]) -> str | None:
     """Why the case's vocabulary is unknown too (its tokenizer file is not public), if it is:
     a case without a world size is not parsed, so the tokenizer is read from its flags."""
@@ -595,10 +643,16 @@ def run(tree: str, cases: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     jobs, prepared = [], []
     for c in cases:
         base = _base(c)
-        if c["mode"] != "pretraining":
-            what = ("a reinforcement-learning loop (an inference engine beside the trainer)"
-                    if c["mode"] == "rl" else "not a pretraining run")  # fmt: skip
-            reason = f"MODE: {c['mode']}: {what}, not a training run the estimator models"
+        if c["mode"] not in ("pretraining", "rl"):
+            reason = f"MODE: {c['mode']}: not a training run the estimator models"
+            separate.append({**base, "reason": reason})
+            continue
+        missing = architecture_from_checkpoint(c["model_args"])
+        if missing:
+            reason = (
+                "architecture from a checkpoint that is not public (--use-checkpoint-args): "
+                f"the flags leave out {', '.join(missing)}"
+            )
             separate.append({**base, "reason": reason})
             continue
         vocab = _vocab_unknown(c["model_args"])

@@ -46,6 +46,7 @@ from memscope.inputs.distillation_args import distillation_from_args
 from memscope.inputs.moe_args import expert_fields
 from memscope.inputs.parallel_args import parallel_spec, stage_meshes
 from memscope.inputs.quant_args import quant_from_args
+from memscope.inputs.rl_args import rl_from_args
 from memscope.inputs.values import as_int, as_str
 
 
@@ -134,7 +135,10 @@ def spec_from_megatron_args(
         return spec_from_megatron_args(base, megatron_core=megatron_core)
 
     kd = distillation_from_args(args, spec, teacher)
-    return replace(spec, distillation=kd) if kd is not None else spec
+    if kd is not None:
+        spec = replace(spec, distillation=kd)
+    rl = rl_from_args(args)
+    return replace(spec, rl=rl) if rl is not None else spec
 
 
 def _with_launcher_world(args: Any, world_size: int | None) -> Any:

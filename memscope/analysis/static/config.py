@@ -309,10 +309,51 @@ class TrainingSpec:
     cuda_graph_impl: str = "none"
     cuda_graph_modules: tuple[str, ...] = ()
     cuda_graph_warmup_steps: int = 3
+    # Megatron-LM's reinforcement-learning loop (train_rl.py --perform-rl-step; :mod:`.rl`):
+    # the inference engine beside the trainer; None: plain training
+    rl: RlSpec | None = None
 
     def recomputes(self, module: str) -> bool:
         """Whether selective recompute covers ``module`` (a ``recompute_modules`` name)."""
         return self.recompute == "selective" and module in self.recompute_modules
+
+
+@dataclass(frozen=True)
+class RlSpec:
+    """The inference engine of Megatron-LM's RL loop that stays on the GPU while it trains
+    (:mod:`.rl`; the flags' defaults are Megatron-LM's ``megatron/training/arguments.py``)."""
+
+    # --inference-dynamic-batching-buffer-size-gb (GiB: dynamic_context.py int(gb * 1024**3))
+    buffer_size_gib: float = 40.0
+    # --inference-dynamic-batching-paused-buffer-size-gb (None there: 0)
+    paused_buffer_size_gib: float = 0.0
+    block_size_tokens: int = 256  # --inference-dynamic-batching-block-size
+    unified_memory_level: int = 0  # --inference-dynamic-batching-unified-memory-level
+    # the KV buffer stays allocated while the trainer steps (see rl.kv_buffer_resident)
+    kv_resident: bool = True
+    # --rl-inference-{tensor,pipeline,expert,expert-tensor}-model-parallel-size: a separate
+    # inference model at these sizes (None each: the training model's)
+    inference_tp: int | None = None
+    inference_pp: int | None = None
+    inference_ep: int | None = None
+    inference_etp: int | None = None
+    # the separate inference model stays counted by the allocator while the trainer steps
+    inference_model_resident: bool = True
+    # inference CUDA graph token counts (--inference-dynamic-batching-num-cuda-graphs with
+    # cuda_graph_impl local; 0: no graphs, -1: Megatron's automatic list)
+    inference_cuda_graphs: int = 0
+    max_sequence_length: int = 2560  # --inference-max-seq-length
+    max_requests: int | None = None  # --inference-dynamic-batching-max-requests
+    max_tokens: int | None = None  # --inference-dynamic-batching-max-tokens (None: 16384)
+    # --inference-dynamic-batching-cuda-graph-mixed-prefill-count
+    mixed_prefill_requests: int = 16
+    decode_only_cuda_graphs: bool = False  # --decode-only-cuda-graphs
+
+    @property
+    def separate_model(self) -> bool:
+        """Whether inference runs on its own copy of the model (any inference size given)."""
+        sizes = (self.inference_tp, self.inference_pp, self.inference_ep, self.inference_etp)
+        return any(v is not None for v in sizes)
 
 
 @dataclass(frozen=True)

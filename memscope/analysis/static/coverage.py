@@ -34,6 +34,9 @@ NOT_MODELLED: dict[str, str] = {
     "enable_cuda_graph": "Megatron's own CUDA graphs (cuda_graph_impl=local) keep static "
     "input/output buffers and a private memory pool per captured graph, not counted "
     "(Transformer Engine's graphs are modelled)",
+    "rl_training_cuda_graphs": "the RL loop's training CUDA graphs (Megatron's own, local) "
+    "keep each training layer's forward output and input buffers and replay the layers' "
+    "activations from their private pool: not counted (the estimate keeps them eager)",
     "use_dualpipev": "the DualPipeV schedule (two chunks per stage, its own in-flight "
     "micro-batches) is not modelled; the 1F1B/interleaved schedule is estimated instead",
     "distribute_saved_activations": "full-recompute checkpoints split over the tensor-parallel "
@@ -69,9 +72,20 @@ _DEFAULTS: dict[str, Any] = {"fp8_recipe": "delayed", "recompute_modules": ["cor
 # one it does not model.
 _RELEVANT: dict[str, Callable[[Mapping[str, Any], TrainingSpec], bool]] = {
     "distribute_saved_activations": lambda merged, spec: spec.recompute == "full",
-    "cuda_graph_impl": lambda merged, spec: spec.cuda_graph_impl == "local",
-    "enable_cuda_graph": lambda merged, spec: spec.cuda_graph_impl == "local",
+    "cuda_graph_impl": lambda merged, spec: _training_local_graphs(merged, spec),
+    "enable_cuda_graph": lambda merged, spec: _training_local_graphs(merged, spec),
 }
+
+
+def _training_local_graphs(merged: Mapping[str, Any], spec: TrainingSpec) -> bool:
+    """Whether Megatron's own CUDA graphs capture the training layers: ``local`` graphs,
+    except in the RL loop, where they are the inference engine's (rl.py models them) unless
+    ``rl_training_cuda_graphs`` graphs the training step too (its own warning)."""
+    if spec.cuda_graph_impl != "local":
+        return False
+    return getattr(spec, "rl", None) is None
+
+
 # Read by the JSON config reader besides READ_KEYS (its own names).
 EXTRA_READ_KEYS = frozenset({"dtype", "model_type", "hetero_stage_layers", "hetero_stage_meshes"})
 CUDA_ALLOWANCE = "CUDA context, NCCL buffers and allocator fragmentation (see allowance)"
@@ -382,7 +396,38 @@ def _quant_and_kd_modelled(spec: TrainingSpec) -> list[str]:
             "ModelOpt's and Megatron-LM's code and measured on CPU by tools/measure_kd_cpu.py; "
             "intermediate-layer losses and the teacher's checkpoint load not run here)"
         )
+    out += _rl_modelled(spec)
     return out
+
+
+def _rl_modelled(spec: TrainingSpec) -> list[str]:
+    """Megatron-LM's RL loop (rl.py): what of its inference engine is modelled."""
+    rl = getattr(spec, "rl", None)
+    if rl is None:
+        return []
+    kv = (
+        f"its KV-cache buffer ({rl.buffer_size_gib:g} GiB in whole blocks), kept while training"
+        if rl.kv_resident
+        else "its KV-cache buffer off the GPU while training (not counted)"
+    )
+    model = ""
+    if rl.separate_model:
+        model = (
+            "; a separate inference model's weights at its own parallel sizes"
+            if rl.inference_model_resident
+            else "; the separate inference model paused outside the allocator (not counted)"
+        )
+    graphs = (
+        "; the layer outputs and first-layer inputs its inference CUDA graphs keep"
+        if rl.inference_cuda_graphs and rl.kv_resident
+        else ""
+    )
+    return [
+        f"RL loop (--perform-rl-step): the training step as estimated, beside the inference "
+        f"engine: {kv}{model}{graphs} (derived from Megatron-LM's dynamic inference context, "
+        "CUDA graph and RL loop code, not measured here; the rollout's own peak is not "
+        "estimated)"
+    ]
 
 
 def _imbalance(spec: TrainingSpec) -> str:

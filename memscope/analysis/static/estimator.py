@@ -33,6 +33,7 @@ from memscope.analysis.static.params import (
     layers_per_chunk,
     rank_params,
 )
+from memscope.analysis.static.rl import rl_buffer_terms, rl_weight_terms
 from memscope.analysis.static.terms import (
     PersistentTerms,
     adam_moment_bytes,
@@ -213,7 +214,7 @@ def estimate_rank(spec: TrainingSpec, position: RankPosition) -> RankEstimate:
             optimizer_step_bytes(spec, params),
             muon_step_bytes(spec, params, spec.precision.muon_tp_mode) if is_muon(spec) else 0,
         ),
-        workspaces=workspace_terms(spec),
+        workspaces={**workspace_terms(spec), **rl_buffer_terms(spec)},
         post_step_bytes=fp32_grad_copies(spec, params),
         retained_input_bytes=retained_inputs_bytes(spec, position.pp_rank, len(per_chunk)),
         weight_terms=extra,
@@ -233,6 +234,7 @@ def weight_terms(
     if spec.quant is not None:
         out.update(quantized_weight_terms(spec, params, major).detail())
     out.update(teacher_terms(spec, position, major))
+    out.update(rl_weight_terms(spec, position))
     return out
 
 

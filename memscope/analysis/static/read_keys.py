@@ -11,6 +11,7 @@ import functools
 
 from memscope.analysis.static.distillation import KD_KEYS
 from memscope.analysis.static.fp8 import QUANT_KEYS
+from memscope.analysis.static.rl import RL_KEYS
 
 # Megatron's store_false flags (megatron/training/arguments.py): the YAML/JSON key a user
 # writes (``no_masked_softmax_fusion: true``) -> the argument it clears
@@ -173,7 +174,7 @@ READ_KEYS = frozenset(NEGATED_FLAGS) | frozenset(
         "world_size",
     ]
 )
-READ_KEYS |= QUANT_KEYS | KD_KEYS  # fp8.py, distillation.py
+READ_KEYS |= QUANT_KEYS | KD_KEYS | RL_KEYS  # fp8.py, distillation.py, rl.py
 
 
 @functools.cache

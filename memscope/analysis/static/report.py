@@ -87,7 +87,26 @@ WEIGHT_TERM_NOTES = {
     "scaling_state": "FP8/FP4 scales and amax histories (fp8.py)",
     "teacher_weights": "the frozen distillation teacher (distillation.py)",
     "teacher_quantized_weights": "the teacher's row-wise FP8/FP4 weight copies (distillation.py)",
+    "rl_inference_model_weights": "the RL loop's separate inference model (rl.py)",
 }
+# RankEstimate.workspaces that are not GEMM workspaces: (formula, notes)
+BUFFER_NOTES = {
+    "rl_inference_kv_cache": (
+        "[2, L/pp, blocks, block_size, kv_heads/tp, head_dim] x dtype, blocks = buffer GiB x "
+        "2^30 // block bytes",
+        "the RL loop's inference KV-cache buffer, kept while the trainer steps (rl.py)",
+    ),
+    "rl_inference_cuda_graphs": (
+        "per captured batch dimension: (layers + 1) x [T, 1, h] x dtype",
+        "the layer outputs and first-layer inputs the RL engine's inference CUDA graphs keep "
+        "(rl.py)",
+    ),
+}
+GEMM_WORKSPACE = (
+    "torch: 2 x CUBLAS_WORKSPACE_CONFIG or the GPU's default; TE: 32 MiB (sm >= 9) or 4 MiB",
+    "fixed GPU workspace allocated at the first GEMM and kept "
+    "(memscope/analysis/static/workspaces.py names the sources)",
+)
 
 
 def operator_records(spec: TrainingSpec, est: RankEstimate) -> list[dict[str, Any]]:
@@ -208,10 +227,7 @@ def operator_records(spec: TrainingSpec, est: RankEstimate) -> list[dict[str, An
             "forward",
             size,
             True,
-            "torch: 2 x CUBLAS_WORKSPACE_CONFIG or the GPU's default; TE: 32 MiB (sm >= 9) "
-            "or 4 MiB",
-            "fixed GPU workspace allocated at the first GEMM and kept "
-            "(memscope/analysis/static/workspaces.py names the sources)",
+            *BUFFER_NOTES.get(name, GEMM_WORKSPACE),
         )
         for name, size in est.workspaces.items()
     ]
