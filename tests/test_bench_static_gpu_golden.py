@@ -110,5 +110,5 @@ def test_argv_follows_the_functional_test_script():
     assert argv == ["--bf16", "--seq-length", "1024", "--sizes", "2", "2",
                     "--cp-sizes", "2", "2", "--lr", "0.5"]  # fmt: skip
     assert bench.world_size("x_2N8G_y", {}) == (16, "name 2N8G")
-    assert bench.world_size("case", {"case": 8}) == (8, "recipe nodes x gpus")
+    assert bench.world_size("case", {"case": 8}) == (8, "recipe nodes x GPUs per node")
     assert bench.world_size("case", {})[0] is None

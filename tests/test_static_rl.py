@@ -18,6 +18,7 @@ from memscope.analysis.static.rl import (
     RL_KEYS,
     graph_batch_dimensions,
     inference_graph_bytes,
+    inference_parallel,
     kv_block_bytes,
     kv_buffer_bytes,
     max_requests,
@@ -81,63 +82,77 @@ def test_the_kv_buffer_stays_allocated_beside_the_training_state():
 
 
 @pytest.mark.parametrize(
-    ("extra", "resident"),
+    ("extra", "counted"),
     [
-        ({}, True),  # persist, the default
-        ({"rl_kv_cache_management_mode": "offload"}, False),
-        ({"rl_kv_cache_management_mode": "recompute"}, False),
-        # under unified memory deallocate_inference_state_buffers returns at once
+        ({}, True),  # persist, the default: deallocate_inference_state_buffers returns
+        ({"rl_kv_cache_management_mode": "recompute"}, False),  # deleted
+        # unified memory: deallocate_inference_state_buffers returns at once
         (
             {
-                "rl_kv_cache_management_mode": "offload",
+                "rl_kv_cache_management_mode": "recompute",
                 "inference_dynamic_batching_unified_memory_level": 1,
             },
             True,
         ),
-        ({"rl_offload_kv_cache_during_training": True}, False),  # the older flags
-        ({"rl_remove_kv_cache_during_training": True}, False),
+        # --rl-persist-cuda-graphs: a torch_memory_saver region, paused, blocks still counted
+        ({"rl_kv_cache_management_mode": "offload", "rl_persist_cuda_graphs": True}, True),
+        ({"rl_kv_cache_management_mode": "recompute", "rl_persist_cuda_graphs": True}, True),
+        ({"rl_remove_kv_cache_during_training": True}, False),  # the older flags
+        ({"rl_offload_kv_cache_during_training": True}, True),  # a torch_memory_saver pause
     ],
 )
-def test_the_kv_buffer_leaves_the_gpu_for_training_only_where_megatron_frees_it(extra, resident):
-    est = _rank(_spec(**RL, **extra))
-    assert ("rl_inference_kv_cache" in est.workspaces) is resident
+def test_the_kv_buffer_leaves_the_counter_only_where_megatron_deletes_it(extra, counted):
+    est = _rank(_spec(**RL, cuda_graph_impl="local", **extra))
+    assert ("rl_inference_kv_cache" in est.workspaces) is counted
+    assert "rl_inference_cuda_graphs" in est.workspaces  # the runners keep their outputs
 
 
 def test_unified_memory_adds_the_paused_buffers_blocks():
     paused = dict(RL, inference_dynamic_batching_paused_buffer_size_gb=0.005)
-    plain, unified = (
-        _spec(**paused),
-        _spec(**paused, inference_dynamic_batching_unified_memory_level=1),
-    )
-    block = kv_block_bytes(plain)
+    plain = _spec(**paused)
+    unified = _spec(**paused, inference_dynamic_batching_unified_memory_level=1)
+    block = 2 * 6 * 256 * 2 * 32 * 2  # K and V x 6 layers x 256 tokens x 2 groups/rank x 32 x 2
     assert kv_buffer_bytes(plain) == int(0.01 * 1024**3) // block * block
     extra = int(0.005 * 1024**3) // block * block
     assert kv_buffer_bytes(unified) == kv_buffer_bytes(plain) + extra
+
+
+def _hand_count(tp: int) -> int:
+    """Parameters of one tensor rank of ARGS' model, counted by hand: untied 8192-token
+    embedding and output layer, the learned 512-position table, 6 layers of QKV (8 heads + 2
+    x 4 groups of 32), proj, SwiGLU fc1 (2 x 1024) and fc2, two LayerNorms (weight and bias)
+    each, the final LayerNorm (the tables and norms other than the vocabulary's are
+    replicated)."""
+    h, ffn, kv = 256, 4 * 256, 4 * 32
+    layer = (h * (h + 2 * kv) + h * h + h * 2 * ffn + ffn * h) // tp + 2 * 2 * h
+    return 2 * 8192 * h // tp + 512 * h + 6 * layer + 2 * h
 
 
 def test_a_separate_inference_model_adds_its_weights_at_the_inference_sizes():
     # trained at TP 2, rolled out at TP 4: a second copy of the weights, a quarter per rank
     base = _spec(**RL)
     separate = _spec(**RL, rl_inference_tensor_model_parallel_size=4)
+    assert rank_param_count(base, RankPosition(1, 0)) == _hand_count(2)
     est = _rank(separate, tp_rank=1)
-    inference = dataclasses.replace(
-        separate, parallel=dataclasses.replace(separate.parallel, tp=4, dp=2), rl=None
-    )
-    weights = 2 * rank_param_count(inference, RankPosition(1, 0))
-    assert est.weight_terms == {"rl_inference_model_weights": weights}
-    trained = 2 * rank_param_count(base, RankPosition(1, 0))
-    assert 0.4 * trained < weights < 0.6 * trained  # half the trainer's TP 2 shard
+    assert est.weight_terms == {"rl_inference_model_weights": 2 * _hand_count(4)}
     assert est.persistent.grad_bytes == _rank(base, tp_rank=1).persistent.grad_bytes
     # its KV cache is split at the inference TP: 4 query groups over 4 ranks
     assert kv_block_bytes(separate) == kv_block_bytes(base) // 2
+    # counted also when idle-offloaded: unified-memory prefetch or a torch_memory_saver
+    # pause moves the pages, torch's blocks stay
+    idle = _rank(_spec(**RL, rl_inference_tensor_model_parallel_size=4,
+                       rl_offload_inference_model_weights_when_idle=True), tp_rank=1)  # fmt: skip
+    assert idle.weight_terms == est.weight_terms
 
 
-def test_a_separate_model_paused_outside_the_allocator_is_not_counted():
-    idle = dict(RL, rl_inference_tensor_model_parallel_size=4,
-                rl_offload_inference_model_weights_when_idle=True)  # fmt: skip
-    assert _rank(_spec(**idle)).weight_terms == {}  # torch_memory_saver, outside torch
-    managed = _rank(_spec(**idle, rl_inference_model_unified_memory_level=1))
-    assert "rl_inference_model_weights" in managed.weight_terms  # pages move, blocks stay
+def test_the_inference_models_expert_tensor_size_is_the_trainers_unless_given():
+    moe = dict(RL, num_experts=4, moe_ffn_hidden_size=128, expert_model_parallel_size=2,
+               moe_grouped_gemm=True, rl_inference_tensor_model_parallel_size=1)  # fmt: skip
+    trained = _spec(**moe)
+    assert inference_parallel(trained).tp == 1
+    assert inference_parallel(trained).etp == 2  # the trainer's (expert) tensor size, 2
+    given = _spec(**moe, rl_inference_expert_tensor_model_parallel_size=1)
+    assert inference_parallel(given).etp == 1
 
 
 def test_rl_settings_are_read_and_bad_ones_refused():
@@ -145,13 +160,29 @@ def test_rl_settings_are_read_and_bad_ones_refused():
     rl = _spec(**RL, rl_inference_tensor_model_parallel_size=0, cuda_graph_impl="local").rl
     assert rl is not None and not rl.separate_model  # a size of 0 is not given
     assert rl.inference_cuda_graphs == 16  # Megatron-LM's default count
-    with pytest.raises(ValueError, match="rl_kv_cache_management_mode"):
-        _spec(**RL, rl_kv_cache_management_mode="keep")
-    with pytest.raises(ValueError, match="do not divide the world size"):
-        _rank(_spec(**RL, rl_inference_tensor_model_parallel_size=3))
-    with pytest.raises(ValueError, match="multi-latent-attention"):
-        _rank(_spec(**RL, multi_latent_attention=True, kv_lora_rank=64, q_lora_rank=None,
-                    qk_head_dim=32, qk_pos_emb_head_dim=16, v_head_dim=32))  # fmt: skip
+    assert _spec(**RL).rl.inference_cuda_graphs is None  # no local graphs, none captured
+    assert _spec(**RL, enable_cuda_graph=True).rl.inference_cuda_graphs == 16  # local too
+    refused = [
+        ({"rl_kv_cache_management_mode": "keep"}, "rl_kv_cache_management_mode"),
+        ({"rl_kv_cache_management_mode": "offload"}, "requires rl_persist_cuda_graphs"),
+        ({"rl_kv_cache_management_mode": "offload", "rl_persist_cuda_graphs": True,
+          "inference_dynamic_batching_unified_memory_level": 1}, "incompatible"),
+        ({"inference_dynamic_batching_unified_memory_level": 2}, "is not 0 or 1"),
+        ({"rl_inference_tensor_model_parallel_size": 3}, "RL inference model"),
+        ({"rl_inference_pipeline_model_parallel_size": 2}, "pipeline stages"),
+        ({"inference_dynamic_batching_buffer_size_gb": 0.0001, "cuda_graph_impl": "local"},
+         "holds no request"),
+        ({"inference_dynamic_batching_max_requests": 3}, "must divide by"),
+        ({"inference_dynamic_batching_max_requests": 64,
+          "inference_dynamic_batching_max_tokens": 32}, "must be at least"),
+        ({"num_speculative_tokens": 2}, "speculative"),
+        ({"multi_latent_attention": True, "kv_lora_rank": 64, "q_lora_rank": None,
+          "qk_head_dim": 32, "qk_pos_emb_head_dim": 16, "v_head_dim": 32},
+         "multi-latent-attention"),
+    ]  # fmt: skip
+    for extra, message in refused:
+        with pytest.raises(ValueError, match=message):
+            _spec(**{**RL, **extra})
     assert RL_KEYS <= READ_KEYS  # read, so never reported as ignored
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -187,19 +218,35 @@ def test_the_captured_batch_dimensions_are_megatron_cores(gib, graphs, seq, tp):
 
 
 def test_the_inference_graphs_keep_each_layers_output_and_the_first_layers_input():
-    graphed = _spec(**RL, cuda_graph_impl="local", inference_dynamic_batching_num_cuda_graphs=4)
-    dims = graph_batch_dimensions(graphed)
-    # 6 layers' outputs and the embedding's output, [T, 1, 256] bf16, per batch dimension
-    assert inference_graph_bytes(graphed) == sum((6 + 1) * t * 256 * 2 for t, _, _ in dims)
-    est = _rank(graphed)
-    assert est.workspaces["rl_inference_cuda_graphs"] == inference_graph_bytes(graphed)
-    assert "rl_inference_cuda_graphs" not in _rank(_spec(**RL)).workspaces  # no local graphs
-    freed = _spec(**RL, cuda_graph_impl="local", rl_kv_cache_management_mode="offload")
-    assert "rl_inference_cuda_graphs" not in _rank(freed).workspaces  # deleted with the cache
-    decode_only = _spec(**RL, cuda_graph_impl="local", decode_only_cuda_graphs=True)
-    assert {p for _, p, _ in graph_batch_dimensions(decode_only)} == {0}
+    # 0.01 GiB at TP 2, 1 graph, max_sequence_length 128: max_requests 24 (the test above
+    # checks it and the dimensions against megatron-core), so a mixed (16 prefill + 8
+    # decode), a prefill-only and a decode-only dimension of 24 tokens
+    one = dict(RL, cuda_graph_impl="local", inference_dynamic_batching_num_cuda_graphs=1,
+               inference_max_seq_length=128)  # fmt: skip
+    graphed = _spec(**one)
+    assert graph_batch_dimensions(graphed) == {(24, 16, 8), (24, 24, 0), (24, 0, 24)}
+    # per dimension 6 layers' outputs and the embedding's output, [24, 1, 256] bf16
+    assert inference_graph_bytes(graphed) == 3 * (6 + 1) * 24 * 256 * 2
+    assert _rank(graphed).workspaces["rl_inference_cuda_graphs"] == 3 * 7 * 24 * 256 * 2
+    decode_only = _spec(**one, decode_only_cuda_graphs=True)
+    assert graph_batch_dimensions(decode_only) == {(24, 0, 24)}
     # sequence parallelism splits each graphed hidden state over the tensor ranks
-    sp = _spec(**RL, cuda_graph_impl="local", sequence_parallel=True)
-    assert inference_graph_bytes(sp) * 2 == inference_graph_bytes(
-        _spec(**RL, cuda_graph_impl="local")
+    assert inference_graph_bytes(_spec(**one, sequence_parallel=True)) == 3 * 7 * 12 * 256 * 2
+    # interleaved stages: one first-layer input per model chunk (6 layers, pp 2, vpp 3 -> 3
+    # chunks of one layer per stage)
+    vpp = _spec(**one, pipeline_model_parallel_size=2, num_layers_per_virtual_pipeline_stage=1)
+    assert inference_graph_bytes(vpp, 1) == len(graph_batch_dimensions(vpp)) * 3 * 2 * (
+        max_requests(vpp) * 256 * 2
     )
+
+
+def test_the_planner_passes_over_layouts_the_rl_engine_refuses():
+    from memscope.analysis.static.planner import plan
+
+    # on 6 GPUs an inference TP of 4 divides nothing: every layout is refused, none raises
+    separate = _spec(**RL, rl_inference_tensor_model_parallel_size=4)
+    assert plan(separate, 6, 80 * 1024**3, top=3)["world_size"] == 6
+    # a KV buffer of a few blocks holds no request at TP 8: that layout is left out
+    tiny = _spec(**{**RL, "cuda_graph_impl": "local",
+                    "inference_dynamic_batching_buffer_size_gb": 0.002})  # fmt: skip
+    assert plan(tiny, 8, 80 * 1024**3, top=3)["world_size"] == 8

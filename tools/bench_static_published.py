@@ -135,6 +135,8 @@ NEWER_FLAGS = (
     ("--rl-inference-model-unified-memory-level", "rl_inference_model_unified_memory_level", 0),
     ("--rl-offload-inference-model-weights-when-idle",
      "rl_offload_inference_model_weights_when_idle", False),
+    ("--rl-persist-cuda-graphs", "rl_persist_cuda_graphs", False),
+    ("--num-speculative-tokens", "num_speculative_tokens", 0),
     ("--decode-only-cuda-graphs", "decode_only_cuda_graphs", False),
     ("--inference-dynamic-batching-max-requests", "inference_dynamic_batching_max_requests", 0),
     ("--inference-dynamic-batching-max-tokens", "inference_dynamic_batching_max_tokens", 0),
@@ -300,7 +302,8 @@ def consistency_world_size(
     if recipe_world is None or recipe_world % NODE_GPUS:
         raise ValueError(f"checkpoint-consistency case without a DGX recipe: {recipe_source}")
     runs = [k for k in config if re.fullmatch(r"MODEL_ARGS(_\d+)?", str(k))]
-    assert runs and runs[0] == "MODEL_ARGS", runs  # yq keys: the file's order
+    if not runs or runs[0] != "MODEL_ARGS":  # yq keys: the file's order
+        raise ValueError(f"checkpoint-consistency case whose first run is not MODEL_ARGS: {runs}")
     gpus = int((config.get("MODEL_ENV_VARS") or {}).get("MODEL_ARGS", {}).get("GPUS_PER_NODE", 8))
     nodes = recipe_world // NODE_GPUS
     source = CONSISTENCY_RUN.format(runs=len(runs), gpus=gpus, nodes=nodes, recipe=recipe_source)

@@ -137,8 +137,8 @@ def spec_from_megatron_args(
     kd = distillation_from_args(args, spec, teacher)
     if kd is not None:
         spec = replace(spec, distillation=kd)
-    rl = rl_from_args(args)
-    return replace(spec, rl=rl) if rl is not None else spec
+    rl = rl_from_args(args, spec.cuda_graph_impl)
+    return validate_spec(replace(spec, rl=rl)) if rl is not None else spec
 
 
 def _with_launcher_world(args: Any, world_size: int | None) -> Any:

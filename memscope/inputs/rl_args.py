@@ -1,8 +1,9 @@
 """The inference side of Megatron-LM's RL loop, read from Megatron args.
 
-``--perform-rl-step`` (``train_rl.py``) turns it on; the names and defaults are Megatron-LM's
-``megatron/training/arguments.py`` (at 4e85d74ae9). A size of 0 is read as not given, as
-``None`` is. What the inference side costs is :mod:`memscope.analysis.static.rl`.
+``--perform-rl-step`` (``train_rl.py``) turns it on; the names, defaults and the combinations
+refused are Megatron-LM's ``megatron/training/arguments.py`` (at 4e85d74ae9). A size or count
+of 0 is read as not given, as ``None`` is. What the inference side costs is
+:mod:`memscope.analysis.static.rl`.
 """
 
 from __future__ import annotations
@@ -10,14 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from memscope.analysis.static.config import RlSpec
-from memscope.analysis.static.rl import kv_buffer_resident
-from memscope.inputs.args_access import get, get_choice, get_flag, get_float, get_int
+from memscope.inputs.args_access import get_choice, get_flag, get_float, get_int
 
 KV_MODES = ("persist", "offload", "recompute")  # --rl-kv-cache-management-mode
 DEFAULT_CUDA_GRAPHS = 16  # --inference-dynamic-batching-num-cuda-graphs
+AUTOMATIC_CUDA_GRAPHS = -1  # Megatron's own list of token counts
 
 
-def _size(args: Any, name: str) -> int | None:
+def _unset_or_positive(args: Any, name: str) -> int | None:
     """A size or count that may be left unset (None or 0)."""
     value = get_int(args, name)
     if value is not None and value < 0:
@@ -25,21 +26,51 @@ def _size(args: Any, name: str) -> int | None:
     return value or None
 
 
-def rl_from_args(args: Any) -> RlSpec | None:
-    """The RL inference engine's settings, or None when the args do not run the RL loop."""
+def _positive(args: Any, name: str, default: int) -> int:
+    value = get_int(args, name, default)
+    if value < 1:
+        raise ValueError(f"{name}: {value} must be at least 1")
+    return int(value)
+
+
+def _cuda_graphs(args: Any, cuda_graph_impl: str) -> int | None:
+    """The engine's graph count with Megatron's own (local) CUDA graphs, else None
+    (``get_inference_config_from_model_and_args``: ``num_cuda_graphs`` only for ``local``)."""
+    if cuda_graph_impl != "local":
+        return None
+    graphs = get_int(args, "inference_dynamic_batching_num_cuda_graphs", DEFAULT_CUDA_GRAPHS)
+    if graphs < AUTOMATIC_CUDA_GRAPHS:
+        raise ValueError(
+            f"inference_dynamic_batching_num_cuda_graphs: {graphs} is neither -1 nor a count"
+        )
+    return int(graphs)
+
+
+def rl_from_args(args: Any, cuda_graph_impl: str = "none") -> RlSpec | None:
+    """The RL inference engine's settings, or None when the args do not run the RL loop.
+    ``cuda_graph_impl`` is the spec's (``--enable-cuda-graph`` read as ``local``)."""
     if not get_flag(args, "perform_rl_step"):
         return None
     unified = get_int(args, "inference_dynamic_batching_unified_memory_level", 0)
+    if unified not in (0, 1):
+        raise ValueError(
+            f"inference_dynamic_batching_unified_memory_level: {unified} is not 0 or 1"
+        )
     mode = get_choice(args, "rl_kv_cache_management_mode", "persist", KV_MODES)
-    freed = get_flag(args, "rl_offload_kv_cache_during_training") or get_flag(
-        args, "rl_remove_kv_cache_during_training"
-    )
-    model_unified = get_int(args, "rl_inference_model_unified_memory_level", 0)
-    paused_by_saver = get_flag(args, "rl_offload_inference_model_weights_when_idle") and not (
-        model_unified
-    )
-    local_graphs = get(args, "cuda_graph_impl", "none") == "local"
-    graphs = get_int(args, "inference_dynamic_batching_num_cuda_graphs", DEFAULT_CUDA_GRAPHS)
+    persist_graphs = get_flag(args, "rl_persist_cuda_graphs")
+    if mode == "offload" and unified:
+        raise ValueError("rl_kv_cache_management_mode offload is incompatible with unified memory")
+    if mode == "offload" and not persist_graphs:
+        raise ValueError("rl_kv_cache_management_mode offload requires rl_persist_cuda_graphs")
+    if get_int(args, "num_speculative_tokens", 0):
+        raise ValueError("speculative decoding in the RL loop's engine is not modelled")
+    max_requests = _unset_or_positive(args, "inference_dynamic_batching_max_requests")
+    max_tokens = _unset_or_positive(args, "inference_dynamic_batching_max_tokens")
+    if max_requests and max_tokens and max_tokens < max_requests:
+        raise ValueError(
+            f"inference_dynamic_batching_max_tokens ({max_tokens}) must be at least "
+            f"inference_dynamic_batching_max_requests ({max_requests})"
+        )
     return RlSpec(
         buffer_size_gib=get_float(args, "inference_dynamic_batching_buffer_size_gb", 40.0, 0.0),
         paused_buffer_size_gib=get_float(
@@ -47,25 +78,20 @@ def rl_from_args(args: Any) -> RlSpec | None:
         ),
         block_size_tokens=_positive(args, "inference_dynamic_batching_block_size", 256),
         unified_memory_level=unified,
-        kv_resident=kv_buffer_resident(mode, unified, freed),
-        inference_tp=_size(args, "rl_inference_tensor_model_parallel_size"),
-        inference_pp=_size(args, "rl_inference_pipeline_model_parallel_size"),
-        inference_ep=_size(args, "rl_inference_expert_model_parallel_size"),
-        inference_etp=_size(args, "rl_inference_expert_tensor_model_parallel_size"),
-        inference_model_resident=not paused_by_saver,
-        inference_cuda_graphs=graphs if local_graphs else 0,
+        kv_cache_mode=mode,
+        persist_cuda_graphs=persist_graphs,
+        offload_kv_flag=get_flag(args, "rl_offload_kv_cache_during_training"),
+        remove_kv_flag=get_flag(args, "rl_remove_kv_cache_during_training"),
+        inference_tp=_unset_or_positive(args, "rl_inference_tensor_model_parallel_size"),
+        inference_pp=_unset_or_positive(args, "rl_inference_pipeline_model_parallel_size"),
+        inference_ep=_unset_or_positive(args, "rl_inference_expert_model_parallel_size"),
+        inference_etp=_unset_or_positive(args, "rl_inference_expert_tensor_model_parallel_size"),
+        inference_cuda_graphs=_cuda_graphs(args, cuda_graph_impl),
         max_sequence_length=_positive(args, "inference_max_seq_length", 2560),
-        max_requests=_size(args, "inference_dynamic_batching_max_requests"),
-        max_tokens=_size(args, "inference_dynamic_batching_max_tokens"),
+        max_requests=max_requests,
+        max_tokens=max_tokens,
         mixed_prefill_requests=get_int(
             args, "inference_dynamic_batching_cuda_graph_mixed_prefill_count", 16
         ),
         decode_only_cuda_graphs=get_flag(args, "decode_only_cuda_graphs"),
     )
-
-
-def _positive(args: Any, name: str, default: int) -> int:
-    value = get_int(args, name, default)
-    if value < 1:
-        raise ValueError(f"{name}: {value} must be at least 1")
-    return int(value)

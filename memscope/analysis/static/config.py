@@ -320,8 +320,8 @@ class TrainingSpec:
 
 @dataclass(frozen=True)
 class RlSpec:
-    """The inference engine of Megatron-LM's RL loop that stays on the GPU while it trains
-    (:mod:`.rl`; the flags' defaults are Megatron-LM's ``megatron/training/arguments.py``)."""
+    """The inference engine of Megatron-LM's RL loop beside the trainer (:mod:`.rl`; the
+    flags' defaults are Megatron-LM's ``megatron/training/arguments.py`` at 4e85d74ae9)."""
 
     # --inference-dynamic-batching-buffer-size-gb (GiB: dynamic_context.py int(gb * 1024**3))
     buffer_size_gib: float = 40.0
@@ -329,19 +329,21 @@ class RlSpec:
     paused_buffer_size_gib: float = 0.0
     block_size_tokens: int = 256  # --inference-dynamic-batching-block-size
     unified_memory_level: int = 0  # --inference-dynamic-batching-unified-memory-level
-    # the KV buffer stays allocated while the trainer steps (see rl.kv_buffer_resident)
-    kv_resident: bool = True
+    kv_cache_mode: str = "persist"  # --rl-kv-cache-management-mode
+    persist_cuda_graphs: bool = False  # --rl-persist-cuda-graphs
+    # the flags before the management mode (Megatron-LM 836d473f03):
+    # --rl-offload-kv-cache-during-training / --rl-remove-kv-cache-during-training
+    offload_kv_flag: bool = False
+    remove_kv_flag: bool = False
     # --rl-inference-{tensor,pipeline,expert,expert-tensor}-model-parallel-size: a separate
     # inference model at these sizes (None each: the training model's)
     inference_tp: int | None = None
     inference_pp: int | None = None
     inference_ep: int | None = None
     inference_etp: int | None = None
-    # the separate inference model stays counted by the allocator while the trainer steps
-    inference_model_resident: bool = True
-    # inference CUDA graph token counts (--inference-dynamic-batching-num-cuda-graphs with
-    # cuda_graph_impl local; 0: no graphs, -1: Megatron's automatic list)
-    inference_cuda_graphs: int = 0
+    # --inference-dynamic-batching-num-cuda-graphs with Megatron's own (local) CUDA graphs;
+    # None: no graphs; -1: Megatron's automatic list
+    inference_cuda_graphs: int | None = None
     max_sequence_length: int = 2560  # --inference-max-seq-length
     max_requests: int | None = None  # --inference-dynamic-batching-max-requests
     max_tokens: int | None = None  # --inference-dynamic-batching-max-tokens (None: 16384)
@@ -354,6 +356,22 @@ class RlSpec:
         """Whether inference runs on its own copy of the model (any inference size given)."""
         sizes = (self.inference_tp, self.inference_pp, self.inference_ep, self.inference_etp)
         return any(v is not None for v in sizes)
+
+    @property
+    def kv_resident(self) -> bool:
+        """Whether the allocator still counts the KV buffer while the trainer steps.
+
+        ``deallocate_inference_state_buffers`` (dynamic_context.py at 4e85d74ae9) returns at
+        once under ``persist`` and under unified memory; with ``--rl-persist-cuda-graphs``
+        the buffer lives in a ``torch_memory_saver`` region (required for ``offload``), whose
+        ``pause`` unmaps the pages but leaves torch's blocks allocated; only ``recompute``
+        otherwise deletes it. Before the mode (836d473f03), ``--rl-remove-kv-cache-during-
+        training`` dropped it and the offload flag paused it the same way."""
+        if self.remove_kv_flag:
+            return False
+        if self.kv_cache_mode != "recompute" or self.unified_memory_level > 0:
+            return True
+        return self.persist_cuda_graphs
 
 
 @dataclass(frozen=True)

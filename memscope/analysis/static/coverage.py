@@ -83,7 +83,7 @@ def _training_local_graphs(merged: Mapping[str, Any], spec: TrainingSpec) -> boo
     ``rl_training_cuda_graphs`` graphs the training step too (its own warning)."""
     if spec.cuda_graph_impl != "local":
         return False
-    return getattr(spec, "rl", None) is None
+    return spec.rl is None
 
 
 # Read by the JSON config reader besides READ_KEYS (its own names).
@@ -402,31 +402,26 @@ def _quant_and_kd_modelled(spec: TrainingSpec) -> list[str]:
 
 def _rl_modelled(spec: TrainingSpec) -> list[str]:
     """Megatron-LM's RL loop (rl.py): what of its inference engine is modelled."""
-    rl = getattr(spec, "rl", None)
+    rl = spec.rl
     if rl is None:
         return []
     kv = (
-        f"its KV-cache buffer ({rl.buffer_size_gib:g} GiB in whole blocks), kept while training"
+        f"its KV-cache buffer ({rl.buffer_size_gib:g} GiB in whole blocks), counted while training"
         if rl.kv_resident
-        else "its KV-cache buffer off the GPU while training (not counted)"
+        else "its KV-cache buffer deleted for training (not counted)"
     )
-    model = ""
-    if rl.separate_model:
-        model = (
-            "; a separate inference model's weights at its own parallel sizes"
-            if rl.inference_model_resident
-            else "; the separate inference model paused outside the allocator (not counted)"
-        )
+    model = "; a separate inference model's weights at its own sizes" if rl.separate_model else ""
     graphs = (
         "; the layer outputs and first-layer inputs its inference CUDA graphs keep"
-        if rl.inference_cuda_graphs and rl.kv_resident
+        if rl.inference_cuda_graphs is not None
         else ""
     )
     return [
         f"RL loop (--perform-rl-step): the training step as estimated, beside the inference "
         f"engine: {kv}{model}{graphs} (derived from Megatron-LM's dynamic inference context, "
         "CUDA graph and RL loop code, not measured here; the rollout's own peak is not "
-        "estimated)"
+        "estimated, and the RL loss's full-vocabulary log-softmax is estimated as "
+        "vocab-parallel cross entropy)"
     ]
 
 

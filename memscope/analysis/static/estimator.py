@@ -214,7 +214,7 @@ def estimate_rank(spec: TrainingSpec, position: RankPosition) -> RankEstimate:
             optimizer_step_bytes(spec, params),
             muon_step_bytes(spec, params, spec.precision.muon_tp_mode) if is_muon(spec) else 0,
         ),
-        workspaces={**workspace_terms(spec), **rl_buffer_terms(spec)},
+        workspaces={**workspace_terms(spec), **rl_buffer_terms(spec, position)},
         post_step_bytes=fp32_grad_copies(spec, params),
         retained_input_bytes=retained_inputs_bytes(spec, position.pp_rank, len(per_chunk)),
         weight_terms=extra,

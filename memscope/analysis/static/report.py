@@ -4,7 +4,8 @@
 rank; ``ranks`` holds every distinct rank position of the job (with the global ranks that
 share it: data- and context-parallel peers hold the same shard), ``allowance`` what the
 estimate leaves out on a GPU. ``peak_memory_bytes`` = ``persistent_memory_bytes`` +
-``workspace_memory_bytes`` (fixed cuBLAS / Transformer Engine workspaces on a GPU) +
+``workspace_memory_bytes`` (fixed cuBLAS / Transformer Engine workspaces on a GPU, and the
+RL loop's inference KV cache and CUDA-graph buffers) +
 ``activation_memory_bytes`` + ``temporary_memory_bytes`` at ``peak_stage`` (activations are
 zero when the optimizer step is the peak, as in the original).
 """

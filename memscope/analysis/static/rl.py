@@ -11,21 +11,26 @@ dynamic_context.py``, ``megatron/training/training.py`` at 4e85d74ae9 and f5b0ec
   ``[2, L/pp, blocks, block_size, kv_heads/tp, head_dim]`` in the parameter dtype. ``blocks``
   is ``int(buffer_size_gb * 1024**3) // block_bytes`` (at least 2), plus the paused buffer's
   blocks under unified memory. It comes from a ``cudaMallocManaged`` pool under
-  ``--inference-dynamic-batching-unified-memory-level 1``, still through torch's caching
-  allocator (a ``MemPool``), so ``memory_allocated`` counts it either way. It stays allocated
-  while the trainer steps: the engine is only paused or suspended between rollouts, and
-  ``deallocate_inference_state_buffers`` returns at once under the default
-  ``--rl-kv-cache-management-mode persist`` and under unified memory. The older
-  ``--rl-offload-kv-cache-during-training`` / ``--rl-remove-kv-cache-during-training`` and the
-  other management modes take it off the GPU for training (:func:`kv_buffer_resident`).
+  ``--inference-dynamic-batching-unified-memory-level 1``, or a ``torch_memory_saver`` region
+  under ``--rl-persist-cuda-graphs``, both through torch's caching allocator, so the
+  allocated counter Megatron logs counts it wherever its pages are. It stays counted while the
+  trainer steps except where Megatron deletes it (``RlSpec.kv_resident``).
 * **A separate inference model** when any ``--rl-inference-*-model-parallel-size`` is given
-  (``training.py`` builds it with ``get_model(..., wrap_with_ddp=False)``): the model's
-  weights again, in the parameter dtype, split at the inference sizes, with no gradients or
-  optimizer state. It is refitted from the trainer before each rollout and stays allocated,
-  also under ``--rl-offload-inference-model-weights-when-idle`` when it lives in unified
-  memory (``--rl-inference-model-unified-memory-level 1``): the pages move to the host, the
-  allocator's blocks stay. Without unified memory that flag pauses it through
-  ``torch_memory_saver``, outside the allocator: not counted.
+  (``training.py`` builds it with ``get_model(..., wrap_with_ddp=False)`` from a copy of the
+  training config, so an expert tensor size not given is the trainer's): the model's weights
+  again, in the parameter dtype, split at the inference sizes, with no gradients or optimizer
+  state. It is refitted from the trainer before each rollout and stays allocated; its idle
+  offload (``--rl-offload-inference-model-weights-when-idle``: unified-memory prefetch to the
+  host, or a ``torch_memory_saver`` pause) moves pages, not torch's blocks.
+* **The inference CUDA graphs** (``cuda_graph_impl local``; ``DynamicInferenceEngine.
+  create_cuda_graphs`` captures one graph per transformer layer for each batch dimension of
+  ``CUDAGraphBatchDimensionBuilder.generate_cuda_graph_batch_dimensions_list``): each layer's
+  runner keeps its output ``[T, 1, h]`` (``_CudaGraphRunner.create_fwd_graph``
+  ``self.fwd_graph_outputs``, a strong reference; only backward graphs weak-reference
+  theirs), and the first layer of each model chunk its captured input (held by the runner's
+  kwargs); what the graph allocates inside goes back to its private pool (reserved, not
+  allocated). ``delete_cuda_graphs`` drops the graphs and pools but not the runners the
+  managers keep, with their outputs: counted in every mode. :func:`inference_graph_bytes`.
 
 The trainer's side is the ordinary estimate: ``--rl-offload-optimizer-during-inference``
 moves the optimizer state and gradient buffers to the host only for the rollout and back
@@ -33,20 +38,14 @@ before the step; the reference policy is a host copy swapped into the training m
 log-probabilities; with sequence packing each micro-batch is one bin of ``seq_length``
 tokens.
 
-* **The inference CUDA graphs** (``cuda_graph_impl local``; ``DynamicInferenceEngine.
-  create_cuda_graphs`` captures one graph per transformer layer for each batch dimension of
-  ``CUDAGraphBatchDimensionBuilder.generate_cuda_graph_batch_dimensions_list``): each layer's
-  runner keeps its output ``[T, 1, h]`` (``_CudaGraphRunner.create_fwd_graph``
-  ``self.fwd_graph_outputs``, a strong reference; only backward graphs weak-reference
-  theirs), and the first layer's captured input (the embedding's output, held by the runner's
-  kwargs) stays too; what the graph allocates inside goes back to its private pool (reserved,
-  not allocated). They survive training where the KV buffer does
-  (``delete_cuda_graphs`` runs only outside ``persist``). :func:`inference_graph_bytes`.
-
 Known limitations: the rollout's own peak (the engine's forward with the optimizer on the
-host) is not estimated, only the training step's; the graphs' RoPE table and the context's
-small metadata tensors (about 1 MiB each) are not counted; a multi-latent-attention model's
-latent KV cache is refused.
+host) is not estimated, only the training step's; the training loss
+(``train_rl.py`` ``forward_step``: ``get_logprobs`` gathers the full-vocabulary logits on
+every tensor rank and takes a row-wise ``log_softmax``) is estimated as Megatron's
+vocab-parallel cross entropy; the graphs' RoPE table (``max(seq, T) x kv_channels`` fp32) and
+the context's metadata tensors are not counted; a multi-latent-attention model's latent KV
+cache, a separate inference model on another pipeline size and speculative decoding are
+refused.
 """
 
 from __future__ import annotations
@@ -54,9 +53,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from memscope.analysis.static.config import chunk_layer_counts
+from memscope.analysis.static.params import RankPosition, rank_params
+
 if TYPE_CHECKING:
     from memscope.analysis.static.config import ParallelSpec, RlSpec, TrainingSpec
-    from memscope.analysis.static.params import RankPosition
 
 GIB = 1024**3
 MIN_BLOCKS = 2  # dynamic_context.py: ">= 1 active block + 1 dummy block"
@@ -76,8 +77,11 @@ RL_KEYS = frozenset(
         "rl_inference_pipeline_model_parallel_size",
         "rl_inference_expert_model_parallel_size",
         "rl_inference_expert_tensor_model_parallel_size",
+        # read: the separate inference model is counted wherever its pages are
         "rl_inference_model_unified_memory_level",
         "rl_offload_inference_model_weights_when_idle",
+        "rl_persist_cuda_graphs",
+        "num_speculative_tokens",
         "inference_max_seq_length",
         "inference_dynamic_batching_max_requests",
         "inference_dynamic_batching_max_tokens",
@@ -97,24 +101,37 @@ def _rl(spec: TrainingSpec) -> RlSpec:
 
 def inference_parallel(spec: TrainingSpec) -> ParallelSpec:
     """The parallel sizes the inference engine's model runs at: the separate inference
-    model's (each size not given is the trainer's), else the trainer's own."""
+    model's (each size not given is the trainer's; Megatron-LM copies the training config),
+    else the trainer's own."""
     rl, p = _rl(spec), spec.parallel
     if not rl.separate_model:
         return p
     tp = rl.inference_tp or p.tp
     pp = rl.inference_pp or p.pp
     ep = rl.inference_ep or p.ep
-    etp = rl.inference_etp if rl.inference_etp is not None else p.etp
-    world = p.world_size
-    if world % (tp * pp) or world % (ep * (etp or tp) * pp):
+    etp = rl.inference_etp or (p.etp if p.etp is not None else p.tp)
+    if pp != p.pp:
         raise ValueError(
-            f"RL inference sizes tp {tp} pp {pp} ep {ep} do not divide the world size {world}"
+            f"a separate RL inference model on {pp} pipeline stages (the trainer's {p.pp}) "
+            "is not modelled"
+        )
+    if p.stage_meshes is not None:
+        raise ValueError("a separate RL inference model on hetero stage meshes is not modelled")
+    world = p.world_size
+    if world % (tp * pp * p.cp) or world % (ep * etp * pp):
+        raise ValueError(
+            f"RL inference sizes tp {tp} pp {pp} cp {p.cp} ep {ep} etp {etp} do not divide "
+            f"the world size {world}"
         )
     return replace(
-        p, tp=tp, pp=pp, ep=ep, etp=etp, dp=world // (tp * pp * p.cp), vpp=None,
-        sequence_parallel=p.sequence_parallel and tp > 1, first_stage_layers=None,
-        last_stage_layers=None, stage_layers=None, stage_meshes=None, layout=None,
+        p, tp=tp, ep=ep, etp=etp, dp=world // (tp * pp * p.cp), vpp=None,
+        sequence_parallel=p.sequence_parallel and tp > 1, layout=None,
     )  # fmt: skip
+
+
+def inference_spec(spec: TrainingSpec) -> TrainingSpec:
+    """The model the engine runs, as a spec (for the separate model: its own sizes)."""
+    return replace(spec, parallel=inference_parallel(spec), rl=None)
 
 
 def kv_block_bytes(spec: TrainingSpec) -> int:
@@ -140,29 +157,13 @@ def kv_buffer_bytes(spec: TrainingSpec) -> int:
     return kv_blocks(spec) * kv_block_bytes(spec)
 
 
-def kv_buffer_resident(mode: str, unified_memory_level: int, offload_or_remove: bool) -> bool:
-    """Whether the KV buffer stays allocated while the trainer steps: under ``persist`` (the
-    default) and under unified memory ``deallocate_inference_state_buffers`` returns at once
-    (dynamic_context.py at 4e85d74ae9); ``--rl-offload-kv-cache-during-training`` or
-    ``--rl-remove-kv-cache-during-training`` (the flags before the management mode) free it."""
-    if offload_or_remove:
-        return False
-    return mode == "persist" or unified_memory_level > 0
-
-
 def inference_model_bytes(spec: TrainingSpec, position: RankPosition) -> int:
     """The separate inference model's weights on the rank: its parameters at the inference
-    sizes in the parameter dtype. The rank's place there: the same tensor rank modulo the
-    inference tensor size, and the stage scaled to the inference pipeline."""
-    from memscope.analysis.static.params import RankPosition, rank_params
-
-    p = inference_parallel(spec)
-    inference = replace(spec, parallel=p, rl=None)
-    place = RankPosition(
-        tp_rank=position.tp_rank % p.tp,
-        pp_rank=position.pp_rank * p.pp // spec.parallel.pp,
-    )
-    return sum(t.numel for t in rank_params(inference, place)) * spec.precision.param_bytes
+    sizes in the parameter dtype, on the same pipeline stage and the same tensor rank modulo
+    the inference tensor size (tensor-parallel shards are equal)."""
+    model = inference_spec(spec)
+    place = RankPosition(tp_rank=position.tp_rank % model.parallel.tp, pp_rank=position.pp_rank)
+    return sum(t.numel for t in rank_params(model, place)) * spec.precision.param_bytes
 
 
 def kv_blocks(spec: TrainingSpec) -> int:
@@ -178,10 +179,21 @@ def max_requests(spec: TrainingSpec) -> int:
     """``DynamicInferenceContext.max_requests``: one block per request (less the dummy
     block), rounded down to the tensor size and to :data:`REQUEST_ROUNDER`, unless given."""
     rl = _rl(spec)
-    if rl.max_requests is not None:
-        return rl.max_requests
     tp = inference_parallel(spec).tp
-    return (kv_blocks(spec) - 1) // tp * tp // REQUEST_ROUNDER * REQUEST_ROUNDER
+    if rl.max_requests is not None:
+        if rl.max_requests % tp:
+            raise ValueError(
+                f"inference_dynamic_batching_max_requests ({rl.max_requests}) must divide by "
+                f"the inference tensor size {tp}"
+            )
+        return rl.max_requests
+    requests = (kv_blocks(spec) - 1) // tp * tp // REQUEST_ROUNDER * REQUEST_ROUNDER
+    if requests <= 0:
+        raise ValueError(
+            f"the RL inference KV buffer ({rl.buffer_size_gib:g} GiB, {kv_blocks(spec)} "
+            f"blocks) holds no request at tensor size {tp}"
+        )
+    return requests
 
 
 def graph_token_counts(tp: int, graphs: int, max_tokens: int) -> list[int]:
@@ -212,15 +224,20 @@ def graph_batch_dimensions(spec: TrainingSpec) -> set[tuple[int, int, int]]:
     mixed and a prefill-only dimension per token count unless ``--decode-only-cuda-graphs``,
     and a decode-only one), kept where ``InferenceBatchDimensions.is_valid``."""
     rl = _rl(spec)
-    if rl.inference_cuda_graphs == 0:
+    if rl.inference_cuda_graphs is None:
         return set()
     tp, requests = inference_parallel(spec).tp, max_requests(spec)
-    top = min(requests, rl.max_tokens or DEFAULT_MAX_TOKENS)  # cuda_graph_max_tokens
+    if requests > (rl.max_tokens or DEFAULT_MAX_TOKENS):
+        raise ValueError(
+            f"the RL engine's max_requests ({requests}) exceeds its max_tokens "
+            f"({rl.max_tokens or DEFAULT_MAX_TOKENS}): Megatron refuses it"
+        )
+    top = requests  # cuda_graph_max_tokens
     graphs = rl.inference_cuda_graphs
     if graphs != -1:
         graphs = min(max(graphs, 1), top)
     counts = graph_token_counts(tp, graphs, top)
-    seq = rl.max_sequence_length
+    seq = context_max_sequence_length(spec)
     out: set[tuple[int, int, int]] = set()
 
     def add(tokens: int, prefill: int, decode: int) -> None:
@@ -246,36 +263,65 @@ def graph_batch_dimensions(spec: TrainingSpec) -> set[tuple[int, int, int]]:
     return out
 
 
-def inference_graph_bytes(spec: TrainingSpec) -> int:
-    """What the captured inference graphs keep allocated: per batch dimension, each
-    transformer layer's output and the first layer's input, ``[T, 1, h]`` in the parameter
-    dtype (``T / tp`` under sequence parallelism) on the rank's ``num_layers // pp`` layers."""
-    p = inference_parallel(spec)
-    layers = spec.model.num_layers // p.pp
+def context_max_sequence_length(spec: TrainingSpec) -> int:
+    """The context's ``max_sequence_length`` (megatron/inference/utils.py
+    ``get_inference_config_from_model_and_args``): ``--inference-max-seq-length``, capped by
+    the model's position table under learned absolute embeddings, and at least a given
+    ``max_requests``."""
+    rl, m = _rl(spec), spec.model
+    seq = rl.max_sequence_length
+    if m.position_embedding_type == "learned_absolute":
+        seq = min(seq, m.max_position_embeddings or m.seq_length)
+    if rl.max_requests is not None:
+        seq = max(seq, rl.max_requests)
+    return seq
+
+
+def inference_graph_bytes(spec: TrainingSpec, pp_rank: int = 0) -> int:
+    """What the captured inference graphs keep allocated on pipeline stage ``pp_rank``: per
+    batch dimension, each transformer layer's output and each model chunk's first-layer
+    input, ``[T, 1, h]`` in the parameter dtype (``T / tp`` under sequence parallelism)."""
+    model = inference_spec(spec)
+    p = model.parallel
+    chunks = chunk_layer_counts(model.model, p, pp_rank)
+    tensors = sum(layers + 1 for layers in chunks if layers)
     width = spec.model.hidden_size * spec.precision.param_bytes
     total = 0
     for tokens, _, _ in graph_batch_dimensions(spec):
         rows = tokens // p.tp if p.sequence_parallel else tokens
-        total += (layers + 1) * rows * width
+        total += tensors * rows * width
     return total
 
 
 def rl_weight_terms(spec: TrainingSpec, position: RankPosition) -> dict[str, int]:
-    """Weights beside the trainer's: the separate inference model, where counted."""
-    rl = spec.rl
-    if rl is None or not rl.separate_model or not rl.inference_model_resident:
+    """Weights beside the trainer's: the separate inference model."""
+    if spec.rl is None or not spec.rl.separate_model:
         return {}
     return {"rl_inference_model_weights": inference_model_bytes(spec, position)}
 
 
-def rl_buffer_terms(spec: TrainingSpec) -> dict[str, int]:
-    """Fixed buffers beside the trainer's: the inference engine's KV cache and what its CUDA
-    graphs keep, where they stay while the trainer steps."""
-    rl = spec.rl
-    if rl is None or not rl.kv_resident:
+def rl_buffer_terms(spec: TrainingSpec, position: RankPosition) -> dict[str, int]:
+    """Fixed buffers beside the trainer's: the inference engine's KV cache where it stays
+    counted while the trainer steps, and what its CUDA graphs keep."""
+    if spec.rl is None:
         return {}
-    out = {"rl_inference_kv_cache": kv_buffer_bytes(spec)}
-    graphs = inference_graph_bytes(spec)
+    out = {}
+    if spec.rl.kv_resident:
+        out["rl_inference_kv_cache"] = kv_buffer_bytes(spec)
+    graphs = inference_graph_bytes(spec, position.pp_rank)
     if graphs:
         out["rl_inference_cuda_graphs"] = graphs
     return out
+
+
+def validate_rl(spec: TrainingSpec) -> None:
+    """What Megatron or this module refuses of an RL config's engine, as one ``ValueError``:
+    the KV cache, its request count, the captured batch dimensions (the separate inference
+    model is checked as a spec of its own by :func:`.spec_checks.validate_spec`)."""
+    if spec.rl is None:
+        return
+    if spec.parallel.stage_meshes is not None:
+        raise ValueError("the RL loop on hetero stage meshes is not modelled")
+    kv_block_bytes(spec)
+    max_requests(spec)
+    graph_batch_dimensions(spec)

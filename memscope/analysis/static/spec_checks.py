@@ -31,6 +31,7 @@ from memscope.analysis.static.fsdp_checks import validate_fsdp
 from memscope.analysis.static.muon import validate_muon
 from memscope.analysis.static.offload import validate_offload
 from memscope.analysis.static.pipeline_layout import validate_layout
+from memscope.analysis.static.rl import inference_spec, validate_rl
 from memscope.analysis.static.validation import check_scale, check_sharding, check_sizes
 from memscope.analysis.static.workspaces import compute_major
 
@@ -49,8 +50,21 @@ def validate_spec(spec: TrainingSpec) -> TrainingSpec:
     validate_muon(spec)
     validate_fsdp(spec)
     validate_offload(spec)
+    _check_rl(spec)
     check_scale(spec)
     return spec
+
+
+def _check_rl(spec: TrainingSpec) -> None:
+    """The RL loop's engine (rl.py), its separate inference model checked as a spec."""
+    if spec.rl is None:
+        return
+    if spec.rl.separate_model:
+        try:
+            validate_spec(inference_spec(spec))
+        except ValueError as exc:
+            raise ValueError(f"RL inference model: {exc}") from None
+    validate_rl(spec)
 
 
 def _check_shape(spec: TrainingSpec) -> None:
