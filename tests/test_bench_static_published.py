@@ -386,7 +386,7 @@ def test_the_docs_figures_for_the_rl_runs_are_the_benchmarks(result):
         f"are {100 * plain['error']:+.1f}% at the peak, their steady allocation "
         f"{steady / 2**30:+.2f} GiB from the measured" in docs
     )
-    assert f"warned as not modelled) {100 * graphed['error']:+.1f}%." in docs
+    assert f"live in the graphs' pool) {100 * graphed['error']:+.1f}%." in docs
     assert graphed["warned"] == ["rl_training_cuda_graphs"] and plain["warned"] == []
     assert rows["gpt_grpo_tp4_pp1_dp2_8b_throughput_github"]["error"] == pytest.approx(
         plain["error"], abs=0.001

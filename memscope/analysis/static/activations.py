@@ -40,6 +40,7 @@ from memscope.analysis.static.moe import (
 from memscope.analysis.static.offload import fine_grained_moved, reloaded_duplicate
 from memscope.analysis.static.params import ParamTensor
 from memscope.analysis.static.pipeline_layout import ChunkRoles
+from memscope.analysis.static.rl_loss import rl_loss_extras, rl_loss_moments
 from memscope.analysis.static.terms import optimizer_shards
 
 FP32 = 4
@@ -937,6 +938,7 @@ def chunk_activations(
         if last:
             extras["mtp_cross_entropy"] = mtp["mtp_cross_entropy"]
     distillation_extras(spec, x, first, last, extras)  # teacher input, KD loss (distillation.py)
+    rl_loss_extras(spec, x, last, extras)  # the RL loop's log-probabilities (rl_loss.py)
     stored = []
     for i, g in enumerate(groups):
         ends_group = i + 1 == n_layers or groups[i + 1] != g
@@ -952,8 +954,10 @@ def chunk_activations(
     best, moment = 0, "none"
     if last:
         loss_saved = extras["cross_entropy_softmax"] + extras.get("kd_loss_saved", 0)
+        loss_saved += extras.get("rl_log_probs_saved", 0)
         moments = loss_moments(spec, x, loss_saved)
         distillation_moments(spec, x, moments)
+        rl_loss_moments(spec, x, moments)
         if fsdp is not None:
             for name in moments:
                 moments[name] += fsdp.output_layer if name == "output_layer_backward" else fsdp.loss
@@ -981,6 +985,7 @@ def chunk_activations(
             "mtp_layers",
             "mtp_cross_entropy",
             "kd_loss_saved",
+            "rl_log_probs_saved",
         )
     )
     below = saved - released_extras  # what is alive when the layers' backward starts

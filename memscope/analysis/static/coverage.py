@@ -420,8 +420,8 @@ def _rl_modelled(spec: TrainingSpec) -> list[str]:
         f"RL loop (--perform-rl-step): the training step as estimated, beside the inference "
         f"engine: {kv}{model}{graphs} (derived from Megatron-LM's dynamic inference context, "
         "CUDA graph and RL loop code, not measured here; the rollout's own peak is not "
-        "estimated, and the RL loss's full-vocabulary log-softmax is estimated as "
-        "vocab-parallel cross entropy)"
+        "estimated); the loss's full-vocabulary log-probabilities instead of the "
+        "vocab-parallel cross entropy (measured on CPU by tools/measure_rl_logprobs.py)"
     ]
 
 

@@ -38,14 +38,13 @@ before the step; the reference policy is a host copy swapped into the training m
 log-probabilities; with sequence packing each micro-batch is one bin of ``seq_length``
 tokens.
 
+The training loss's full-vocabulary log-probabilities are :mod:`.rl_loss`'s.
+
 Known limitations: the rollout's own peak (the engine's forward with the optimizer on the
-host) is not estimated, only the training step's; the training loss
-(``train_rl.py`` ``forward_step``: ``get_logprobs`` gathers the full-vocabulary logits on
-every tensor rank and takes a row-wise ``log_softmax``) is estimated as Megatron's
-vocab-parallel cross entropy; the graphs' RoPE table (``max(seq, T) x kv_channels`` fp32) and
-the context's metadata tensors are not counted; a multi-latent-attention model's latent KV
-cache, a separate inference model on another pipeline size and speculative decoding are
-refused.
+host) is not estimated, only the training step's; the graphs' RoPE table (``max(seq, T) x
+kv_channels`` fp32) and the context's metadata tensors are not counted; a
+multi-latent-attention model's latent KV cache, a separate inference model on another
+pipeline size and speculative decoding are refused.
 """
 
 from __future__ import annotations
