@@ -304,7 +304,8 @@ def consistency_world_size(
     runs = [k for k in config if re.fullmatch(r"MODEL_ARGS(_\d+)?", str(k))]
     if not runs or runs[0] != "MODEL_ARGS":  # yq keys: the file's order
         raise ValueError(f"checkpoint-consistency case whose first run is not MODEL_ARGS: {runs}")
-    gpus = int((config.get("MODEL_ENV_VARS") or {}).get("MODEL_ARGS", {}).get("GPUS_PER_NODE", 8))
+    launch = (config.get("MODEL_ENV_VARS") or {}).get("MODEL_ARGS", {})
+    gpus = int(launch.get("GPUS_PER_NODE", golden.LAUNCH_DEFAULT_GPUS_PER_NODE))
     nodes = recipe_world // NODE_GPUS
     source = CONSISTENCY_RUN.format(runs=len(runs), gpus=gpus, nodes=nodes, recipe=recipe_source)
     return gpus * nodes, source

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from memscope.analysis.static.config import RlSpec
-from memscope.inputs.args_access import get_choice, get_flag, get_float, get_int
+from memscope.inputs.args_access import get_choice, get_flag, get_float, get_int, get_size
 
 KV_MODES = ("persist", "offload", "recompute")  # --rl-kv-cache-management-mode
 DEFAULT_CUDA_GRAPHS = 16  # --inference-dynamic-batching-num-cuda-graphs
@@ -24,13 +24,6 @@ def _unset_or_positive(args: Any, name: str) -> int | None:
     if value is not None and value < 0:
         raise ValueError(f"{name}: {value} must not be negative")
     return value or None
-
-
-def _positive(args: Any, name: str, default: int) -> int:
-    value = get_int(args, name, default)
-    if value < 1:
-        raise ValueError(f"{name}: {value} must be at least 1")
-    return int(value)
 
 
 def _cuda_graphs(args: Any, cuda_graph_impl: str) -> int | None:
@@ -76,18 +69,17 @@ def rl_from_args(args: Any, cuda_graph_impl: str = "none") -> RlSpec | None:
         paused_buffer_size_gib=get_float(
             args, "inference_dynamic_batching_paused_buffer_size_gb", 0.0, 0.0
         ),
-        block_size_tokens=_positive(args, "inference_dynamic_batching_block_size", 256),
+        block_size_tokens=get_size(args, "inference_dynamic_batching_block_size", 256),
         unified_memory_level=unified,
         kv_cache_mode=mode,
         persist_cuda_graphs=persist_graphs,
-        offload_kv_flag=get_flag(args, "rl_offload_kv_cache_during_training"),
         remove_kv_flag=get_flag(args, "rl_remove_kv_cache_during_training"),
         inference_tp=_unset_or_positive(args, "rl_inference_tensor_model_parallel_size"),
         inference_pp=_unset_or_positive(args, "rl_inference_pipeline_model_parallel_size"),
         inference_ep=_unset_or_positive(args, "rl_inference_expert_model_parallel_size"),
         inference_etp=_unset_or_positive(args, "rl_inference_expert_tensor_model_parallel_size"),
         inference_cuda_graphs=_cuda_graphs(args, cuda_graph_impl),
-        max_sequence_length=_positive(args, "inference_max_seq_length", 2560),
+        max_sequence_length=get_size(args, "inference_max_seq_length", 2560),
         max_requests=max_requests,
         max_tokens=max_tokens,
         mixed_prefill_requests=get_int(

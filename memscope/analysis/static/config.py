@@ -331,9 +331,8 @@ class RlSpec:
     unified_memory_level: int = 0  # --inference-dynamic-batching-unified-memory-level
     kv_cache_mode: str = "persist"  # --rl-kv-cache-management-mode
     persist_cuda_graphs: bool = False  # --rl-persist-cuda-graphs
-    # the flags before the management mode (Megatron-LM 836d473f03):
-    # --rl-offload-kv-cache-during-training / --rl-remove-kv-cache-during-training
-    offload_kv_flag: bool = False
+    # --rl-remove-kv-cache-during-training, before the management mode (836d473f03); its
+    # twin --rl-offload-kv-cache-during-training pauses the buffer, which stays counted
     remove_kv_flag: bool = False
     # --rl-inference-{tensor,pipeline,expert,expert-tensor}-model-parallel-size: a separate
     # inference model at these sizes (None each: the training model's)

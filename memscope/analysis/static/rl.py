@@ -70,7 +70,7 @@ RL_KEYS = frozenset(
         "inference_dynamic_batching_unified_memory_level",
         "inference_dynamic_batching_num_cuda_graphs",
         "rl_kv_cache_management_mode",
-        "rl_offload_kv_cache_during_training",
+        "rl_offload_kv_cache_during_training",  # read: a pause, the buffer stays counted
         "rl_remove_kv_cache_during_training",
         "rl_inference_tensor_model_parallel_size",
         "rl_inference_pipeline_model_parallel_size",
