@@ -595,6 +595,10 @@ def optimizer_state_loaded(ns: Any) -> bool:
     )
 
 
+# the benchmark's moment column for peaks outside the forward/backward's own moments
+STAGE_MOMENTS = {"cuda_graph_capture": "CUDA-graph capture", "rl_rollout": "RL rollout"}
+
+
 def estimate_case(
     case: dict[str, Any],
     parsed: dict[str, Any],
@@ -641,14 +645,8 @@ def estimate_case(
         return {**case, "reason": f"refused by the estimator: {exc}"}
     m = case["measured"]
     persistent, peak = est.steady_bytes, est.peak_memory_bytes
-    peak_stage, peak_moment = (
-        est.peak_stage,
-        (
-            "CUDA-graph capture"
-            if est.peak_stage == "cuda_graph_capture"
-            else est.activations.peak_moment
-        ),
-    )
+    peak_stage = est.peak_stage
+    peak_moment = STAGE_MOMENTS.get(peak_stage, est.activations.peak_moment)
     if m["iterations"][1] == 1 and not optimizer_state_loaded(ns):
         # one logged step: its peak is the first step's, whose forward/backward ran before
         # the optimizer's moments existed (log_check.moment_estimate, as analyze-log reads it)

@@ -16,6 +16,9 @@ from memscope.inputs.args_access import get_choice, get_flag, get_float, get_int
 KV_MODES = ("persist", "offload", "recompute")  # --rl-kv-cache-management-mode
 DEFAULT_CUDA_GRAPHS = 16  # --inference-dynamic-batching-num-cuda-graphs
 AUTOMATIC_CUDA_GRAPHS = -1  # Megatron's own list of token counts
+DEFAULT_GROUP_SIZE = 2  # --grpo-group-size
+DEFAULT_PROMPTS_PER_STEP = 32  # --grpo-prompts-per-step
+DEFAULT_GENERATION_TASKS = 512  # validate_args: rl_parallel_generation_tasks otherwise
 
 
 def _unset_or_positive(args: Any, name: str) -> int | None:
@@ -37,6 +40,35 @@ def _cuda_graphs(args: Any, cuda_graph_impl: str) -> int | None:
             f"inference_dynamic_batching_num_cuda_graphs: {graphs} is neither -1 nor a count"
         )
     return int(graphs)
+
+
+def requests_in_flight(args: Any) -> int:
+    """The rollouts the RL agent keeps generating at once, over all engines: groups in flight
+    (``rl_parallel_generation_tasks``, as Megatron-LM's ``validate_args`` resolves it) times
+    ``--grpo-group-size``. ``GroupedRolloutGenerator.get_grouped_rollouts`` (megatron/rl/agent/
+    api.py at 4e85d74ae9) starts that many group tasks, each asking for its group's rollouts.
+    Unresolved args resolve as ``validate_args`` does: ``--rl-num-parallel-generations``
+    rollouts, or ``--rl-num-parallel-generation-batches`` x ``--rl-generation-batch-size``
+    (default ``--grpo-prompts-per-step``) groups, else 512 groups."""
+    group = get_size(args, "grpo_group_size", DEFAULT_GROUP_SIZE)
+    tasks = _unset_or_positive(args, "rl_parallel_generation_tasks")
+    if tasks is not None:
+        return tasks * group
+    rollouts = _unset_or_positive(args, "rl_num_parallel_generations")
+    if rollouts is not None:
+        if rollouts % group:
+            raise ValueError(
+                f"rl_num_parallel_generations ({rollouts}) must be divisible by grpo_group_size "
+                f"({group})"
+            )
+        return rollouts
+    batches = _unset_or_positive(args, "rl_num_parallel_generation_batches")
+    if batches is not None:
+        per_batch = _unset_or_positive(args, "rl_generation_batch_size") or get_size(
+            args, "grpo_prompts_per_step", DEFAULT_PROMPTS_PER_STEP
+        )
+        return batches * per_batch * group
+    return DEFAULT_GENERATION_TASKS * group
 
 
 def rl_from_args(args: Any, cuda_graph_impl: str = "none") -> RlSpec | None:
@@ -64,6 +96,11 @@ def rl_from_args(args: Any, cuda_graph_impl: str = "none") -> RlSpec | None:
             f"inference_dynamic_batching_max_tokens ({max_tokens}) must be at least "
             f"inference_dynamic_batching_max_requests ({max_requests})"
         )
+    top_k = get_int(args, "rl_default_top_k", -1)
+    top_p = get_float(args, "rl_default_top_p", 0.0, 0.0, 1.0)
+    if top_k > 0 and top_p > 0:
+        # text_generation_controller.py _torch_sampling_func asserts it
+        raise ValueError("rl_default_top_k and rl_default_top_p cannot both be positive")
     return RlSpec(
         buffer_size_gib=get_float(args, "inference_dynamic_batching_buffer_size_gb", 40.0, 0.0),
         paused_buffer_size_gib=get_float(
@@ -86,4 +123,9 @@ def rl_from_args(args: Any, cuda_graph_impl: str = "none") -> RlSpec | None:
             args, "inference_dynamic_batching_cuda_graph_mixed_prefill_count", 16
         ),
         decode_only_cuda_graphs=get_flag(args, "decode_only_cuda_graphs"),
+        offload_optimizer=get_flag(args, "rl_offload_optimizer_during_inference"),
+        training_cuda_graphs=get_flag(args, "rl_training_cuda_graphs"),
+        requests_in_flight=requests_in_flight(args),
+        sampling_top_k=top_k,
+        sampling_top_p=top_p,
     )

@@ -349,6 +349,14 @@ class RlSpec:
     # --inference-dynamic-batching-cuda-graph-mixed-prefill-count
     mixed_prefill_requests: int = 16
     decode_only_cuda_graphs: bool = False  # --decode-only-cuda-graphs
+    # --rl-offload-optimizer-during-inference: the optimizer's tensors, and model chunk 0's
+    # gradient buffers unless the training step is graphed, are on the host for the rollout
+    offload_optimizer: bool = False
+    training_cuda_graphs: bool = False  # --rl-training-cuda-graphs
+    # the rollouts the RL agent keeps generating at once, over all engines (:mod:`.rl_rollout`)
+    requests_in_flight: int = 1024
+    sampling_top_k: int = -1  # --rl-default-top-k
+    sampling_top_p: float = 0.0  # --rl-default-top-p
 
     @property
     def separate_model(self) -> bool:

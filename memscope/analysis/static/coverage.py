@@ -74,6 +74,8 @@ _RELEVANT: dict[str, Callable[[Mapping[str, Any], TrainingSpec], bool]] = {
     "distribute_saved_activations": lambda merged, spec: spec.recompute == "full",
     "cuda_graph_impl": lambda merged, spec: _training_local_graphs(merged, spec),
     "enable_cuda_graph": lambda merged, spec: _training_local_graphs(merged, spec),
+    # read (the rollout keeps the gradient buffers), its graphs still not modelled
+    "rl_training_cuda_graphs": lambda merged, spec: True,
 }
 
 

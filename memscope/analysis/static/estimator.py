@@ -1,11 +1,12 @@
 """Per-rank static memory estimate: exact persistent terms plus modelled activations.
 
 ``estimate_rank`` combines the exact parameter inventory (:mod:`.params`), the persistent
-terms (:mod:`.terms`) and the activation model (:mod:`.activations`). The peak is the larger
+terms (:mod:`.terms`) and the activation model (:mod:`.activations`). The peak is the largest
 of the forward/backward high-water mark (persistent + in-flight saved tensors + backward
-working set + Megatron's global buffer) and the optimizer step (persistent + buffer + step
-temporaries). What no formula sees on a GPU (CUDA context, NCCL buffers, allocator
-rounding and fragmentation) is a separate allowance (:mod:`.allowance`), never added here.
+working set + Megatron's global buffer), the optimizer step (persistent + buffer + step
+temporaries) and, in the RL loop, the rollout (:mod:`.rl_rollout`). What no formula sees on a
+GPU (CUDA context, NCCL buffers, allocator rounding and fragmentation) is a separate
+allowance (:mod:`.allowance`), never added here.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from memscope.analysis.static.params import (
     rank_params,
 )
 from memscope.analysis.static.rl import rl_buffer_terms, rl_weight_terms
+from memscope.analysis.static.rl_rollout import RolloutTerms, rollout_terms
 from memscope.analysis.static.terms import (
     PersistentTerms,
     adam_moment_bytes,
@@ -67,6 +69,8 @@ class RankEstimate:
     prefetched_bytes: int = 0
     # Transformer Engine CUDA graphs (cuda_graphs.py): static buffers, the capture, replay
     cuda_graphs: CudaGraphTerms | None = None
+    # the RL loop's rollout (rl_rollout.py): the engine's step beside the trainer's state
+    rollout: RolloutTerms | None = None
 
     @property
     def workspace_bytes(self) -> int:
@@ -102,6 +106,14 @@ class RankEstimate:
         graphs (:mod:`.cuda_graphs`): the eager iterations only where they run before the
         capture; the capture (what is not allocated yet counted negative); the replayed
         steps, whose graphed tensors are in the private pool, with the static buffers."""
+        moments = self._training_moments()
+        if self.rollout is not None:
+            # the steady state's own non-persistent bytes stay through the rollout
+            between_steps = self.steady_bytes - self.persistent.total_bytes - self.workspace_bytes
+            moments["rl_rollout"] = between_steps + self.rollout.transient_bytes
+        return moments
+
+    def _training_moments(self) -> dict[str, int]:
         step, forward_backward = self._step_transient_bytes, self.activations.total_bytes
         graphs = self.cuda_graphs
         if graphs is None:
@@ -119,8 +131,9 @@ class RankEstimate:
 
     @property
     def peak_stage(self) -> str:
-        """``forward_backward``, ``optimizer_step`` or (CUDA graphs) ``cuda_graph_capture``:
-        where the high-water mark is (ties: the forward/backward)."""
+        """``forward_backward``, ``optimizer_step``, (CUDA graphs) ``cuda_graph_capture`` or
+        (the RL loop) ``rl_rollout``: where the high-water mark is (ties: the
+        forward/backward)."""
         moments = self._transient_moments()
         return max(moments, key=lambda name: (moments[name], name == "forward_backward"))
 
@@ -138,11 +151,15 @@ class RankEstimate:
         lazy = 0  # optimizer state a capture before the first step runs without
         if self.cuda_graphs is not None and self.peak_stage == "cuda_graph_capture":
             lazy = self.cuda_graphs.capture_lazy_bytes
+        host_grads = 0  # what the rollout keeps on the host
+        if self.rollout is not None and self.peak_stage == "rl_rollout":
+            lazy = self.rollout.offloaded_optimizer_bytes
+            host_grads = self.rollout.offloaded_grad_bytes
         return {
             "parameters": self.persistent.weight_bytes,
-            "gradients": self.persistent.grad_bytes,
+            "gradients": self.persistent.grad_bytes - host_grads,
             "optimizer_state": self.persistent.optimizer_bytes - lazy,
-            "activations": self.transient_bytes + lazy,
+            "activations": self.transient_bytes + lazy + host_grads,
             "other": self.workspace_bytes,
         }
 
@@ -168,6 +185,7 @@ class RankEstimate:
             "peak_memory_bytes": self.peak_memory_bytes,
             "peak_stage": self.peak_stage,
             "cuda_graphs": asdict(self.cuda_graphs) if self.cuda_graphs else None,
+            "rl_rollout": asdict(self.rollout) if self.rollout else None,
         }
 
 
@@ -220,6 +238,7 @@ def estimate_rank(spec: TrainingSpec, position: RankPosition) -> RankEstimate:
         weight_terms=extra,
         prefetched_bytes=fsdp.after_step,
         cuda_graphs=graphs,
+        rollout=rollout_terms(spec, position, persistent, params),
     )
 
 

@@ -232,7 +232,63 @@ def operator_records(spec: TrainingSpec, est: RankEstimate) -> list[dict[str, An
         )
         for name, size in est.workspaces.items()
     ]
-    return ops
+    return ops + rollout_records(est)
+
+
+def rollout_records(est: RankEstimate) -> list[dict[str, Any]]:
+    """The RL rollout's moment (:mod:`.rl_rollout`): the engine's step and what the offload
+    moves to the host; none outside the RL loop."""
+    r = est.rollout
+    if r is None:
+        return []
+    records = [
+        _op(
+            "rl_rollout.logits",
+            "temporary",
+            "rl_rollout",
+            r.logits_bytes,
+            False,
+            "R x V x (e + max(sampling, log-probabilities))",
+            f"the engine's fullest step: {r.requests} requests' full-vocabulary logits, "
+            "sampled and their fp32 log-probabilities",
+        ),
+        _op(
+            "rl_rollout.forward",
+            "temporary",
+            "rl_rollout",
+            r.forward_bytes,
+            False,
+            "T x (h + one layer's working set) x e",
+            f"the largest eager step: {r.tokens} tokens"
+            if r.tokens
+            else "every step replays a captured CUDA graph",
+        ),
+    ]
+    if r.kv_cache_bytes:
+        records.append(
+            _op(
+                "rl_rollout.kv_cache",
+                "temporary",
+                "rl_rollout",
+                r.kv_cache_bytes,
+                False,
+                "the KV buffer",
+                "allocated for the rollout, deleted for the training step (recompute mode)",
+            )
+        )
+    if r.offloaded_bytes:
+        records.append(
+            _op(
+                "rl_rollout.offloaded",
+                "optimizer",
+                "rl_rollout",
+                -r.offloaded_bytes,
+                False,
+                "optimizer state + model chunk 0's gradient buffers",
+                "on the host during the rollout (--rl-offload-optimizer-during-inference)",
+            )
+        )
+    return records
 
 
 def summary(est: RankEstimate) -> dict[str, Any]:

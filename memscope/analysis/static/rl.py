@@ -86,6 +86,17 @@ RL_KEYS = frozenset(
         "inference_dynamic_batching_max_tokens",
         "inference_dynamic_batching_cuda_graph_mixed_prefill_count",
         "decode_only_cuda_graphs",
+        # the rollout (rl_rollout.py)
+        "rl_offload_optimizer_during_inference",
+        "rl_training_cuda_graphs",  # read for the gradients it keeps; warned (coverage.py)
+        "grpo_group_size",
+        "grpo_prompts_per_step",
+        "rl_parallel_generation_tasks",
+        "rl_num_parallel_generations",
+        "rl_num_parallel_generation_batches",
+        "rl_generation_batch_size",
+        "rl_default_top_k",
+        "rl_default_top_p",
     }
 )
 DEFAULT_MAX_TOKENS = 16384  # DynamicInferenceContext.DEFAULT_MAX_TOKENS
