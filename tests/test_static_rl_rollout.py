@@ -44,13 +44,28 @@ def test_the_agents_in_flight_rollouts_resolve_as_megatron_lm_does():
     assert flight() == 512 * 2  # 512 groups of the default group size
     assert flight(grpo_group_size=8) == 512 * 8
     assert flight(rl_parallel_generation_tasks=16, grpo_group_size=4) == 64  # groups
-    assert flight(rl_num_parallel_generations=24, grpo_group_size=4) == 24  # rollouts
-    assert flight(rl_num_parallel_generation_batches=2, grpo_prompts_per_step=8) == 2 * 8 * 2
-    assert flight(rl_num_parallel_generation_batches=2, rl_generation_batch_size=3) == 12
-    with pytest.raises(ValueError, match="divisible by grpo_group_size"):
-        flight(rl_num_parallel_generations=10, grpo_group_size=4)
-    with pytest.raises(ValueError, match="cannot both be positive"):
-        _spec(rl_default_top_k=5, rl_default_top_p=0.5)
+    partial = dict(rl_partial_rollouts=True)
+    assert flight(rl_num_parallel_generations=24, grpo_group_size=4, **partial) == 24
+    assert flight(rl_num_parallel_generation_batches=2, grpo_prompts_per_step=8, **partial) == 32
+    assert flight(rl_num_parallel_generation_batches=2, rl_generation_batch_size=3, **partial) == 12
+    # what Megatron-LM's validate_args asserts
+    refused = [
+        ({"rl_num_parallel_generations": 10, "grpo_group_size": 4, **partial}, "divisible by"),
+        ({"rl_num_parallel_generations": 8}, "require rl_partial_rollouts"),
+        ({"rl_num_parallel_generations": 8, "rl_num_parallel_generation_batches": 2, **partial},
+         "mutually exclusive"),
+    ]  # fmt: skip
+    for args, message in refused:
+        with pytest.raises(ValueError, match=message):
+            flight(**args)
+    # the offload calls DDP's offload_grad_buffers, which an FSDP-wrapped model lacks
+    with pytest.raises(ValueError, match="FSDP-wrapped"):
+        _spec(
+            rl_offload_optimizer_during_inference=True,
+            use_torch_fsdp2=True,
+            use_distributed_optimizer=False,
+            gradient_accumulation_fusion=False,
+        )
 
 
 def test_one_engine_runs_its_round_robin_share_at_most_max_requests():
@@ -75,6 +90,20 @@ def test_steps_run_eager_unless_a_captured_graph_covers_every_one():
                   inference_max_seq_length=16)  # fmt: skip
     assert eager_tokens(short) == 0
     assert _rank(short).rollout.forward_bytes == 0
+    # decode-only graphs (--decode-only-cuda-graphs): prefill steps always run eager
+    decode_only = _spec(rl_parallel_generation_tasks=2, grpo_group_size=2,
+                        cuda_graph_impl="local", inference_max_seq_length=16,
+                        decode_only_cuda_graphs=True)  # fmt: skip
+    assert eager_tokens(decode_only) == 1 * 16  # 4 rollouts over 4 engines
+
+
+def test_the_forward_holds_two_hidden_states_and_one_layers_working_set():
+    # 2 requests of 512-token contexts: 1024 tokens; TP 2, TE layers, fused SwiGLU, ffn 4 h
+    spec = _spec(rl_parallel_generation_tasks=4, grpo_group_size=2)  # 8 / 4 engines
+    t, h, f = 1024, 256, 1024 // 2
+    # the MLP beside the attention's output: TE's fused norm inside fc1, or fc1 + act
+    mlp = h + max(h + 2 * f, 2 * f + f)
+    assert _rank(spec).rollout.forward_bytes == (2 * t * h + t * mlp) * 2
 
 
 def test_the_offload_moves_the_optimizer_and_the_first_chunks_gradients():
@@ -85,14 +114,14 @@ def test_the_offload_moves_the_optimizer_and_the_first_chunks_gradients():
     kept = _rank(_spec(rl_offload_optimizer_during_inference=True, rl_training_cuda_graphs=True))
     assert kept.rollout.offloaded_grad_bytes == 0  # grad buffers stay for the graphs
     assert _rank(_spec()).rollout.offloaded_bytes == 0  # no offload flag
-    # virtual pipeline chunks: model[0] alone offloads its buffers
+    # virtual pipeline chunks: model[0] alone offloads its buffers; on stage 1, chunk 0 is
+    # one decoder layer at TP 2: QKV 256 x (256 + 2 x 4 x 32) / 2, projection 256 x 256 / 2,
+    # SwiGLU fc1 256 x 2 x 1024 / 2 and fc2 1024 x 256 / 2, two LayerNorms' weight and bias
     vpp = dict(pipeline_model_parallel_size=2, num_layers_per_virtual_pipeline_stage=1,
                rl_offload_optimizer_during_inference=True)  # fmt: skip
+    layer = 256 * 512 // 2 + 256 * 256 // 2 + 256 * 2048 // 2 + 1024 * 256 // 2 + 4 * 256
     chunked = _rank(_spec(**vpp), pp_rank=1)
-    first = sum(t.numel for t in chunked.params if t.name.startswith("chunk0."))
-    assert 0 < first < chunked.persistent.param_count
-    grads = chunked.persistent.grad_bytes * first // chunked.persistent.param_count
-    assert chunked.rollout.offloaded_grad_bytes == grads
+    assert chunked.rollout.offloaded_grad_bytes == layer * 4  # fp32 main gradients
 
 
 def test_the_kv_buffer_comes_back_for_the_rollout_where_the_step_runs_without_it():
@@ -112,7 +141,8 @@ def test_a_full_engine_without_the_offload_peaks_in_the_rollout():
     est = _rank(full)
     r = est.rollout
     assert r.requests == 4096
-    assert r.logits_bytes == 4096 * 32000 * (2 + 12)  # bf16 logits + fp32 copy, rows, log_softmax
+    # bf16 logits + their fp32 copy, the indexed rows, log_softmax (the TP 2 gather: 2.5 x 2)
+    assert r.logits_bytes == 4096 * 32000 * (2 + 12)
     assert est.peak_stage == "rl_rollout"
     between = est.steady_bytes - est.persistent.total_bytes - est.workspace_bytes
     assert est.transient_bytes == between + r.transient_bytes
@@ -135,3 +165,25 @@ def test_training_graphs_stay_warned_while_their_flag_is_read():
     spec = _spec(rl_training_cuda_graphs=True, cuda_graph_impl="local")
     keys = {item.key for item in not_modelled({"rl_training_cuda_graphs": True}, spec)}
     assert keys == {"rl_training_cuda_graphs"}
+
+
+def test_return_log_probs_keeps_every_tokens_logits():
+    base = dict(rl_parallel_generation_tasks=10, grpo_group_size=2)  # 5 requests per engine
+    est = _rank(_spec(**base, return_log_probs=True))
+    tokens, rows = 5 * 512, 5  # the step's every token; sampling on the last tokens' rows
+    every = tokens * 32000
+    # the fp32 copy of [T, V] bf16 logits and its log_softmax, above the logits
+    assert est.rollout.logits_bytes == every * (2 + 4 + 4)
+    assert every * (2 + 4 + 4) > every * 2 + rows * 32000 * (2 + 3 * 2)  # sampling's is less
+    assert _rank(_spec(**base)).rollout.logits_bytes == rows * 32000 * (2 + 12)
+
+
+def test_the_graphs_capture_runs_the_layers_and_the_logits_eagerly():
+    spec = _spec(rl_parallel_generation_tasks=10, grpo_group_size=2, cuda_graph_impl="local",
+                 inference_dynamic_batching_max_requests=64)  # fmt: skip
+    r = _rank(spec).rollout
+    t, h, f = 64, 256, 1024 // 2  # the largest graph: max_requests tokens
+    forward = (2 * t * h + t * (h + max(h + 2 * f, 3 * f))) * 2
+    logits = round(64 * 32000 * 2.5 * 2)  # local shard, all-gather buffer, concatenation
+    assert r.capture_bytes == max(forward, logits) == logits
+    assert _rank(_spec()).rollout.capture_bytes == 0  # no local graphs

@@ -6,14 +6,17 @@ Two moments of a step (``memscope/analysis/static/rl_rollout.py``), each read fr
 
 - **the logits**: ``TextGenerationController._torch_sampling_func`` on the rows it is handed
   (``logits[indices, :]``, counted: the controller indexes them in the call) for each
-  sampling setting, and ``DynamicInferenceContext.calculate_log_probs`` (a context built on
-  the CPU) on ``[1, R, V]`` logits, in bytes per logits element above the logits;
+  sampling setting the RL client can send (temperature, top-p; top-k stays 0), and
+  ``DynamicInferenceContext.calculate_log_probs`` (a context built on the CPU) on
+  ``[1, R, V]`` logits, in bytes per logits element above the logits;
 - **the forward**: a megatron-core ``TransformerLayer`` (local spec, fusions off, one gloo
-  process) running ``_forward_mlp`` under ``torch.inference_mode`` on ``[T, 1, h]``, dense
-  (gated and not) and with experts (``SequentialMLP``, alltoall dispatcher, EP 1, under
+  process) under ``torch.inference_mode`` on ``[T, 1, h]`` its caller holds, dense (gated
+  and not) and with experts (``SequentialMLP``, alltoall dispatcher, EP 1, under
   ``tests/harness/moe_cpu.py``'s CUDA redirections), in elements of ``T`` above its input,
   with oneDNN off (its bf16 GEMMs allocate packing buffers that cuBLAS, working in a
-  preallocated workspace, does not).
+  preallocated workspace, does not). The core attention is a stand-in (the engine's flash
+  kernel runs on GPUs only, the local spec's keeps ``[s, s]`` scores): torch's
+  ``scaled_dot_product_attention``; at these sizes the MLP's moment is the layer's.
 
     python tools/measure_rl_rollout.py [--requests 64] [--vocab 8192] [--tokens 256]
 
@@ -40,16 +43,16 @@ sys.path.insert(0, HERE)
 
 from measure_fused_cross_entropy import _init_group, _memory_events, _peak_above  # noqa: E402
 
-# (name, temperature, top_k, top_p): the RL defaults (--rl-default-temperature 1,
-# --rl-default-top-k -1, --rl-default-top-p 0), a temperature, greedy, top-k and top-p
+# (name, temperature, top_k, top_p) as the RL client reaches the engine: temperature and
+# top-p (--rl-default-temperature 1, --rl-default-top-p 0), top-k always the server's 0
 SAMPLING = (
-    ("default", 1.0, -1, 0.0),
+    ("default", 1.0, 0, 0.0),
     ("temperature", 0.7, 0, 0.0),
-    ("greedy", 1.0, 1, 0.0),
-    ("top_k", 1.0, 50, 0.0),
     ("top_p", 1.0, 0, 0.9),
 )
 HIDDEN, FFN, MOE_FFN, EXPERTS, TOPK = 64, 160, 48, 4, 2
+# the non-gated layer's FFN: wide enough that its MLP, not the attention stand-in, peaks
+PLAIN_FFN = 320
 
 
 @dataclass(frozen=True)
@@ -111,7 +114,7 @@ def measure_logits(requests: int, vocab: int, dtype_name: str) -> LogitsMeasured
 
 
 def measure_forward(tokens: int) -> dict[str, float]:
-    """One layer's MLP working set per token, in elements, in a fresh interpreter
+    """One layer's working set per token, in elements, in a fresh interpreter
     (megatron-core's parallel state is process-wide)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--_forward", str(tokens)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]))
@@ -120,6 +123,23 @@ def measure_forward(tokens: int) -> dict[str, float]:
         raise RuntimeError(f"measuring failed: {proc.stderr[-2000:]}")
     result: dict[str, float] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
+
+
+def flash_like_attention() -> Any:
+    """Stand-in for the engine's core attention, whose flash kernel runs on GPUs only:
+    ``scaled_dot_product_attention`` (causal), whose CPU flash kernel keeps no ``[s, s]``
+    scores either; megatron-core's ``DotProductAttention`` signature, context ``[s, b, h]``."""
+    import torch
+    import torch.nn.functional as F
+
+    class FlashLikeAttention(torch.nn.Module):
+        def forward(self, query: Any, key: Any, value: Any, attention_mask: Any, **_: Any) -> Any:
+            s, b = query.shape[:2]
+            q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, d]
+            context = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return context.permute(2, 0, 1, 3).reshape(s, b, -1)
+
+    return FlashLikeAttention()
 
 
 def _forward_here(tokens: int) -> dict[str, float]:
@@ -143,9 +163,12 @@ def _forward_here(tokens: int) -> dict[str, float]:
     moe = dict(num_moe_experts=EXPERTS, moe_ffn_hidden_size=MOE_FFN, moe_router_topk=TOPK,
                moe_token_dispatcher_type="alltoall")  # fmt: skip
     out = {}
-    for name, gated, extra in (("gated", True, {}), ("plain", False, {}), ("moe", True, moe)):
+    cases: list[tuple[str, bool, int, dict[str, Any]]] = [
+        ("gated", True, FFN, {}), ("plain", False, PLAIN_FFN, {}), ("moe", True, FFN, moe),
+    ]  # fmt: skip
+    for name, gated, ffn, extra in cases:
         config = TransformerConfig(
-            num_layers=1, hidden_size=HIDDEN, num_attention_heads=4, ffn_hidden_size=FFN,
+            num_layers=1, hidden_size=HIDDEN, num_attention_heads=4, ffn_hidden_size=ffn,
             gated_linear_unit=gated, activation_func=F.silu if gated else F.gelu,
             add_bias_linear=False, params_dtype=torch.bfloat16, bf16=True,
             use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0,
@@ -154,12 +177,13 @@ def _forward_here(tokens: int) -> dict[str, float]:
         spec = specs.get_gpt_layer_local_spec(num_experts=EXPERTS if extra else None)
         layer = build_module(spec, config=config, layer_number=1)
         layer.eval()
+        layer.self_attention.core_attention = flash_like_attention()
         torch.manual_seed(0)
-        x = torch.randn(tokens, 1, HIDDEN, dtype=torch.bfloat16)
+        x = torch.randn(tokens, 1, HIDDEN, dtype=torch.bfloat16)  # held by the caller
         # oneDNN's bf16 GEMMs allocate packing buffers per call; cuBLAS works in a
         # preallocated workspace, so the CPU's own GEMM runs here
         with torch.backends.mkldnn.flags(enabled=False), torch.inference_mode(), _profile() as prof:
-            layer._forward_mlp(x)
+            layer(x, attention_mask=None)
         out[name] = _peak_above(_memory_events(prof)) / (tokens * 2)
     return out
 
@@ -182,8 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  log-probabilities     {m.log_probs:6.2f}")
     forward = measure_forward(args.tokens)
     print(
-        f"one layer's MLP under inference_mode, h={HIDDEN} f={FFN} (experts: {EXPERTS} x "
-        f"f={MOE_FFN}, top-{TOPK}), elements per token above its input:"
+        f"one layer under inference_mode, h={HIDDEN} f={FFN} (plain: f={PLAIN_FFN}; experts: "
+        f"{EXPERTS} x f={MOE_FFN}, top-{TOPK}), elements per token above its input:"
     )
     for name, value in forward.items():
         print(f"  {name:6s} {value:7.2f}")

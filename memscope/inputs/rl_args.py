@@ -52,9 +52,20 @@ def requests_in_flight(args: Any) -> int:
     (default ``--grpo-prompts-per-step``) groups, else 512 groups."""
     group = get_size(args, "grpo_group_size", DEFAULT_GROUP_SIZE)
     tasks = _unset_or_positive(args, "rl_parallel_generation_tasks")
+    rollouts = _unset_or_positive(args, "rl_num_parallel_generations")
+    batches = _unset_or_positive(args, "rl_num_parallel_generation_batches")
+    if rollouts is not None and batches is not None:
+        raise ValueError(
+            "rl_num_parallel_generations and rl_num_parallel_generation_batches are mutually "
+            "exclusive"
+        )
+    if (rollouts is not None or batches is not None) and not get_flag(args, "rl_partial_rollouts"):
+        raise ValueError(
+            "rl_num_parallel_generations and rl_num_parallel_generation_batches require "
+            "rl_partial_rollouts"
+        )
     if tasks is not None:
         return tasks * group
-    rollouts = _unset_or_positive(args, "rl_num_parallel_generations")
     if rollouts is not None:
         if rollouts % group:
             raise ValueError(
@@ -62,7 +73,6 @@ def requests_in_flight(args: Any) -> int:
                 f"({group})"
             )
         return rollouts
-    batches = _unset_or_positive(args, "rl_num_parallel_generation_batches")
     if batches is not None:
         per_batch = _unset_or_positive(args, "rl_generation_batch_size") or get_size(
             args, "grpo_prompts_per_step", DEFAULT_PROMPTS_PER_STEP
@@ -96,11 +106,6 @@ def rl_from_args(args: Any, cuda_graph_impl: str = "none") -> RlSpec | None:
             f"inference_dynamic_batching_max_tokens ({max_tokens}) must be at least "
             f"inference_dynamic_batching_max_requests ({max_requests})"
         )
-    top_k = get_int(args, "rl_default_top_k", -1)
-    top_p = get_float(args, "rl_default_top_p", 0.0, 0.0, 1.0)
-    if top_k > 0 and top_p > 0:
-        # text_generation_controller.py _torch_sampling_func asserts it
-        raise ValueError("rl_default_top_k and rl_default_top_p cannot both be positive")
     return RlSpec(
         buffer_size_gib=get_float(args, "inference_dynamic_batching_buffer_size_gb", 40.0, 0.0),
         paused_buffer_size_gib=get_float(
@@ -126,6 +131,6 @@ def rl_from_args(args: Any, cuda_graph_impl: str = "none") -> RlSpec | None:
         offload_optimizer=get_flag(args, "rl_offload_optimizer_during_inference"),
         training_cuda_graphs=get_flag(args, "rl_training_cuda_graphs"),
         requests_in_flight=requests_in_flight(args),
-        sampling_top_k=top_k,
-        sampling_top_p=top_p,
+        sampling_top_p=get_float(args, "rl_default_top_p", 0.0, 0.0, 1.0),
+        return_log_probs=get_flag(args, "return_log_probs"),
     )

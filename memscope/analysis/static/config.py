@@ -355,8 +355,9 @@ class RlSpec:
     training_cuda_graphs: bool = False  # --rl-training-cuda-graphs
     # the rollouts the RL agent keeps generating at once, over all engines (:mod:`.rl_rollout`)
     requests_in_flight: int = 1024
-    sampling_top_k: int = -1  # --rl-default-top-k
-    sampling_top_p: float = 0.0  # --rl-default-top-p
+    sampling_top_p: float = 0.0  # --rl-default-top-p (the RL client sends no top-k)
+    # --return-log-probs (train_rl's inference args): logits for every token of a step
+    return_log_probs: bool = False
 
     @property
     def separate_model(self) -> bool:

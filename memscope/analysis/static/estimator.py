@@ -151,16 +151,17 @@ class RankEstimate:
         lazy = 0  # optimizer state a capture before the first step runs without
         if self.cuda_graphs is not None and self.peak_stage == "cuda_graph_capture":
             lazy = self.cuda_graphs.capture_lazy_bytes
-        host_grads = 0  # what the rollout keeps on the host
+        host_grads = kv = 0  # the rollout: what it keeps on the host, the KV buffer it adds
         if self.rollout is not None and self.peak_stage == "rl_rollout":
             lazy = self.rollout.offloaded_optimizer_bytes
             host_grads = self.rollout.offloaded_grad_bytes
+            kv = self.rollout.kv_cache_bytes
         return {
             "parameters": self.persistent.weight_bytes,
             "gradients": self.persistent.grad_bytes - host_grads,
             "optimizer_state": self.persistent.optimizer_bytes - lazy,
-            "activations": self.transient_bytes + lazy + host_grads,
-            "other": self.workspace_bytes,
+            "activations": self.transient_bytes + lazy + host_grads - kv,
+            "other": self.workspace_bytes + kv,
         }
 
     def to_dict(self) -> dict[str, Any]:

@@ -248,9 +248,9 @@ def rollout_records(est: RankEstimate) -> list[dict[str, Any]]:
             "rl_rollout",
             r.logits_bytes,
             False,
-            "R x V x (e + max(sampling, log-probabilities))",
-            f"the engine's fullest step: {r.requests} requests' full-vocabulary logits, "
-            "sampled and their fp32 log-probabilities",
+            "rows x V x max(gather, e + sampling, e + log-probabilities)",
+            f"the engine's fullest step ({r.requests} requests): full-vocabulary logits, "
+            "gathered over the tensor ranks, sampled, their fp32 log-probabilities",
         ),
         _op(
             "rl_rollout.forward",
@@ -258,7 +258,7 @@ def rollout_records(est: RankEstimate) -> list[dict[str, Any]]:
             "rl_rollout",
             r.forward_bytes,
             False,
-            "T x (h + one layer's working set) x e",
+            "T x (2 h + one layer's working set) x e",
             f"the largest eager step: {r.tokens} tokens"
             if r.tokens
             else "every step replays a captured CUDA graph",
@@ -276,18 +276,36 @@ def rollout_records(est: RankEstimate) -> list[dict[str, Any]]:
                 "allocated for the rollout, deleted for the training step (recompute mode)",
             )
         )
-    if r.offloaded_bytes:
+    if r.capture_bytes:
         records.append(
             _op(
-                "rl_rollout.offloaded",
-                "optimizer",
+                "rl_rollout.cuda_graph_capture",
+                "temporary",
                 "rl_rollout",
-                -r.offloaded_bytes,
+                r.capture_bytes,
                 False,
-                "optimizer state + model chunk 0's gradient buffers",
-                "on the host during the rollout (--rl-offload-optimizer-during-inference)",
+                "max(the layers' eager warm-up, max_requests x V gathered logits)",
+                "the engine's CUDA graphs captured at its first rollout (and at each resume "
+                "outside persist mode)",
             )
         )
+    host = (
+        ("optimizer", r.offloaded_optimizer_bytes, "the optimizer's tensors"),
+        ("gradients", r.offloaded_grad_bytes, "model chunk 0's gradient buffers"),
+    )
+    records += [
+        _op(
+            f"rl_rollout.{category}_on_host",
+            category,
+            "rl_rollout",
+            -size,
+            False,
+            "moved to the host for the rollout",
+            f"{what} (--rl-offload-optimizer-during-inference)",
+        )
+        for category, size, what in host
+        if size
+    ]
     return records
 
 

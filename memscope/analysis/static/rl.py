@@ -40,8 +40,10 @@ tokens.
 
 The training loss's full-vocabulary log-probabilities are :mod:`.rl_loss`'s.
 
-Known limitations: the rollout's own peak (the engine's forward with the optimizer on the
-host) is not estimated, only the training step's; the graphs' RoPE table (``max(seq, T) x
+The rollout's own moment (the engine's steps with the optimizer on the host) is
+:mod:`.rl_rollout`'s.
+
+Known limitations: the graphs' RoPE table (``max(seq, T) x
 kv_channels`` fp32) and the context's metadata tensors are not counted; a
 multi-latent-attention model's latent KV cache, a separate inference model on another
 pipeline size and speculative decoding are refused.
@@ -95,8 +97,9 @@ RL_KEYS = frozenset(
         "rl_num_parallel_generations",
         "rl_num_parallel_generation_batches",
         "rl_generation_batch_size",
-        "rl_default_top_k",
-        "rl_default_top_p",
+        "rl_partial_rollouts",  # read: the generation counts above require it
+        "rl_default_top_p",  # the RL client sends no top-k (rl_default_top_k is not read)
+        "return_log_probs",
     }
 )
 DEFAULT_MAX_TOKENS = 16384  # DynamicInferenceContext.DEFAULT_MAX_TOKENS
@@ -332,6 +335,15 @@ def validate_rl(spec: TrainingSpec) -> None:
         return
     if spec.parallel.stage_meshes is not None:
         raise ValueError("the RL loop on hetero stage meshes is not modelled")
+    rl = spec.rl
+    sharded = spec.fsdp is not None or spec.torch_fsdp2
+    if rl.offload_optimizer and not rl.training_cuda_graphs and sharded:
+        # rl_utils.get_environment_rollouts calls model[0].offload_grad_buffers(), a method
+        # of Megatron's DistributedDataParallel only
+        raise ValueError(
+            "rl_offload_optimizer_during_inference offloads DDP gradient buffers; "
+            "an FSDP-wrapped model has none"
+        )
     kv_block_bytes(spec)
     max_requests(spec)
     graph_batch_dimensions(spec)

@@ -8,48 +8,63 @@ megatron/rl/rl_utils.py at 4e85d74ae9), then trains on them; Megatron's logged p
   the optimizer (``MegatronOptimizer.offload_to_cpu``: the parameter groups' fp32 main
   weights and the state) and, unless ``--rl-training-cuda-graphs``, model chunk 0's gradient
   buffers (``model[0].offload_grad_buffers()``: ``storage().resize_(0)``); both come back
-  before the training step;
+  before the training step. Megatron-FSDP has no ``offload_grad_buffers``: refused;
 * **allocates the KV buffer** where the trainer's step runs without it (``recompute``
   mode: :attr:`.config.RlSpec.kv_resident`);
+* **captures the engine's CUDA graphs** (``cuda_graph_impl local``; ``DynamicInferenceEngine.
+  create_cuda_graphs`` when the engine is built at the first rollout, and at every resume
+  outside ``persist`` mode without static KV pointers): for each batch dimension one
+  ``_dynamic_step_forward_logits``, the layers run eagerly before their capture and the
+  output layer's logits eagerly, at most the largest graph's tokens and ``max_requests``
+  rows;
 * **runs the engine's steps** (``TextGenerationController.
   async_generate_output_tokens_dynamic_batch``), two moments each:
 
-  - *the forward* under ``torch.inference_mode``: one ``[T, 1, h]`` hidden state between
-    layers and one layer's working set at a time. An MLP holds its ``linear_fc1`` output
-    (``2 f / tp`` with a gated unit) and what the activation makes beside it (the fused
-    kernel's output ``f / tp``; unfused and gated, ``silu``'s output, ``x_linear +
-    glu_linear_offset`` and their product), the local spec's pre-MLP norm output ``h``
-    beside them; Transformer Engine's fused norm lives inside ``linear_fc1`` only (``h``
-    beside its output, not beside the activation). The attention holds its QKV output
-    ``(h + 2 kv) / tp`` and its context ``h / tp`` (the local spec's norm beside them). A MoE
-    layer holds, under balanced routing, ``T topk`` routed rows twice (the permuted tokens
-    and the dispatcher's copy, ``h`` each), then the larger of the experts' working set (all
-    rows at once under grouped GEMMs, one expert's share in ``SequentialMLP``) and the
-    experts' output with its unpermuted copy (``h`` each). Steps whose batch a captured CUDA
-    graph covers replay it, allocating nothing; the largest eager step is the engine's token
-    budget (``max_tokens``, at most every in-flight request's context) unless every step fits
-    a graph (no more prefill requests than a graph's mixed prefill count, no more tokens than
-    the largest graph);
-  - *the logits* ``[1, R, V]`` (all tensor ranks gather the vocabulary; with pipeline
-    parallelism the last stage broadcasts them to every stage, which samples too), then
-    the sampling (``_torch_sampling_func``: ``e`` above the logits for greedy top-k 1,
-    ``4 e + 8`` for top-p, whose ``torch.sort`` adds int64 indices, else ``3 e``) and the
-    log-probabilities the RL client always asks for (``DynamicInferenceContext.
-    calculate_log_probs``: an fp32 copy, the rows it indexes and their ``log_softmax``,
-    ``4 + 4 + 4`` bytes per element above bf16 logits). ``R`` is the requests one engine
-    runs at once: the in-flight rollouts (:func:`memscope.inputs.rl_args.requests_in_flight`)
-    spread round-robin over the data-parallel engines
-    (``DataParallelInferenceCoordinator.get_next_data_parallel_rank``), at most the engine's
-    ``max_requests``.
+  - *the forward* under ``torch.inference_mode``: the decoder block's input and the current
+    layer's input (the same tensor for a stage's first layer) stay referenced while a layer
+    runs, and the layer holds one working set at a time. After the attention (QKV output
+    ``(h + 2 kv) / tp`` and context ``h / tp``, the local spec's norm output beside them) its
+    output ``h`` becomes the MLP's residual; an MLP holds beside it ``linear_fc1``'s output
+    (``2 f / tp`` with a gated unit) and what the activation makes (the fused kernel's
+    output ``f / tp``; unfused and gated, ``silu``'s output, ``x_linear + glu_linear_offset``
+    and their product), the local spec's pre-MLP norm output ``h`` too; Transformer
+    Engine's fused norm lives inside ``linear_fc1`` only (``h`` beside its output, not
+    beside the activation). A MoE layer (its norm a module of its own) holds, under balanced
+    routing, ``T topk`` routed rows twice (the permuted tokens and the dispatcher's copy,
+    ``h`` each), then the larger of the experts' working set (all rows at once under grouped
+    GEMMs, one expert's share in ``SequentialMLP``) and the experts' output with its
+    unpermuted copy (``h`` each). Steps whose batch a captured graph covers replay it,
+    allocating nothing; the largest eager step is the engine's token budget
+    (``max_tokens``, at most every in-flight request's context) unless every step fits a
+    graph (prefill graphs captured, no more prefill requests than their mixed prefill count,
+    no more tokens than the largest graph);
+  - *the logits* of the step (all tensor ranks gather the vocabulary: the local shard, the
+    all-gather buffer and the concatenation, ``(2 + 1 / tp) e`` per element; with pipeline
+    parallelism the last stage broadcasts them to every stage, which samples too). With the
+    engine's default ``materialize_only_last_token_logits`` they are ``[1, R, V]``, one row
+    per active request: then the sampling (``_torch_sampling_func``: ``4 e + 8`` above them
+    for top-p, whose ``torch.sort`` adds int64 indices, else ``3 e``; the RL client sends
+    the temperature and top-p only, so the engine's top-k stays 0) and the log-probabilities
+    the RL client always asks for (``DynamicInferenceContext.calculate_log_probs``: an fp32
+    copy, the rows it indexes and their ``log_softmax``, ``4 + 4 + 4`` bytes per element
+    above bf16 logits). ``--return-log-probs`` turns that off (megatron/inference/utils.py):
+    the logits are then ``[1, T, V]`` for every token of the step, the sampling works on a
+    copy of the last tokens' rows, and the log-probabilities on all rows (an fp32 copy and
+    its ``log_softmax``). ``R`` is the requests one engine runs at once: the in-flight
+    rollouts (:func:`memscope.inputs.rl_args.requests_in_flight`) spread round-robin over the
+    data-parallel engines (``DataParallelInferenceCoordinator.get_next_data_parallel_rank``),
+    at most the engine's ``max_requests``; an assumption both ways: an engine that keeps
+    its long requests while others finish can hold more than its share, and KV blocks run
+    out before ``max_requests`` active requests when contexts are long.
 
-Measured on CPU with megatron-core 0.16.1's own sampling and log-probability functions and
-MLP (``tools/measure_rl_rollout.py``; ``tests/test_rl_rollout_measured.py``).
+Measured on CPU with megatron-core 0.16.1's own sampling and log-probability functions and a
+``TransformerLayer`` (``tools/measure_rl_rollout.py``; ``tests/test_rl_rollout_measured.py``).
 
 Known limitations: routed rows under balanced routing (times ``moe_token_imbalance``); the
 router's ``[T, experts]`` scores, the attention's RoPE copies and the engine's per-step
-metadata are not counted; CUDA's segmented sort for top-p keeps its
-own workspace, not counted (the CPU sort measured keeps none); a run with fp32 parameters,
-whose optimizer groups are the parameters themselves, is read as if its weights stayed.
+metadata are not counted; CUDA's segmented sort for top-p keeps its own workspace, not
+counted (the CPU sort measured keeps none); a run with fp32 parameters, whose optimizer
+groups are the parameters themselves, is read as if its weights stayed.
 """
 
 from __future__ import annotations
@@ -81,18 +96,19 @@ INT64 = 8
 class RolloutTerms:
     """The rollout's moment against the steady state, for one rank."""
 
-    requests: int  # logits rows of the engine's fullest step (R)
+    requests: int  # requests of the engine's fullest step (R)
     tokens: int  # tokens of its largest eager step (0: every step replays a graph)
     offloaded_optimizer_bytes: int
     offloaded_grad_bytes: int
     kv_cache_bytes: int  # the KV buffer where the training step runs without it
-    forward_bytes: int  # the hidden state and one layer's working set
-    logits_bytes: int  # the logits with the sampling's or the log-probabilities' working set
+    forward_bytes: int  # the held hidden states and one layer's working set
+    logits_bytes: int  # the logits with the gather's, sampling's or log-probabilities' work
+    capture_bytes: int = 0  # the CUDA-graph capture's eager warm-up (0: no graphs)
 
     @property
     def working_bytes(self) -> int:
-        """The step's larger moment: the forward, or the logits after it."""
-        return max(self.forward_bytes, self.logits_bytes)
+        """The largest moment: a step's forward or its logits, or the graphs' capture."""
+        return max(self.forward_bytes, self.logits_bytes, self.capture_bytes)
 
     @property
     def offloaded_bytes(self) -> int:
@@ -101,7 +117,7 @@ class RolloutTerms:
     @property
     def transient_bytes(self) -> int:
         """Bytes against the steady state at the rollout's high-water mark (negative where
-        the offload frees more than the engine's step allocates)."""
+        the offload frees more than the engine allocates)."""
         return self.kv_cache_bytes + self.working_bytes - self.offloaded_bytes
 
 
@@ -114,19 +130,34 @@ def engine_requests(spec: TrainingSpec) -> int:
     return min(max_requests(spec), -(-rl.requests_in_flight // engines))
 
 
-def eager_tokens(spec: TrainingSpec) -> int:
-    """Tokens of the engine's largest eager step: its token budget, at most the in-flight
-    requests' contexts; 0 where a captured graph covers every step."""
+def step_tokens(spec: TrainingSpec) -> int:
+    """Tokens of the engine's largest step: its token budget, at most the in-flight
+    requests' contexts."""
     rl = spec.rl
     assert rl is not None
-    requests = engine_requests(spec)
-    tokens = min(rl.max_tokens or DEFAULT_MAX_TOKENS, requests * context_max_sequence_length(spec))
-    dims = graph_batch_dimensions(spec)
-    if dims:
-        largest = max(t for t, _, _ in dims)
-        if requests <= rl.mixed_prefill_requests and tokens <= largest:
-            return 0
-    return tokens
+    budget = rl.max_tokens or DEFAULT_MAX_TOKENS
+    return min(budget, engine_requests(spec) * context_max_sequence_length(spec))
+
+
+def largest_graph_tokens(spec: TrainingSpec) -> int:
+    """Tokens of the largest captured batch dimension (0: no graphs)."""
+    return max((t for t, _, _ in graph_batch_dimensions(spec)), default=0)
+
+
+def eager_tokens(spec: TrainingSpec) -> int:
+    """Tokens of the engine's largest eager step; 0 where a captured graph covers every
+    step (prefill graphs captured, the engine's requests within their mixed prefill count,
+    its largest step within the largest graph)."""
+    rl = spec.rl
+    assert rl is not None
+    tokens = step_tokens(spec)
+    prefill_graphs = any(prefill for _, prefill, _ in graph_batch_dimensions(spec))
+    covered = (
+        prefill_graphs
+        and engine_requests(spec) <= rl.mixed_prefill_requests
+        and tokens <= largest_graph_tokens(spec)
+    )
+    return 0 if covered else tokens
 
 
 def _rank_layers(spec: TrainingSpec, pp_rank: int) -> list[int]:
@@ -151,7 +182,8 @@ def _activation_elements(spec: TrainingSpec, ffn: int) -> int:
 
 def layer_working_elements(spec: TrainingSpec, tokens: int, moe: bool) -> int:
     """Elements one layer holds above its input during an eager inference forward of
-    ``tokens`` tokens (the module docstring's moments)."""
+    ``tokens`` tokens: the attention's moment, or the MLP's beside the attention's output
+    (the module docstring's moments)."""
     m, p = spec.model, inference_parallel(spec)
     local = m.transformer_impl == "local"
     h, tp = m.hidden_size, p.tp
@@ -169,41 +201,73 @@ def layer_working_elements(spec: TrainingSpec, tokens: int, moe: bool) -> int:
         # grouped GEMMs run every routed row at once, SequentialMLP one expert's at a time
         at_once = rows if m.moe_grouped_gemm else -(-rows // local_experts)
         experts = max(at_once * (fc1 + _activation_elements(spec, ffn)), 2 * rows * h)
-        return max(tokens * attention, tokens * h + 2 * rows * h + experts)
+        return max(tokens * attention, 2 * tokens * h + 2 * rows * h + experts)
     ffn = m.ffn // tp
     fc1 = (2 if m.gated_linear_unit else 1) * ffn
     act = _activation_elements(spec, ffn)
-    mlp = h + fc1 + act if local else max(h + fc1, fc1 + act)
+    mlp = 2 * h + fc1 + act if local else h + max(h + fc1, fc1 + act)
     return tokens * max(attention, mlp)
 
 
-def forward_working_bytes(spec: TrainingSpec, pp_rank: int) -> int:
-    """The hidden state and the largest layer's working set on stage ``pp_rank`` at the
-    engine's largest eager step."""
-    tokens = eager_tokens(spec)
+def forward_working_bytes(spec: TrainingSpec, pp_rank: int, tokens: int) -> int:
+    """The held hidden states and the largest layer's working set on stage ``pp_rank`` for
+    an eager forward of ``tokens`` tokens."""
     layers = _rank_layers(spec, pp_rank)
     if not tokens or not layers:
         return 0
+    held = 2 if len(layers) > 1 else 1  # the block's input and the running layer's
     per_layer = max(
         layer_working_elements(spec, tokens, spec.model.is_moe_layer(i)) for i in layers
     )
-    return (tokens * spec.model.hidden_size + per_layer) * spec.precision.param_bytes
+    return (held * tokens * spec.model.hidden_size + per_layer) * spec.precision.param_bytes
 
 
-def logits_working_bytes(spec: TrainingSpec) -> int:
-    """The fullest step's logits ``[1, R, V]`` and, above them, the larger of the sampling's
-    and the log-probabilities' working sets (the module docstring's terms)."""
+def _gather_bytes_per_element(spec: TrainingSpec) -> float:
+    """The output layer's vocabulary gather: the local shard, the all-gather buffer and their
+    concatenation (mappings.py ``_gather_along_last_dim``); the logits alone at TP 1."""
+    tp, e = inference_parallel(spec).tp, spec.precision.param_bytes
+    return e if tp == 1 else (2 + 1 / tp) * e
+
+
+def _sampling_bytes_per_element(spec: TrainingSpec) -> int:
+    """``_torch_sampling_func`` above the logits it samples (the RL client sends no top-k)."""
     rl = spec.rl
     assert rl is not None
     e = spec.precision.param_bytes
-    if rl.sampling_top_k == 1:
-        sampling = e
-    elif rl.sampling_top_p > 0:
-        sampling = 4 * e + INT64
-    else:
-        sampling = 3 * e
-    log_probs = (FP32 if e < FP32 else 0) + 2 * FP32
-    return engine_requests(spec) * spec.model.vocab_size * (e + max(sampling, log_probs))
+    return 4 * e + INT64 if rl.sampling_top_p > 0 else 3 * e
+
+
+def logits_working_bytes(spec: TrainingSpec) -> int:
+    """The fullest step's logits with the largest of the gather's, the sampling's and the
+    log-probabilities' working sets (the module docstring's terms)."""
+    rl = spec.rl
+    assert rl is not None
+    e, vocab = spec.precision.param_bytes, spec.model.vocab_size
+    requests = engine_requests(spec)
+    upcast = FP32 if e < FP32 else 0  # logits.float() copies 16-bit logits only
+    sampling = _sampling_bytes_per_element(spec)
+    if not rl.return_log_probs:  # [1, R, V]: the last token of each request
+        per_element = max(_gather_bytes_per_element(spec), e + sampling, e + upcast + 2 * FP32)
+        return round(requests * vocab * per_element)
+    every = step_tokens(spec) * vocab  # [1, T, V]
+    return round(
+        max(
+            every * _gather_bytes_per_element(spec),
+            every * e + requests * vocab * (e + sampling),  # a copy of the last tokens' rows
+            every * (e + upcast + FP32),
+        )
+    )
+
+
+def capture_working_bytes(spec: TrainingSpec, pp_rank: int) -> int:
+    """The graphs' capture: the layers' eager warm-up at the largest graph's tokens, or the
+    warm-up's logits (at most ``max_requests`` rows, gathered); 0 without graphs."""
+    tokens = largest_graph_tokens(spec)
+    if not tokens:
+        return 0
+    rows = min(max_requests(spec), tokens) * spec.model.vocab_size
+    logits = round(rows * _gather_bytes_per_element(spec))
+    return max(forward_working_bytes(spec, pp_rank, tokens), logits)
 
 
 def offloaded(
@@ -234,13 +298,15 @@ def rollout_terms(
     if rl is None:
         return None
     optimizer, grads = offloaded(spec, persistent, params)
+    tokens = eager_tokens(spec)
     return RolloutTerms(
         requests=engine_requests(spec),
-        tokens=eager_tokens(spec),
+        tokens=tokens,
         offloaded_optimizer_bytes=optimizer,
         offloaded_grad_bytes=grads,
         kv_cache_bytes=0 if rl.kv_resident else kv_buffer_bytes(spec),
-        forward_bytes=forward_working_bytes(spec, position.pp_rank),
+        forward_bytes=forward_working_bytes(spec, position.pp_rank, tokens),
         # every stage: the last one's logits, broadcast to the others under pipelining
         logits_bytes=logits_working_bytes(spec),
+        capture_bytes=capture_working_bytes(spec, position.pp_rank),
     )
