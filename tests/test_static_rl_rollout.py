@@ -14,7 +14,7 @@ from memscope.analysis.static.coverage import not_modelled
 from memscope.analysis.static.estimator import estimate_rank
 from memscope.analysis.static.params import RankPosition
 from memscope.analysis.static.report import operator_records
-from memscope.analysis.static.rl import kv_buffer_bytes, max_requests
+from memscope.analysis.static.rl import graph_batch_dimensions, kv_buffer_bytes, max_requests
 from memscope.analysis.static.rl_rollout import eager_tokens, engine_requests
 from memscope.inputs.megatron_args import spec_from_megatron_args
 from memscope.inputs.rl_args import requests_in_flight
@@ -131,6 +131,14 @@ def test_the_kv_buffer_comes_back_for_the_rollout_where_the_step_runs_without_it
     est = _rank(recompute)
     assert "rl_inference_kv_cache" not in est.workspaces
     assert est.rollout.kv_cache_bytes == kv_buffer_bytes(recompute)
+    records = {op["name"]: op for op in operator_records(recompute, est)}
+    assert records["rl_rollout.kv_cache"]["category"] == "other"
+    # a 2 GiB buffer the rollout brings back sets the peak; it counts as a buffer there
+    big = _spec(rl_kv_cache_management_mode="recompute",
+                inference_dynamic_batching_buffer_size_gb=2.0)  # fmt: skip
+    peak = _rank(big)
+    assert peak.peak_stage == "rl_rollout"
+    assert peak.components()["other"] == peak.workspace_bytes + kv_buffer_bytes(big)
 
 
 def test_a_full_engine_without_the_offload_peaks_in_the_rollout():
@@ -167,6 +175,26 @@ def test_training_graphs_stay_warned_while_their_flag_is_read():
     assert keys == {"rl_training_cuda_graphs"}
 
 
+def test_return_log_probs_keeps_every_tokens_logits_padded_to_the_graph():
+    # one request per engine, 20-token contexts: the step's 20 tokens replay the smallest
+    # dimension covering them (graphs every 16 tokens), whose logits are all kept
+    spec = _spec(rl_parallel_generation_tasks=2, grpo_group_size=2, cuda_graph_impl="local",
+                 inference_max_seq_length=20, return_log_probs=True)  # fmt: skip
+    covering = min(t for t, p, _ in graph_batch_dimensions(spec) if t >= 20 and p >= 1)
+    assert covering == 32
+    assert _rank(spec).rollout.logits_bytes == covering * 32000 * (2 + 4 + 4)
+
+
+def test_a_decode_step_takes_the_last_token_branch_even_with_return_log_probs():
+    # max_tokens = max_requests = 64: 64 decode requests' rows cost more per row (the
+    # indexed copy) than the 64-token step's full-sequence branch
+    spec = _spec(rl_parallel_generation_tasks=128, grpo_group_size=2, return_log_probs=True,
+                 inference_dynamic_batching_max_requests=64,
+                 inference_dynamic_batching_max_tokens=64)  # fmt: skip
+    assert engine_requests(spec) == 64
+    assert _rank(spec).rollout.logits_bytes == 64 * 32000 * (2 + 4 + 4 + 4)
+
+
 def test_return_log_probs_keeps_every_tokens_logits():
     base = dict(rl_parallel_generation_tasks=10, grpo_group_size=2)  # 5 requests per engine
     est = _rank(_spec(**base, return_log_probs=True))
@@ -183,7 +211,35 @@ def test_the_graphs_capture_runs_the_layers_and_the_logits_eagerly():
                  inference_dynamic_batching_max_requests=64)  # fmt: skip
     r = _rank(spec).rollout
     t, h, f = 64, 256, 1024 // 2  # the largest graph: max_requests tokens
-    forward = (2 * t * h + t * (h + max(h + 2 * f, 3 * f))) * 2
-    logits = round(64 * 32000 * 2.5 * 2)  # local shard, all-gather buffer, concatenation
+    # the warm-ups' input, its zeros_like copy and the previous output beside the layer
+    forward = (3 * t * h + t * (h + max(h + 2 * f, 3 * f))) * 2
+    logits = 64 * 32000 * 2 * 2 + 64 * 16000 * 2  # all-gather buffer, concatenation, shard
     assert r.capture_bytes == max(forward, logits) == logits
     assert _rank(_spec()).rollout.capture_bytes == 0  # no local graphs
+    # off the last stage the warm-up's logits are the broadcast buffer alone
+    staged = _spec(rl_parallel_generation_tasks=10, grpo_group_size=2, cuda_graph_impl="local",
+                   inference_dynamic_batching_max_requests=64,
+                   pipeline_model_parallel_size=2)  # fmt: skip
+    assert _rank(staged, pp_rank=0).rollout.capture_bytes == 64 * 32000 * 2
+    assert _rank(staged, pp_rank=1).rollout.capture_bytes == logits
+
+
+def test_a_prefill_graph_covers_any_step_it_fits():
+    # 4 rollouts per engine of 16-token contexts: 64 tokens, every request in prefill, more
+    # than the mixed dimensions' 2 prefill requests; the prefill-only dimension at the
+    # largest token count (max_requests) holds as many prefill requests: it fits
+    fits = _spec(rl_parallel_generation_tasks=8, grpo_group_size=2, cuda_graph_impl="local",
+                 inference_max_seq_length=16,
+                 inference_dynamic_batching_cuda_graph_mixed_prefill_count=2)  # fmt: skip
+    top = max_requests(fits)
+    assert (top, top, 0) in graph_batch_dimensions(fits)
+    assert engine_requests(fits) == 4 and eager_tokens(fits) == 0
+
+
+def test_the_forward_on_a_one_layer_stage_holds_one_hidden_state():
+    one = _spec(rl_parallel_generation_tasks=4, grpo_group_size=2, num_layers=2,
+                pipeline_model_parallel_size=2, world_size=8)  # fmt: skip
+    assert engine_requests(one) == 4  # 8 rollouts over 2 data-parallel engines (TP 2, PP 2)
+    t, h, f = 4 * 512, 256, 1024 // 2  # 4 requests' 512-token contexts
+    mlp = h + max(h + 2 * f, 3 * f)
+    assert _rank(one).rollout.forward_bytes == (1 * t * h + t * mlp) * 2

@@ -49,7 +49,9 @@ def requests_in_flight(args: Any) -> int:
     api.py at 4e85d74ae9) starts that many group tasks, each asking for its group's rollouts.
     Unresolved args resolve as ``validate_args`` does: ``--rl-num-parallel-generations``
     rollouts, or ``--rl-num-parallel-generation-batches`` x ``--rl-generation-batch-size``
-    (default ``--grpo-prompts-per-step``) groups, else 512 groups."""
+    (default ``--grpo-prompts-per-step``) groups, else 512 groups. A raw
+    ``--rl-parallel-generation-tasks`` (deprecated) is taken as groups without the
+    ``--rl-partial-rollouts`` Megatron then requires: resolved args carry it too."""
     group = get_size(args, "grpo_group_size", DEFAULT_GROUP_SIZE)
     tasks = _unset_or_positive(args, "rl_parallel_generation_tasks")
     rollouts = _unset_or_positive(args, "rl_num_parallel_generations")

@@ -268,7 +268,7 @@ def rollout_records(est: RankEstimate) -> list[dict[str, Any]]:
         records.append(
             _op(
                 "rl_rollout.kv_cache",
-                "temporary",
+                "other",
                 "rl_rollout",
                 r.kv_cache_bytes,
                 False,
@@ -284,7 +284,7 @@ def rollout_records(est: RankEstimate) -> list[dict[str, Any]]:
                 "rl_rollout",
                 r.capture_bytes,
                 False,
-                "max(the layers' eager warm-up, max_requests x V gathered logits)",
+                "max(the layers' eager warm-ups, the largest graph's gathered logits)",
                 "the engine's CUDA graphs captured at its first rollout (and at each resume "
                 "outside persist mode)",
             )

@@ -15,29 +15,31 @@ megatron/rl/rl_utils.py at 4e85d74ae9), then trains on them; Megatron's logged p
   create_cuda_graphs`` when the engine is built at the first rollout, and at every resume
   outside ``persist`` mode without static KV pointers): for each batch dimension one
   ``_dynamic_step_forward_logits``, the layers run eagerly before their capture and the
-  output layer's logits eagerly, at most the largest graph's tokens and ``max_requests``
-  rows;
+  output layer's logits eagerly (each layer's ``num_warmup_steps`` warm-ups hold its input,
+  a ``zeros_like`` copy and the previous warm-up's output; the logits are at most the
+  largest graph's tokens, ``max_requests``, rows, gathered on the last stage and the
+  broadcast buffer elsewhere);
 * **runs the engine's steps** (``TextGenerationController.
   async_generate_output_tokens_dynamic_batch``), two moments each:
 
   - *the forward* under ``torch.inference_mode``: the decoder block's input and the current
     layer's input (the same tensor for a stage's first layer) stay referenced while a layer
     runs, and the layer holds one working set at a time. After the attention (QKV output
-    ``(h + 2 kv) / tp`` and context ``h / tp``, the local spec's norm output beside them) its
-    output ``h`` becomes the MLP's residual; an MLP holds beside it ``linear_fc1``'s output
-    (``2 f / tp`` with a gated unit) and what the activation makes (the fused kernel's
-    output ``f / tp``; unfused and gated, ``silu``'s output, ``x_linear + glu_linear_offset``
-    and their product), the local spec's pre-MLP norm output ``h`` too; Transformer
-    Engine's fused norm lives inside ``linear_fc1`` only (``h`` beside its output, not
-    beside the activation). A MoE layer (its norm a module of its own) holds, under balanced
-    routing, ``T topk`` routed rows twice (the permuted tokens and the dispatcher's copy,
-    ``h`` each), then the larger of the experts' working set (all rows at once under grouped
-    GEMMs, one expert's share in ``SequentialMLP``) and the experts' output with its
-    unpermuted copy (``h`` each). Steps whose batch a captured graph covers replay it,
-    allocating nothing; the largest eager step is the engine's token budget
-    (``max_tokens``, at most every in-flight request's context) unless every step fits a
-    graph (prefill graphs captured, no more prefill requests than their mixed prefill count,
-    no more tokens than the largest graph);
+    ``(h + 2 kv) / tp``, context ``h / tp`` and ``linear_proj``'s output ``h``, the local
+    spec's norm output beside them) that output becomes the MLP's residual; an MLP holds
+    beside it ``linear_fc1``'s output (``2 f / tp`` with a gated unit) and what the
+    activation makes (the fused kernel's output ``f / tp``; unfused and gated, ``silu``'s
+    output, ``x_linear + glu_linear_offset`` and their product), the local spec's pre-MLP
+    norm output ``h`` too; Transformer Engine's fused norm lives inside ``linear_fc1`` only
+    (``h`` beside its output, not beside the activation). A MoE layer (its norm a module of
+    its own) holds, under balanced routing, ``T topk`` routed rows twice (the permuted
+    tokens and the dispatcher's copy, ``h`` each), then the larger of the experts' working
+    set (all rows at once under grouped GEMMs, one expert's share in ``SequentialMLP``) and
+    the experts' output with its unpermuted copy (``h`` each). Steps whose batch a captured
+    graph covers replay it, allocating nothing; the largest eager step is the engine's token
+    budget (``max_tokens``, at most every in-flight request's context) unless a captured
+    dimension covers it with all its requests in prefill (matching is per count, not exact,
+    for a non-hybrid model);
   - *the logits* of the step (all tensor ranks gather the vocabulary: the local shard, the
     all-gather buffer and the concatenation, ``(2 + 1 / tp) e`` per element; with pipeline
     parallelism the last stage broadcasts them to every stage, which samples too). With the
@@ -48,14 +50,17 @@ megatron/rl/rl_utils.py at 4e85d74ae9), then trains on them; Megatron's logged p
     the RL client always asks for (``DynamicInferenceContext.calculate_log_probs``: an fp32
     copy, the rows it indexes and their ``log_softmax``, ``4 + 4 + 4`` bytes per element
     above bf16 logits). ``--return-log-probs`` turns that off (megatron/inference/utils.py):
-    the logits are then ``[1, T, V]`` for every token of the step, the sampling works on a
-    copy of the last tokens' rows, and the log-probabilities on all rows (an fp32 copy and
-    its ``log_softmax``). ``R`` is the requests one engine runs at once: the in-flight
-    rollouts (:func:`memscope.inputs.rl_args.requests_in_flight`) spread round-robin over the
-    data-parallel engines (``DataParallelInferenceCoordinator.get_next_data_parallel_rank``),
-    at most the engine's ``max_requests``; an assumption both ways: an engine that keeps
-    its long requests while others finish can hold more than its share, and KV blocks run
-    out before ``max_requests`` active requests when contexts are long.
+    the logits are then ``[1, T, V]`` for every token of the step (padded to the dimension a
+    graphed step replays), the sampling works on a copy of the last tokens' rows, and the
+    log-probabilities on all rows (an fp32 copy and its ``log_softmax``) except in a
+    decode-only step, which takes the last-token branch. ``R`` is the requests one engine
+    runs at once: the in-flight rollouts
+    (:func:`memscope.inputs.rl_args.requests_in_flight`) spread round-robin over the
+    data-parallel engines
+    (``DataParallelInferenceCoordinator.get_next_data_parallel_rank``), at most the engine's
+    ``max_requests``; an assumption both ways: an engine that keeps its long requests while
+    others finish can hold more than its share, and KV blocks run out before
+    ``max_requests`` active requests when contexts are long.
 
 Measured on CPU with megatron-core 0.16.1's own sampling and log-probability functions and a
 ``TransformerLayer`` (``tools/measure_rl_rollout.py``; ``tests/test_rl_rollout_measured.py``).
@@ -144,20 +149,22 @@ def largest_graph_tokens(spec: TrainingSpec) -> int:
     return max((t for t, _, _ in graph_batch_dimensions(spec)), default=0)
 
 
+def _covering_graph(spec: TrainingSpec, tokens: int, requests: int) -> int | None:
+    """Tokens of the smallest captured dimension a step of ``tokens`` tokens, all of its
+    ``requests`` requests in prefill, fits (matching is per count, not exact, for a
+    non-hybrid model: ``InferenceBatchDimensions`` in batch_dimensions_utils.py); None if
+    it runs eager."""
+    fits = [
+        t for t, prefill, _ in graph_batch_dimensions(spec) if t >= tokens and prefill >= requests
+    ]
+    return min(fits, default=None)
+
+
 def eager_tokens(spec: TrainingSpec) -> int:
     """Tokens of the engine's largest eager step; 0 where a captured graph covers every
-    step (prefill graphs captured, the engine's requests within their mixed prefill count,
-    its largest step within the largest graph)."""
-    rl = spec.rl
-    assert rl is not None
+    step (the largest step, all its requests in prefill, fits a captured dimension)."""
     tokens = step_tokens(spec)
-    prefill_graphs = any(prefill for _, prefill, _ in graph_batch_dimensions(spec))
-    covered = (
-        prefill_graphs
-        and engine_requests(spec) <= rl.mixed_prefill_requests
-        and tokens <= largest_graph_tokens(spec)
-    )
-    return 0 if covered else tokens
+    return 0 if _covering_graph(spec, tokens, engine_requests(spec)) else tokens
 
 
 def _rank_layers(spec: TrainingSpec, pp_rank: int) -> list[int]:
@@ -182,8 +189,8 @@ def _activation_elements(spec: TrainingSpec, ffn: int) -> int:
 
 def layer_working_elements(spec: TrainingSpec, tokens: int, moe: bool) -> int:
     """Elements one layer holds above its input during an eager inference forward of
-    ``tokens`` tokens: the attention's moment, or the MLP's beside the attention's output
-    (the module docstring's moments)."""
+    ``tokens`` tokens: the attention's moment (at ``linear_proj``, its QKV output still
+    referenced), or the MLP's beside the attention's output (the module docstring's)."""
     m, p = spec.model, inference_parallel(spec)
     local = m.transformer_impl == "local"
     h, tp = m.hidden_size, p.tp
@@ -191,7 +198,8 @@ def layer_working_elements(spec: TrainingSpec, tokens: int, moe: bool) -> int:
     query = m.num_attention_heads * m.head_dim
     # the local spec's norms are modules of their own; TE fuses the attention's and a dense
     # MLP's into the next linear layer
-    attention = (h if local else 0) + (query + 2 * kv) // tp + query // tp
+    # QKV output, context and linear_proj's output (query, key, value still referenced)
+    attention = (h if local else 0) + (query + 2 * kv) // tp + query // tp + h
     if moe:
         etp = p.expert_tp
         ffn = m.moe_ffn // etp
@@ -209,28 +217,37 @@ def layer_working_elements(spec: TrainingSpec, tokens: int, moe: bool) -> int:
     return tokens * max(attention, mlp)
 
 
-def forward_working_bytes(spec: TrainingSpec, pp_rank: int, tokens: int) -> int:
+def forward_working_bytes(
+    spec: TrainingSpec, pp_rank: int, tokens: int, held: int | None = None
+) -> int:
     """The held hidden states and the largest layer's working set on stage ``pp_rank`` for
-    an eager forward of ``tokens`` tokens."""
+    an eager forward of ``tokens`` tokens: ``held`` ``[T, h]`` tensors besides the layer
+    (default: the block's input and the running layer's, one tensor on a one-layer stage)."""
     layers = _rank_layers(spec, pp_rank)
     if not tokens or not layers:
         return 0
-    held = 2 if len(layers) > 1 else 1  # the block's input and the running layer's
+    if held is None:
+        held = 2 if len(layers) > 1 else 1
     per_layer = max(
         layer_working_elements(spec, tokens, spec.model.is_moe_layer(i)) for i in layers
     )
     return (held * tokens * spec.model.hidden_size + per_layer) * spec.precision.param_bytes
 
 
-def _gather_bytes_per_element(spec: TrainingSpec) -> float:
-    """The output layer's vocabulary gather: the local shard, the all-gather buffer and their
-    concatenation (mappings.py ``_gather_along_last_dim``); the logits alone at TP 1."""
-    tp, e = inference_parallel(spec).tp, spec.precision.param_bytes
-    return e if tp == 1 else (2 + 1 / tp) * e
+def gathered_logits_bytes(spec: TrainingSpec, rows: int, last_stage: bool = True) -> int:
+    """``rows`` full-vocabulary logits as the output layer makes them: on the last stage the
+    local shard, the all-gather buffer and their concatenation (mappings.py
+    ``_gather_along_last_dim``; the logits alone at TP 1), elsewhere the broadcast buffer."""
+    tp, e, vocab = inference_parallel(spec).tp, spec.precision.param_bytes, spec.model.vocab_size
+    if tp == 1 or not last_stage:
+        return rows * vocab * e
+    return 2 * rows * vocab * e + rows * (vocab // tp) * e
 
 
 def _sampling_bytes_per_element(spec: TrainingSpec) -> int:
-    """``_torch_sampling_func`` above the logits it samples (the RL client sends no top-k)."""
+    """``_torch_sampling_func`` above the logits it samples (the RL client sends no top-k).
+    The rows the controller indexes for it are freed once it clones them (from CPython 3.11
+    a call hands its argument's only reference to the callee)."""
     rl = spec.rl
     assert rl is not None
     e = spec.precision.param_bytes
@@ -246,28 +263,35 @@ def logits_working_bytes(spec: TrainingSpec) -> int:
     requests = engine_requests(spec)
     upcast = FP32 if e < FP32 else 0  # logits.float() copies 16-bit logits only
     sampling = _sampling_bytes_per_element(spec)
-    if not rl.return_log_probs:  # [1, R, V]: the last token of each request
-        per_element = max(_gather_bytes_per_element(spec), e + sampling, e + upcast + 2 * FP32)
-        return round(requests * vocab * per_element)
-    every = step_tokens(spec) * vocab  # [1, T, V]
-    return round(
-        max(
-            every * _gather_bytes_per_element(spec),
-            every * e + requests * vocab * (e + sampling),  # a copy of the last tokens' rows
-            every * (e + upcast + FP32),
-        )
+    # [1, R, V]: each request's last token (a decode-only step's log-probabilities too)
+    last = requests * vocab * (e + max(sampling, upcast + 2 * FP32))
+    if not rl.return_log_probs:
+        return max(gathered_logits_bytes(spec, requests), last)
+    # [1, T, V]: every token, padded to the graph a step replays
+    tokens = step_tokens(spec)
+    tokens = _covering_graph(spec, tokens, requests) or tokens
+    every = tokens * vocab
+    return max(
+        gathered_logits_bytes(spec, tokens),
+        last,
+        every * e + requests * vocab * (e + sampling),  # sampled on a copy of the last rows
+        every * (e + upcast + FP32),  # the fp32 copy and its log_softmax
     )
 
 
 def capture_working_bytes(spec: TrainingSpec, pp_rank: int) -> int:
-    """The graphs' capture: the layers' eager warm-up at the largest graph's tokens, or the
-    warm-up's logits (at most ``max_requests`` rows, gathered); 0 without graphs."""
+    """The graphs' capture: each layer's eager warm-ups at the largest graph's tokens (its
+    input, a ``zeros_like`` copy and the previous warm-up's output beside the layer,
+    cuda_graphs.py ``num_warmup_steps``), or the warm-up's logits (at most ``max_requests``
+    rows: the largest graph's tokens); 0 without graphs."""
     tokens = largest_graph_tokens(spec)
     if not tokens:
         return 0
-    rows = min(max_requests(spec), tokens) * spec.model.vocab_size
-    logits = round(rows * _gather_bytes_per_element(spec))
-    return max(forward_working_bytes(spec, pp_rank, tokens), logits)
+    last = pp_rank == inference_parallel(spec).pp - 1
+    return max(
+        forward_working_bytes(spec, pp_rank, tokens, held=3),
+        gathered_logits_bytes(spec, tokens, last),
+    )
 
 
 def offloaded(
