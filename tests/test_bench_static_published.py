@@ -388,6 +388,9 @@ def test_the_docs_figures_for_the_rl_runs_are_the_benchmarks(result):
     )
     assert f"live in the graphs' pool) {100 * graphed['error']:+.1f}%." in docs
     assert graphed["warned"] == ["rl_training_cuda_graphs"] and plain["warned"] == []
+    # they offload the optimizer for the rollout (rl_rollout.py): the step is their peak
+    assert "offload their optimizer, so their rollout stays below the training step" in docs
+    assert {r["estimate"]["peak_stage"] for r in (plain, graphed)} == {"forward_backward"}
     assert rows["gpt_grpo_tp4_pp1_dp2_8b_throughput_github"]["error"] == pytest.approx(
         plain["error"], abs=0.001
     )

@@ -241,6 +241,17 @@ def test_the_inference_graphs_keep_each_layers_output_and_the_first_layers_input
     assert inference_graph_bytes(vpp, 1) == len(graph_batch_dimensions(vpp)) * 3 * 2 * (
         max_requests(vpp) * 256 * 2
     )
+    # RoPE: the captures' rotary table, [max(128, 24), 1, 1, 32 channels] fp32, once (every
+    # dimension asks for the same length); half the channels with rotary_percent 0.5
+    outputs = 3 * 7 * 24 * 256 * 2
+    rope = _spec(**one, position_embedding_type="rope")
+    assert inference_graph_bytes(rope) == outputs + 128 * 32 * 4
+    half = _spec(**one, position_embedding_type="rope", rotary_percent=0.5)
+    assert inference_graph_bytes(half) == outputs + 128 * 16 * 4
+    # a token count above the context's length asks for its own, longer table
+    long = _spec(**{**one, "inference_max_seq_length": 16}, position_embedding_type="rope")
+    assert {t for t, _, _ in graph_batch_dimensions(long)} == {24}
+    assert inference_graph_bytes(long) - outputs == 24 * 32 * 4
 
 
 def test_the_planner_passes_over_layouts_the_rl_engine_refuses():

@@ -203,6 +203,7 @@ def _model_spec(args: Any, num_layers: int, seq: int, vocab: int) -> ModelSpec:
         qk_layernorm=get_flag(args, "qk_layernorm"),
         normalization=get_name(args, "normalization", "LayerNorm"),
         position_embedding_type=_position_embedding(args),
+        rotary_percent=get_float(args, "rotary_percent", 1.0, 0.0, 1.0),
         tie_embeddings=not get_flag(args, "untie_embeddings_and_output_weights"),
         hidden_dropout=get_float(args, "hidden_dropout", 0.1, 0.0, 1.0),
         bias_activation_fusion=_bias_activation_fusion(args),

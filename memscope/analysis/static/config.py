@@ -53,6 +53,7 @@ class ModelSpec:
     qk_layernorm: bool = False
     normalization: str = "LayerNorm"
     position_embedding_type: str = "learned_absolute"
+    rotary_percent: float = 1.0  # the share of each head's channels RoPE rotates
     tie_embeddings: bool = True
     hidden_dropout: float = 0.1  # Megatron's default
     attention_dropout: float = 0.1

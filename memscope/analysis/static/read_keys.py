@@ -167,6 +167,7 @@ READ_KEYS = frozenset(NEGATED_FLAGS) | frozenset(
         "use_layer_wise_distributed_optimizer",
         "use_flash_attn",
         "use_rotary_position_embeddings",
+        "rotary_percent",  # the RL engine's graphs' RoPE table (rl.py)
         "v_head_dim",
         "virtual_pipeline_model_parallel_size",
         "vocab_size",

@@ -28,9 +28,11 @@ dynamic_context.py``, ``megatron/training/training.py`` at 4e85d74ae9 and f5b0ec
   runner keeps its output ``[T, 1, h]`` (``_CudaGraphRunner.create_fwd_graph``
   ``self.fwd_graph_outputs``, a strong reference; only backward graphs weak-reference
   theirs), and the first layer of each model chunk its captured input (held by the runner's
-  kwargs); what the graph allocates inside goes back to its private pool (reserved, not
-  allocated). ``delete_cuda_graphs`` drops the graphs and pools but not the runners the
-  managers keep, with their outputs: counted in every mode. :func:`inference_graph_bytes`.
+  kwargs), and with RoPE each model chunk's rotary table, fp32, per distinct length the
+  captures asked for (the kwargs keep it); what the graph allocates inside goes back to its
+  private pool (reserved, not allocated). ``delete_cuda_graphs`` drops the graphs and pools
+  but not the runners the managers keep, with their outputs: counted in every mode.
+  :func:`inference_graph_bytes`.
 
 The trainer's side is the ordinary estimate: ``--rl-offload-optimizer-during-inference``
 moves the optimizer state and gradient buffers to the host only for the rollout and back
@@ -43,8 +45,7 @@ The training loss's full-vocabulary log-probabilities are :mod:`.rl_loss`'s.
 The rollout's own moment (the engine's steps with the optimizer on the host) is
 :mod:`.rl_rollout`'s.
 
-Known limitations: the graphs' RoPE table (``max(seq, T) x
-kv_channels`` fp32) and the context's metadata tensors are not counted; a
+Known limitations: the context's metadata tensors are not counted; a
 multi-latent-attention model's latent KV cache, a separate inference model on another
 pipeline size and speculative decoding are refused.
 """
@@ -61,6 +62,7 @@ if TYPE_CHECKING:
     from memscope.analysis.static.config import ParallelSpec, RlSpec, TrainingSpec
 
 GIB = 1024**3
+FP32 = 4
 MIN_BLOCKS = 2  # dynamic_context.py: ">= 1 active block + 1 dummy block"
 # The Megatron arguments :mod:`memscope.inputs.rl_args` reads.
 RL_KEYS = frozenset(
@@ -293,16 +295,26 @@ def context_max_sequence_length(spec: TrainingSpec) -> int:
 def inference_graph_bytes(spec: TrainingSpec, pp_rank: int = 0) -> int:
     """What the captured inference graphs keep allocated on pipeline stage ``pp_rank``: per
     batch dimension, each transformer layer's output and each model chunk's first-layer
-    input, ``[T, 1, h]`` in the parameter dtype (``T / tp`` under sequence parallelism)."""
+    input, ``[T, 1, h]`` in the parameter dtype (``T / tp`` under sequence parallelism);
+    with RoPE, each model chunk's rotary table per distinct length the captures asked for,
+    ``[max(max_sequence_length, T), 1, 1, rotary dim]`` fp32 (``GPTModel.forward``'s
+    ``rotary_pos_emb``, ``get_rotary_seq_len``'s dynamic-batching branch; the layers'
+    captured kwargs keep it after the RL loop clears ``RotaryEmbedding.forward``'s cache)."""
     model = inference_spec(spec)
-    p = model.parallel
-    chunks = chunk_layer_counts(model.model, p, pp_rank)
-    tensors = sum(layers + 1 for layers in chunks if layers)
-    width = spec.model.hidden_size * spec.precision.param_bytes
+    m, p = model.model, model.parallel
+    chunks = sum(1 for layers in chunk_layer_counts(m, p, pp_rank) if layers)
+    tensors = sum(layers + 1 for layers in chunk_layer_counts(m, p, pp_rank) if layers)
+    width = m.hidden_size * spec.precision.param_bytes
     total = 0
+    lengths = set()
     for tokens, _, _ in graph_batch_dimensions(spec):
         rows = tokens // p.tp if p.sequence_parallel else tokens
         total += tensors * rows * width
+        lengths.add(max(context_max_sequence_length(spec), rows))
+    if m.position_embedding_type == "rope":
+        # RotaryEmbedding: int(kv_channels * rotary_percent) channels below 1
+        dim = int(m.head_dim * m.rotary_percent) if m.rotary_percent < 1 else m.head_dim
+        total += chunks * sum(lengths) * dim * FP32
     return total
 
 

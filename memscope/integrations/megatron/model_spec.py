@@ -171,6 +171,9 @@ def read_model_facts(chunks: Sequence[Any]) -> ModelFacts | None:
     position = getattr(first, "position_embedding_type", None)
     if isinstance(position, str):
         values["position_embedding_type"] = position
+    rotary = getattr(first, "rotary_percent", None)  # GPTModel keeps its argument
+    if isinstance(rotary, (int, float)) and not isinstance(rotary, bool):
+        values["rotary_percent"] = float(rotary)
     share = getattr(first, "share_embeddings_and_output_weights", None)
     if isinstance(share, bool):
         values["untie_embeddings_and_output_weights"] = not share
