@@ -302,8 +302,8 @@ def inference_graph_bytes(spec: TrainingSpec, pp_rank: int = 0) -> int:
     captured kwargs keep it after the RL loop clears ``RotaryEmbedding.forward``'s cache)."""
     model = inference_spec(spec)
     m, p = model.model, model.parallel
-    chunks = sum(1 for layers in chunk_layer_counts(m, p, pp_rank) if layers)
-    tensors = sum(layers + 1 for layers in chunk_layer_counts(m, p, pp_rank) if layers)
+    counts = [layers for layers in chunk_layer_counts(m, p, pp_rank) if layers]
+    chunks, tensors = len(counts), sum(layers + 1 for layers in counts)
     width = m.hidden_size * spec.precision.param_bytes
     total = 0
     lengths = set()

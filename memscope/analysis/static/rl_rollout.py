@@ -78,7 +78,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from memscope.analysis.static.config import chunk_layer_counts, chunk_layer_offset
-from memscope.analysis.static.params import RankPosition
+from memscope.analysis.static.params import RankPosition, layers_per_chunk
 from memscope.analysis.static.rl import (
     DEFAULT_MAX_TOKENS,
     context_max_sequence_length,
@@ -196,9 +196,9 @@ def layer_working_elements(spec: TrainingSpec, tokens: int, moe: bool) -> int:
     h, tp = m.hidden_size, p.tp
     kv = m.query_groups * m.head_dim
     query = m.num_attention_heads * m.head_dim
-    # the local spec's norms are modules of their own; TE fuses the attention's and a dense
+    # QKV output, context and linear_proj's output (query, key, value still referenced);
+    # the local spec's norms are modules of their own, TE fuses the attention's and a dense
     # MLP's into the next linear layer
-    # QKV output, context and linear_proj's output (query, key, value still referenced)
     attention = (h if local else 0) + (query + 2 * kv) // tp + query // tp + h
     if moe:
         etp = p.expert_tp
@@ -295,7 +295,7 @@ def capture_working_bytes(spec: TrainingSpec, pp_rank: int) -> int:
 
 
 def offloaded(
-    spec: TrainingSpec, persistent: PersistentTerms, params: list[ParamTensor]
+    spec: TrainingSpec, pp_rank: int, persistent: PersistentTerms, params: list[ParamTensor]
 ) -> tuple[int, int]:
     """(optimizer, gradient) bytes on the host during the rollout."""
     rl = spec.rl
@@ -305,8 +305,8 @@ def offloaded(
     grads = 0
     if not rl.training_cuda_graphs and persistent.param_count:
         # params.rank_params tags each tensor with its virtual chunk where there are several
-        chunked = any(t.name.startswith("chunk1.") for t in params)
-        first = sum(t.numel for t in params if not chunked or t.name.startswith("chunk0."))
+        tag = "chunk0." if len(layers_per_chunk(spec, pp_rank)) > 1 else ""
+        first = sum(t.numel for t in params if t.name.startswith(tag))
         grads = persistent.grad_bytes * first // persistent.param_count
     return persistent.optimizer_bytes, grads
 
@@ -321,7 +321,7 @@ def rollout_terms(
     rl = spec.rl
     if rl is None:
         return None
-    optimizer, grads = offloaded(spec, persistent, params)
+    optimizer, grads = offloaded(spec, position.pp_rank, persistent, params)
     tokens = eager_tokens(spec)
     return RolloutTerms(
         requests=engine_requests(spec),
