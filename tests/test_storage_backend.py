@@ -1,5 +1,7 @@
 """The exact storage ledger: allocations, frees, views, autograd-saved tensors, true peaks."""
 
+import types
+
 import pytest
 import torch
 
@@ -260,3 +262,30 @@ def test_a_phase_peak_is_the_highest_level_since_the_phase_began_not_the_steps()
         assert ledger.sample().phase_peak_allocated == base
     finally:
         ledger.stop()
+
+
+def test_a_last_use_orders_exactly_against_events_of_the_same_microsecond(monkeypatch):
+    """The history's stamps never tie, so an allocation made in the microsecond of a block's
+    last use still counts as after it, and the peak drop of freeing it is exact."""
+    from memscope.analysis.lifetimes import idle_at_peak
+    from memscope.capture.backends import storage_history
+
+    stopped = types.SimpleNamespace(time_ns=lambda: 1_000_000_000)  # a clock that stands still
+    monkeypatch.setattr(storage_history, "time", stopped)
+    ledger = _ledger()
+    try:
+        ledger.start_history(1000)
+        held = torch.ones(1024, dtype=torch.uint8)  # read once below, then idle
+        read = held + 1
+        del read
+        peak = torch.empty(4096, dtype=torch.uint8)  # the peak: held is idle through it
+        del peak
+        del held
+        snapshot = ledger.history_snapshot()
+    finally:
+        ledger.stop()
+    times = [event["time_us"] for event in snapshot["device_traces"][0]]
+    assert times == sorted(set(times))  # strictly increasing although the clock stood still
+    idle_bytes, findings = idle_at_peak(snapshot)
+    assert idle_bytes == 1024
+    assert findings[0].nbytes == 1024 and findings[0].peak_drop == 1024

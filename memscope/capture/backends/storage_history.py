@@ -38,6 +38,16 @@ class AllocationHistoryLog:
             maxlen=max(1, max_entries)
         )
         self._contexts = contexts
+        self._last_stamp = 0
+
+    def stamp(self) -> int:
+        """Microseconds since the epoch, strictly increasing over this log's events and the
+        ledger's uses: two stamps never tie, so comparing a last use with an event's time
+        orders them as they happened (a stamp taken in the same microsecond as the previous
+        one is moved 1 µs on)."""
+        now = max(time.time_ns() // 1000, self._last_stamp + 1)
+        self._last_stamp = now
+        return now
 
     def alloc(self, entry: LoggedStorage) -> None:
         self._log("alloc", entry)
@@ -54,7 +64,7 @@ class AllocationHistoryLog:
                 "addr": entry.addr,
                 "size": entry.nbytes,
                 "stream": 0,
-                "time_us": time.time_ns() // 1000,
+                "time_us": self.stamp(),
                 "category": FREE_CATEGORY if action != "alloc" else CATEGORIES[entry.category],
                 "frames": self._contexts.snapshot_frames(entry.context, entry.stack),
                 **({"last_use_us": entry.last_use or None} if action == "free_requested" else {}),

@@ -11,7 +11,6 @@ Re-labelling storages on the category policy's request is :mod:`.storage_categor
 from __future__ import annotations
 
 import threading
-import time
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -62,7 +61,7 @@ class LedgerEntry(weakref.ref):
     addr: int
     saved: bool  # autograd saved it for backward (else a temporary, as far as seen)
     born: int  # the training step it was created in (-1: before the first)
-    last_use: int  # when an op last read it (µs since the epoch; 0: not seen), with history on
+    last_use: int  # when an op last read it (the history's stamp; 0: not seen), with history on
     stack: int  # the Python frames that created it (CreationContexts.stacks; 0: none)
     desc: int  # the shape and dtype of the tensor that created it (CreationContexts.descs)
 
@@ -173,8 +172,12 @@ class StorageLedger:
                     self._track(item, self.alloc_category, resized)
 
     def note_uses(self, args: Any, kwargs: Any) -> None:
-        """The storages an op read are in use now (kept while the history is recorded)."""
-        now = time.time_ns() // 1000
+        """The storages an op read are in use now (kept while the history is recorded); the
+        time is the history's own stamp, so it orders exactly against its events."""
+        history = self.history
+        if history is None:
+            return
+        now = history.stamp()
         live = self._live
         for tensor in _tensor_args(args, kwargs):
             storage = self.storage_of(tensor)
