@@ -134,3 +134,24 @@ def test_rank_with_all_ranks_details_that_rank_and_marks_its_line(tmp_path, caps
     # without --rank the detailed (worst) rank's line is the marked one
     (worst_marked,) = [line for line in worst if "<- rank" in line]
     assert worst[-1].split(" on rank ")[1].split()[0] == worst_marked.rsplit(" ", 1)[1]
+
+
+def test_a_transformer_engine_release_that_is_no_version_is_one_line_and_exit_2(tmp_path, capsys):
+    args = ["analyze-static", "--config", STATIC_CONFIG, "--outdir", str(tmp_path / "o"),
+            "--transformer-engine-version", "latest"]  # fmt: skip
+    assert main(args) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "transformer_engine_version 'latest' is not a release number" in line
+    assert not (tmp_path / "o").exists()  # nothing written
+
+
+def test_the_named_transformer_engine_release_is_the_reports_assumption(tmp_path, capsys):
+    out = tmp_path / "o"
+    args = ["analyze-static", "--config", STATIC_CONFIG, "--outdir", str(out),
+            "--transformer-engine-version", "2.2.0"]  # fmt: skip
+    assert main(args) == 0
+    with open(out / "static_report.json", encoding="utf-8") as f:
+        report = json.load(f)
+    assumed = report["coverage"]["assumptions"]
+    assert "Transformer Engine 2.2.0 (its workspaces, cached placeholder gradients)" in assumed
+    assert "te_dummy_wgrads" not in json.dumps(report)  # 2.2 keeps none

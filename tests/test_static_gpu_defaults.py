@@ -195,7 +195,8 @@ def test_fixed_workspaces_by_gpu_config_and_transformer_impl():
     a100_local = workspace_terms(dataclasses.replace(spec(transformer_impl="local"), gpu="a100"))
     assert a100_local == {"torch_cublas_workspaces": 2 * (8 * MIB + 128 * 1024)}
     assert workspace_terms(dataclasses.replace(spec(), device="cpu")) == {}
-    est = last_rank(spec())
+    # (without Transformer Engine's cached placeholder gradients: test_static_dummy_wgrads)
+    est = last_rank(spec(gradient_accumulation_fusion=False))
     assert est.components()["other"] == 96 * MIB
     assert est.peak_memory_bytes - est.transient_bytes - est.persistent.total_bytes == 96 * MIB
     # TEGroupedMLP (grouped GEMM with TE) adds four multi-stream TE workspaces; the legacy
@@ -217,7 +218,7 @@ def test_tp_comm_overlap_adds_transformer_engines_userbuffer_gemm_workspace():
     # TE >= 2.11 (cpp_extensions/gemm.py get_cublas_workspace with ub): a 3x workspace of its
     # own beside the 32 MiB one; up to 2.10 (base.py initialize_ub) the one workspace grown 3x
     assert te_userbuffer_workspace_bytes((9, 0)) == 3 * 32 * MIB
-    assert te_userbuffer_workspace_bytes((9, 0), te_version=(2, 7)) == 2 * 32 * MIB
+    assert te_userbuffer_workspace_bytes((9, 0), te_version="2.7.0") == 2 * 32 * MIB
     assert te_userbuffer_workspace_bytes((8, 0)) == 3 * 4 * MIB
     tp2 = dict(tensor_model_parallel_size=2, sequence_parallel=True)
     plain = last_rank(spec(**tp2))

@@ -473,6 +473,8 @@ def prepare_case(
         "family": family,
         "measured": measured(path),
         "megatron_core": at["megatron_core_version"] if at else megatron_core,
+        # the release its container ran (None: the estimator's assumed one)
+        "transformer_engine": at.get("transformer_engine_version") if at else None,
         "measured_at": at,
     }
     if at is None:
@@ -512,13 +514,15 @@ def measured_at(family: str, name: str, path: str) -> dict[str, str] | None:
     return record if record is not None and record["blob"] == blob else None
 
 
-def write_measured_at(tree: str, git_dir: str) -> int:
-    """Record where every golden file of the tree's GPT families was written."""
+def write_measured_at(tree: str, git_dir: str, te_git_dir: str) -> int:
+    """Record where every golden file of the tree's GPT families was written, and the
+    megatron-core and Transformer Engine releases that ran it."""
     import golden_history
 
     written = golden_history.first_written(git_dir, MEASURED_AT_REF)
     files: dict[str, dict[str, str]] = {}
     versions: dict[str, str] = {}
+    te: dict[str, tuple[str, str]] = {}
     root = cases_root(tree)
     for family in GPT_FAMILIES:
         for name in sorted(os.listdir(os.path.join(root, family))):
@@ -531,9 +535,14 @@ def write_measured_at(tree: str, git_dir: str) -> int:
                 commit, date, then, _ = golden_history.measuring_commit(git_dir, written, blob)
                 if commit not in versions:
                     versions[commit] = golden_history.megatron_core_version(git_dir, commit)
+                    te[commit] = golden_history.transformer_engine_version(
+                        git_dir, te_git_dir, commit
+                    )
                 key = f"{family}/{name}/{os.path.basename(path)}"
                 files[key] = {"blob": blob, "commit": commit, "date": date, "path": then,
-                              "megatron_core_version": versions[commit]}  # fmt: skip
+                              "megatron_core_version": versions[commit],
+                              "transformer_engine_version": te[commit][0],
+                              "transformer_engine_source": te[commit][1]}  # fmt: skip
     with open(MEASURED_AT, "w", encoding="utf-8") as f:
         f.write(json_text({"repo": "NVIDIA/Megatron-LM", "files": files}))
     return len(files)
@@ -608,9 +617,10 @@ def estimate_case(
     """Our estimate for the case's last rank, or the case with the reason it is not one.
 
     The estimate is for the GPU the golden file names and the ``CUBLAS_WORKSPACE_CONFIG``
-    the case's ``ENV_VARS`` export (both size the fixed workspaces), and for the
-    megatron-core release ``megatron_core`` that ran the case (``None``: the installed one, as
-    the args reader records it)."""
+    the case's ``ENV_VARS`` export (both size the fixed workspaces), for the megatron-core
+    release ``megatron_core`` that ran the case (``None``: the installed one, as the args
+    reader records it) and the Transformer Engine release ``case["transformer_engine"]``
+    (absent: the estimator's assumed one)."""
     from memscope.analysis.log_check import moment_estimate
     from memscope.analysis.static.coverage import not_modelled
     from memscope.analysis.static.estimator import estimate_rank, position_of_rank
@@ -637,6 +647,7 @@ def estimate_case(
             device="cuda",
             gpu=measured_gpu(case["measured"]["golden_file"], gpu),
             cublas_workspace_config=env.get("CUBLAS_WORKSPACE_CONFIG"),
+            transformer_engine_version=case.get("transformer_engine"),
         )
         rank = case["world_size"] - 1
         position = position_of_rank(spec, rank)
@@ -902,6 +913,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--measured-at", metavar="GIT_DIR", help="re-record where each golden file was written"
     )
+    parser.add_argument(
+        "--te-git",
+        metavar="GIT_DIR",
+        help="with --measured-at: a Transformer Engine git directory (the releases' versions)",
+    )
     parser.add_argument("--_worker", metavar="TREE", help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
     if opts._worker:
@@ -914,7 +930,9 @@ def main(argv: list[str] | None = None) -> int:
 
         tree = flagscale_tree()
     if opts.measured_at:
-        count = write_measured_at(tree, opts.measured_at)
+        if not opts.te_git:
+            parser.error("--measured-at needs --te-git")
+        count = write_measured_at(tree, opts.measured_at, opts.te_git)
         print(f"recorded {count} golden files in {os.path.relpath(MEASURED_AT)}")
         return 0
     if opts.write and (opts.filter or opts.gpu != "h100" or opts.golden != "dev"):

@@ -323,12 +323,14 @@ def training_cases(git_dir: str) -> list[tuple[str, str]]:
     return sorted(found)
 
 
-def extract(git_dir: str) -> list[dict[str, Any]]:
+def extract(git_dir: str, te_git_dir: str) -> list[dict[str, Any]]:
     """The committed excerpt of every training case :func:`training_cases` finds whose
     golden values record memory (a ``MODE: inference`` case is left out: they hold no
     training memory). Each case's configuration, environment and megatron-core release are
     read at the commit that wrote its golden values (:func:`measured_at`), not at
-    :data:`SOURCE_COMMIT`: flags added to a case since were never measured."""
+    :data:`SOURCE_COMMIT`: flags added to a case since were never measured; so is the
+    Transformer Engine release its container ran (``te_git_dir``: a Transformer Engine git
+    directory, :func:`golden_history.transformer_engine_version`)."""
     import tempfile
 
     import yaml
@@ -336,6 +338,7 @@ def extract(git_dir: str) -> list[dict[str, Any]]:
     written = golden_history.first_written(git_dir, SOURCE_COMMIT)
     recipes: dict[str, dict[str, tuple[int, str]]] = {}
     versions: dict[str, str] = {}
+    te: dict[str, tuple[str, str]] = {}
     arguments: dict[str, dict[str, Any]] = {}
 
     def recipes_at(commit: str) -> dict[str, tuple[int, str]]:
@@ -376,6 +379,7 @@ def extract(git_dir: str) -> list[dict[str, Any]]:
             world, source = consistency_world_size(config, world, source)
         if commit not in versions:
             versions[commit] = golden_history.megatron_core_version(git_dir, commit)
+            te[commit] = golden_history.transformer_engine_version(git_dir, te_git_dir, commit)
             arguments[commit] = arguments_at(git_dir, commit)
         out.append(
             {
@@ -386,6 +390,8 @@ def extract(git_dir: str) -> list[dict[str, Any]]:
                     "commit": commit,
                     "date": date,
                     "megatron_core_version": versions[commit],
+                    "transformer_engine_version": te[commit][0],
+                    "transformer_engine_source": te[commit][1],
                     "config": config_path,
                     "measured": measured_path,
                     "listed_at": f"{SOURCE_COMMIT}:{folder}",
@@ -683,6 +689,7 @@ def run(tree: str, cases: list[dict[str, Any]] | None = None) -> dict[str, Any]:
                     "world_size_source": c["world_size_source"],
                     "argv": argv,
                     "env": c["env_vars"],
+                    "transformer_engine": c["source"].get("transformer_engine_version"),
                     "job": job["name"],
                     "inferring": c["world_size"] is None,
                 }
@@ -894,9 +901,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="OUT", help="write machine-readable results")
     parser.add_argument("--tree", help="FlagScale root (default: tools/flagscale_wheel.py)")
     parser.add_argument("--extract", metavar="GIT_DIR", help="rewrite the excerpts from a git dir")
+    parser.add_argument(
+        "--te-git",
+        metavar="GIT_DIR",
+        help="with --extract: a Transformer Engine git directory (the releases' versions)",
+    )
     opts = parser.parse_args(argv)
     if opts.extract:
-        cases = extract(opts.extract)
+        if not opts.te_git:
+            parser.error("--extract needs --te-git")
+        cases = extract(opts.extract, opts.te_git)
         _write_json(DATA, {"cases": cases, "listed_at": SOURCE_COMMIT})
         print(f"wrote {len(cases)} cases to {os.path.relpath(DATA, ROOT)}")
         return 0

@@ -42,6 +42,50 @@ def megatron_core_version(git_dir: str, commit: str) -> str:
     return f"{parts['MAJOR']}.{parts['MINOR']}.{parts['PATCH']}"
 
 
+# where a Megatron-LM commit pins the Transformer Engine its CI container builds
+_TE_REV = re.compile(r'^transformer-engine\s*=\s*\{[^}]*\brev\s*=\s*"([0-9a-f]{7,40})"', re.M)
+_TE_COMMIT_ARG = re.compile(r"^ARG TE_COMMIT=([0-9a-f]{7,40})", re.M)
+_TE_RANGE = re.compile(r'"transformer-engine(?:\[[^\]]*\])?\s*>=\s*([0-9][^,"]*)')
+TE_DOCKERFILES = ("docker/Dockerfile.ci.dev", "Dockerfile.ci.dev")
+
+
+def _show(git_dir: str, commit: str, path: str) -> str | None:
+    try:
+        return git(git_dir, "show", f"{commit}:{path}")
+    except subprocess.CalledProcessError:
+        return None
+
+
+def transformer_engine_version(git_dir: str, te_git_dir: str, commit: str) -> tuple[str, str]:
+    """The Transformer Engine release a Megatron-LM commit's CI container ran, and how that is
+    known: the ``rev`` ``pyproject.toml`` pins (``[tool.uv.sources]``) or the ``TE_COMMIT``
+    the CI Dockerfile builds, read as that Transformer Engine commit's
+    ``build_tools/VERSION.txt``; else the lower bound of ``pyproject.toml``'s version range;
+    else (no pin: the base image's) Transformer Engine's main branch at the commit's date, an
+    upper bound (a container cannot hold a later one). ``te_git_dir``: a Transformer Engine
+    git directory (the ``fetch`` of github:NVIDIA/TransformerEngine)."""
+    pyproject = _show(git_dir, commit, "pyproject.toml") or ""
+    pinned = _TE_REV.search(pyproject)
+    where = "pyproject.toml rev"
+    if pinned is None:
+        for dockerfile in TE_DOCKERFILES:
+            pinned = _TE_COMMIT_ARG.search(_show(git_dir, commit, dockerfile) or "")
+            if pinned is not None:
+                where = f"{dockerfile} TE_COMMIT"
+                break
+    if pinned is not None:
+        version = git(te_git_dir, "show", f"{pinned[1]}:build_tools/VERSION.txt").strip()
+        return version, f"{where} {pinned[1][:12]}"
+    ranged = _TE_RANGE.search(pyproject)
+    if ranged is not None:
+        return ranged[1].strip(), "pyproject.toml range: its lower bound"
+    date = git(git_dir, "show", "-s", "--format=%cI", commit).strip()
+    te_main = git(te_git_dir, "log", "-1", "--format=%H", f"--before={date}", "main").strip()
+    version = git(te_git_dir, "show", f"{te_main}:build_tools/VERSION.txt").strip()
+    where = f"no pin: Transformer Engine main at {date[:10]} ({te_main[:12]}), an upper bound"
+    return version, where
+
+
 def first_written(git_dir: str, ref: str) -> dict[str, tuple[str, str, str]]:
     """Golden values blob id -> (commit date, commit, path) of the earliest commit among
     ``ref`` and its ancestors that wrote that content under :data:`CASES_DIR`, whatever the

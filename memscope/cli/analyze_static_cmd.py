@@ -68,6 +68,13 @@ def register(sub: Any) -> None:
         help="the run's CUBLAS_WORKSPACE_CONFIG (e.g. :4096:8) (default: torch's default)",
     )
     p.add_argument(
+        "--transformer-engine-version",
+        default=None,
+        metavar="VERSION",
+        help="the run's Transformer Engine release (e.g. 2.14.0): its GEMM workspaces and "
+        "cached placeholder gradients depend on it (default: 2.17 is assumed and said so)",
+    )
+    p.add_argument(
         "--vocab-size",
         type=int,
         default=None,
@@ -104,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
                     device=args.device,
                     gpu=args.gpu,
                     cublas_workspace_config=args.cublas_workspace_config,
+                    transformer_engine_version=args.transformer_engine_version,
                 )
             )
             estimates = estimate_all_ranks(spec)
@@ -148,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         f"(tp={s['tp_rank']} pp={s['pp_rank']}, {s['peak_stage']}): {s['param_count']:,} "
         f"parameters, persistent {format_bytes(s['persistent_memory_bytes'])}, activations "
         f"{format_bytes(s['activation_memory_bytes'])}, temporary "
-        f"{format_bytes(s['temporary_memory_bytes'])}, fixed workspaces "
+        f"{format_bytes(s['temporary_memory_bytes'])}, fixed workspaces and buffers "
         f"{format_bytes(s['workspace_memory_bytes'])}"
     )
     extra = report["allowance"]

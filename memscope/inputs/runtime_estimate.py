@@ -48,10 +48,29 @@ def estimate_for_runtime(
 
 
 def _rank_spec(values: dict[str, Any], parallel: Any, device: str) -> TrainingSpec:
-    """The merged inputs as a spec, with the rank's own data-parallel size and device."""
+    """The merged inputs as a spec, with the rank's own data-parallel size and device, and
+    the Transformer Engine release installed here (the run's)."""
     spec = spec_from_megatron_args(values)
     dp = max(1, int(getattr(parallel, "dp_size", spec.parallel.dp) or 1))
-    return replace(spec, parallel=replace(spec.parallel, dp=dp), device=device)
+    return replace(
+        spec,
+        parallel=replace(spec.parallel, dp=dp),
+        device=device,
+        transformer_engine_version=installed_transformer_engine(),
+    )
+
+
+def installed_transformer_engine() -> str | None:
+    """The installed Transformer Engine's release (its distribution metadata: nothing is
+    imported), or None."""
+    from importlib import metadata
+
+    for name in ("transformer_engine", "transformer_engine_torch"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 def _chunk_disagreements(

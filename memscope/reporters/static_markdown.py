@@ -15,7 +15,10 @@ _SUMMARY_ROWS = (
     ("activations (in flight)", "activation_memory_bytes"),
     ("temporary (backward working set, buffers)", "temporary_memory_bytes"),
     ("persistent", "persistent_memory_bytes"),
-    ("fixed workspaces and buffers (cuBLAS, TE; an RL KV cache)", "workspace_memory_bytes"),
+    (
+        "fixed workspaces and buffers (cuBLAS, TE, its placeholder gradients; an RL KV cache)",
+        "workspace_memory_bytes",
+    ),
     ("**peak**", "peak_memory_bytes"),
 )
 

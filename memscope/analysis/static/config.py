@@ -265,6 +265,9 @@ class TrainingSpec:
     # the GPU (fixed cuBLAS / Transformer Engine workspaces depend on its architecture);
     # None on cuda: a Hopper GPU is assumed (stated in the report's assumptions)
     gpu: str | None = None
+    # the Transformer Engine release the run uses ("2.14.0"); None: workspaces.ASSUMED_TE
+    # (its GEMM workspaces and the placeholder gradients it caches depend on it)
+    transformer_engine_version: str | None = None
     # cross entropy: "unfused" (tensor_parallel.vocab_parallel_cross_entropy), or with
     # cross_entropy_loss_fusion its cross_entropy_fusion_impl: "native" or "te"
     cross_entropy: str = "unfused"

@@ -25,6 +25,7 @@ from memscope.analysis.static.activations import (
 from memscope.analysis.static.config import TrainingSpec, stage_spec
 from memscope.analysis.static.cuda_graphs import CudaGraphTerms, cuda_graph_terms
 from memscope.analysis.static.distillation import teacher_terms
+from memscope.analysis.static.dummy_wgrads import dummy_wgrad_terms
 from memscope.analysis.static.fp8 import quantized_weight_terms
 from memscope.analysis.static.fsdp import in_flight
 from memscope.analysis.static.muon import is_muon, muon_step_bytes
@@ -56,7 +57,9 @@ class RankEstimate:
     persistent: PersistentTerms
     activations: ActivationEstimate
     optimizer_step_bytes: int  # optimizer-step temporaries
-    workspaces: dict[str, int]  # fixed GPU workspaces (cuBLAS, Transformer Engine), by source
+    # fixed GPU buffers held for the run (cuBLAS and Transformer Engine workspaces, Transformer
+    # Engine's placeholder gradients, the RL engine's buffers), by source
+    workspaces: dict[str, int]
     post_step_bytes: int = 0  # what the optimizer step leaves until the next zero_grad
     # the last received pipeline input (and its gradient) each model chunk keeps until the
     # next step's forward (activations.retained_inputs_bytes)
@@ -233,7 +236,11 @@ def estimate_rank(spec: TrainingSpec, position: RankPosition) -> RankEstimate:
             optimizer_step_bytes(spec, params),
             muon_step_bytes(spec, params, spec.precision.muon_tp_mode) if is_muon(spec) else 0,
         ),
-        workspaces={**workspace_terms(spec), **rl_buffer_terms(spec, position)},
+        workspaces={
+            **workspace_terms(spec),
+            **dummy_wgrad_terms(spec, params, position.pp_rank),
+            **rl_buffer_terms(spec, position),
+        },
         post_step_bytes=fp32_grad_copies(spec, params),
         retained_input_bytes=retained_inputs_bytes(spec, position.pp_rank, len(per_chunk)),
         weight_terms=extra,

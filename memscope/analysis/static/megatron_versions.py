@@ -41,6 +41,13 @@ release that changed it. Each change, with where it is in megatron-core's source
   them, and the allgather dispatcher's ``token_unpermutation`` weights that ``[n, h]`` tensor
   by the routing probabilities (``bias * permuted_probs``), which keeps it for backward
   (:func:`moe_expert_bias_saved`); the alltoall dispatcher refused a bias there.
+- **0.14.0rc4: Megatron's linear layers take Transformer Engine's cached placeholder
+  gradient** (:data:`MEGATRON_DUMMY_WGRAD`). Megatron-LM e7c55de99e (2025-08-01, "Changes to
+  enable full iteration CUDA graph", first in core_v0.14.0rc4) makes
+  ``tensor_parallel/layers.py`` ``LinearWithGradAccumulationAndAsyncCommunication.backward``
+  return ``get_dummy_wgrad(...)`` (Transformer Engine's ``_dummy_wgrads`` cache) under
+  ``gradient_accumulation_fusion`` whenever Transformer Engine imports; before, a fresh
+  ``torch.empty`` that the DDP hook freed. See ``dummy_wgrads.py``.
 - **0.15.0rc2: a pipeline layout places the MTP layers** (:data:`MTP_IN_LAYOUT`). Megatron-LM
   d7bf5aaaa8 (2025-08-26, "Support EP A2A overlap for interleaved PP and MTP", first in
   core_v0.15.0rc2) lets ``pipeline_model_parallel_layout`` hold ``m`` and counts the MTP layers
@@ -128,6 +135,7 @@ INPLACE_LOGITS_SHIFT: Release = (0, 8)
 GLU_LINEAR_COPY: Release = (0, 15)
 MTP_IN_LAYOUT: Release = (0, 15, 2)
 MOE_BIAS_REFUSED: Release = (0, 13)
+MEGATRON_DUMMY_WGRAD: Release = (0, 14, 4)
 PROBS_IN_EXPERTS: Release = (0, 13)
 MOE_BIAS_ETP1: Release = (0, 15, 6)
 ARGSORT_PERMUTE: Release = (0, 17)
@@ -142,9 +150,10 @@ TE_GRAPHS_AFTER_WARMUP: Release = (0, 16)
 #: Every release above: where the estimate's terms or checks change.
 TERM_RELEASES: tuple[Release, ...] = (
     SWIGLU_FUSION, INPLACE_LOGITS_SHIFT, GLU_LINEAR_COPY, MTP_IN_LAYOUT, MOE_BIAS_REFUSED,
-    PROBS_IN_EXPERTS, MOE_BIAS_ETP1, ARGSORT_PERMUTE, NO_LEGACY_GROUPED_MLP, MTP_MODEL_LAYER,
-    MTP_EMBEDDING_TAGGED, LAYER_WISE_PARAM_LAYOUT, MEGATRON_FSDP_GRADS_DTYPE,
-    MLA_QK_NORM_RESOLVER, MUON_DISTRIBUTED_IS_LAYER_WISE, TE_GRAPHS_AFTER_WARMUP,
+    MEGATRON_DUMMY_WGRAD, PROBS_IN_EXPERTS, MOE_BIAS_ETP1, ARGSORT_PERMUTE,
+    NO_LEGACY_GROUPED_MLP, MTP_MODEL_LAYER, MTP_EMBEDDING_TAGGED, LAYER_WISE_PARAM_LAYOUT,
+    MEGATRON_FSDP_GRADS_DTYPE, MLA_QK_NORM_RESOLVER, MUON_DISTRIBUTED_IS_LAYER_WISE,
+    TE_GRAPHS_AFTER_WARMUP,
 )  # fmt: skip
 
 _RELEASE = re.compile(r"^\s*(\d+)\.(\d+)(?:\.\d+)?(?:rc(\d+))?")

@@ -18,7 +18,7 @@ Mixture of experts: the router weight ``[num_experts, h]`` is a parameter (its
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from memscope.analysis.static.config import (
     ModelSpec,
@@ -49,6 +49,10 @@ class ParamTensor:
     # (``is_embedding_or_output_parameter``); the MTP chunk's embedding copy from 0.18 on
     # (megatron_versions.MTP_EMBEDDING_TAGGED)
     embedding_or_output: bool = False
+    # a linear layer's weight: its [out, in] shape, which the weight-gradient GEMM produces
+    # (one expert's, for grouped experts held as one tensor); None for norms, biases,
+    # embeddings and the router, whose gradients no linear layer computes
+    linear: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -73,11 +77,14 @@ def _norm(prefix: str, size: int, normalization: str) -> list[ParamTensor]:
     return out
 
 
-def _linear(prefix: str, out_size: int, in_size: int, bias: bool, **kw: bool) -> list[ParamTensor]:
+def _linear(
+    prefix: str, out_size: int, in_size: int, bias: bool, expert: bool = False
+) -> list[ParamTensor]:
     """A (sharded) linear layer: ``weight [out, in]`` and optionally ``bias [out]``."""
-    out = [ParamTensor(f"{prefix}.weight", out_size * in_size, **kw)]
+    shape = (out_size, in_size)
+    out = [ParamTensor(f"{prefix}.weight", out_size * in_size, expert=expert, linear=shape)]
     if bias:
-        out.append(ParamTensor(f"{prefix}.bias", out_size, ndim=1, **kw))
+        out.append(ParamTensor(f"{prefix}.bias", out_size, ndim=1, expert=expert))
     return out
 
 
@@ -118,13 +125,16 @@ def _mla_attention(m: ModelSpec, tp: int, prefix: str) -> list[ParamTensor]:
     return out
 
 
-def _mlp(m: ModelSpec, ffn: int, tp: int, prefix: str, bias: bool, **kw: bool) -> list[ParamTensor]:
+def _mlp(
+    m: ModelSpec, ffn: int, tp: int, prefix: str, bias: bool, expert: bool = False
+) -> list[ParamTensor]:
     """``MLP`` with ``linear_fc1`` (doubled for GLU) and ``linear_fc2``, sharded ``tp`` ways."""
     fc1_out = ffn * (2 if m.gated_linear_unit else 1) // tp
-    out = _linear(f"{prefix}.linear_fc1", fc1_out, m.hidden_size, bias, **kw)
-    out.append(ParamTensor(f"{prefix}.linear_fc2.weight", m.hidden_size * (ffn // tp), **kw))
+    out = _linear(f"{prefix}.linear_fc1", fc1_out, m.hidden_size, bias, expert)
+    fc2 = (m.hidden_size, ffn // tp)
+    out.append(ParamTensor(f"{prefix}.linear_fc2.weight", fc2[0] * fc2[1], expert, linear=fc2))
     if bias:
-        out.append(ParamTensor(f"{prefix}.linear_fc2.bias", m.hidden_size, ndim=1, **kw))
+        out.append(ParamTensor(f"{prefix}.linear_fc2.bias", m.hidden_size, expert, ndim=1))
     return out
 
 
@@ -134,11 +144,16 @@ def _moe(spec: TrainingSpec, prefix: str) -> list[ParamTensor]:
     assert m.num_experts is not None
     h, ffn, etp = m.hidden_size, m.moe_ffn, p.expert_tp
     local = m.num_experts // p.ep
-    out = _linear(f"{prefix}.router", m.num_experts, h, m.add_bias_linear)
+    router = _linear(f"{prefix}.router", m.num_experts, h, m.add_bias_linear)
+    out = [replace(t, linear=None) for t in router]  # its GEMM is the router's own
     if grouped_gemm_experts(m):  # GroupedMLP: all local experts in two tensors (no bias)
-        fc1 = local * ffn * (2 if m.gated_linear_unit else 1) // etp
-        out.append(ParamTensor(f"{prefix}.experts.weight1", h * fc1, expert=True))
-        out.append(ParamTensor(f"{prefix}.experts.weight2", local * ffn // etp * h, expert=True))
+        fc1 = ffn * (2 if m.gated_linear_unit else 1) // etp  # one expert's [out, in]
+        out.append(
+            ParamTensor(f"{prefix}.experts.weight1", local * fc1 * h, expert=True, linear=(fc1, h))
+        )
+        fc2 = (h, ffn // etp)
+        numel = local * fc2[0] * fc2[1]
+        out.append(ParamTensor(f"{prefix}.experts.weight2", numel, expert=True, linear=fc2))
     else:  # SequentialMLP: one MLP per local expert
         for j in range(local):
             name = f"{prefix}.experts.local_experts.{j}"
@@ -186,7 +201,8 @@ def _mtp(spec: TrainingSpec, tag: str, moe: bool) -> list[ParamTensor]:
         prefix = f"{tag}mtp.layers.{k}"
         out += _norm(f"{prefix}.enorm", h, m.normalization)
         out += _norm(f"{prefix}.hnorm", h, m.normalization)
-        out.append(ParamTensor(f"{prefix}.eh_proj.weight", h // p.tp * 2 * h))
+        eh = (h // p.tp, 2 * h)
+        out.append(ParamTensor(f"{prefix}.eh_proj.weight", eh[0] * eh[1], linear=eh))
         out += layer_params(spec, f"{prefix}.{mtp_inner_layer(m)}", moe)
         out += _norm(f"{prefix}.final_layernorm", h, m.normalization)
     return out
@@ -238,6 +254,7 @@ def _build_rank_params(spec: TrainingSpec, pos: RankPosition) -> list[ParamTenso
                     f"{tag}output_layer.weight",
                     vocab_shard * m.hidden_size,
                     embedding_or_output=True,
+                    linear=(vocab_shard, m.hidden_size),
                 )
             )
     return out

@@ -111,6 +111,21 @@ TE_UB_STREAMS = 3  # _NUM_MAX_UB_STREAMS
 TE_SEPARATE_UB_WORKSPACE_SINCE = (2, 11)
 ASSUMED_TE = (2, 17)
 _PAIR = re.compile(r":([0-9]+):([0-9]+)")
+# "2.14.0", "2.2.0.dev0", "2.6.0a0", "2.13.0+abc": major, minor, and anything after the patch
+_TE_VERSION = re.compile(r"^\s*(\d+)\.(\d+)(?:\.\d+)?(.*)$")
+
+
+def te_release_at_least(version: str | None, first: tuple[int, int]) -> bool:
+    """Whether Transformer Engine ``version`` (None: :data:`ASSUMED_TE`) is release ``first``
+    or later; a pre-release of ``first`` (``dev``, ``a``, ``b``, ``rc``) is not."""
+    if version is None:
+        return first <= ASSUMED_TE
+    match = _TE_VERSION.match(version)
+    if not match:
+        raise ValueError(f"transformer_engine_version {version!r} is not a release number")
+    have = (int(match[1]), int(match[2]))
+    pre = re.match(r"^\.?(dev|a|b|rc)\d*", match[3]) is not None
+    return have > first or (have == first and not pre)
 
 
 def compute_capability(gpu: str | None) -> tuple[int, int]:
@@ -159,13 +174,13 @@ def te_workspace_bytes(capability: tuple[int, int]) -> int:
 
 
 def te_userbuffer_workspace_bytes(
-    capability: tuple[int, int], te_version: tuple[int, int] = ASSUMED_TE
+    capability: tuple[int, int], te_version: str | None = None
 ) -> int:
     """What ``tp_comm_overlap`` adds to Transformer Engine's GEMM workspaces: a separate
     ``_NUM_MAX_UB_STREAMS`` x workspace from TE 2.11, else the one workspace grown to that
-    many (see the module docstring)."""
+    many (see the module docstring); ``te_version`` None: :data:`ASSUMED_TE`."""
     one = te_workspace_bytes(capability)
-    if te_version >= TE_SEPARATE_UB_WORKSPACE_SINCE:
+    if te_release_at_least(te_version, TE_SEPARATE_UB_WORKSPACE_SINCE):
         return TE_UB_STREAMS * one
     return (TE_UB_STREAMS - 1) * one
 
@@ -183,7 +198,9 @@ def workspace_terms(spec: TrainingSpec) -> dict[str, int]:
     if spec.model.transformer_impl == "transformer_engine":
         out["te_cublas_workspace"] = te_workspace_bytes(capability)
         if spec.tp_comm_overlap and spec.parallel.tp > 1:  # TE linears get userbuffers
-            out["te_userbuffer_gemm_workspace"] = te_userbuffer_workspace_bytes(capability)
+            out["te_userbuffer_gemm_workspace"] = te_userbuffer_workspace_bytes(
+                capability, spec.transformer_engine_version
+            )
         m = spec.model
         if m.num_experts and grouped_gemm_experts(m) and not legacy_grouped_mlp(m):
             out["te_grouped_gemm_workspaces"] = TE_CUBLAS_STREAMS * te_workspace_bytes(capability)
