@@ -136,8 +136,11 @@ def test_rank_with_all_ranks_details_that_rank_and_marks_its_line(tmp_path, caps
     assert worst[-1].split(" on rank ")[1].split()[0] == worst_marked.rsplit(" ", 1)[1]
 
 
-def test_a_transformer_engine_release_that_is_no_version_is_one_line_and_exit_2(tmp_path, capsys):
-    args = ["analyze-static", "--config", STATIC_CONFIG, "--outdir", str(tmp_path / "o"),
+@pytest.mark.parametrize("command", [["analyze-static"], ["plan", "--gpu-memory", "80GiB"]])
+def test_a_transformer_engine_release_that_is_no_version_is_one_line_and_exit_2(
+    tmp_path, capsys, command
+):
+    args = [*command, "--config", STATIC_CONFIG, "--outdir", str(tmp_path / "o"),
             "--transformer-engine-version", "latest"]  # fmt: skip
     assert main(args) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()

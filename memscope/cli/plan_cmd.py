@@ -118,6 +118,12 @@ def register(sub: Any) -> None:
         "rank's share of host memory; no CUDA-only savers (precision-aware optimizer, offload)",
     )
     p.add_argument("--gpu", default=None, help="the GPU (h100, a100, ...), as analyze-static")
+    p.add_argument(
+        "--transformer-engine-version",
+        default=None,
+        metavar="VERSION",
+        help="the run's Transformer Engine release, as analyze-static (default: 2.17 assumed)",
+    )
     p.add_argument("--vocab-size", type=int, default=None, help="unpadded vocabulary size")
     add_world_size_args(p)
     p.set_defaults(run=run)
@@ -153,7 +159,14 @@ def run(args: argparse.Namespace) -> int:
         # the config's own layout (its world size may differ from the one planned for: the
         # global batch, micro-batch x microbatches x DP, is what carries over)
         spec, _keys = load_config(args.config, args.vocab_size, None)
-        spec = validate_spec(replace(spec, device=args.device, gpu=args.gpu))
+        spec = validate_spec(
+            replace(
+                spec,
+                device=args.device,
+                gpu=args.gpu,
+                transformer_engine_version=args.transformer_engine_version,
+            )
+        )
         budget = int(gpu_memory * (1 - headroom))
         result = plan(
             spec,
