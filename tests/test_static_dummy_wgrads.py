@@ -60,11 +60,13 @@ def test_a_tied_output_layer_runs_on_the_word_embeddings_shape_and_a_first_stage
     assert _bytes(pp2, 1) == 2 * (QKV + PROJ + FC1 + FC2 + OUTPUT)
 
 
-def test_none_without_fused_accumulation_on_cpu_or_before_transformer_engine_2_3():
+def test_none_without_fused_accumulation_on_cpu_without_te_or_before_its_cache():
     assert _bytes(_spec(gradient_accumulation_fusion=False)) == 0
     assert _bytes(dataclasses.replace(_spec(), device="cpu")) == 0
+    assert _bytes(_spec(te="none")) == 0  # not installed: Megatron's fresh torch.empty
     assert _bytes(_spec(te="2.2.0")) == 0
-    assert _bytes(_spec(te="2.3.0.dev0")) == 0  # a pre-release of 2.3 is before it
+    assert _bytes(_spec(te="2.2.0.dev0")) == 0  # TE main before the cache
+    assert _bytes(_spec(te="2.2.1")) > 0  # the cache cherry-picked into 2.2.1
     assert _bytes(_spec(te="2.3.0")) > 0
     assert _bytes(_spec(te=None)) > 0  # the assumed 2.17
 
@@ -85,6 +87,11 @@ def test_experts_hold_one_shape_each_and_the_legacy_grouped_mlp_none():
     dense = QKV + PROJ + OUTPUT
     grouped = _spec(megatron_core="0.16.1", moe_grouped_gemm=True, **moe)  # TEGroupedMLP
     assert _bytes(grouped) == 2 * (dense + experts)
+    # GroupedLinear takes the cached placeholder from TE 2.10 (before: a fresh one)
+    grouped_2_9 = _spec(te="2.9.0", megatron_core="0.16.1", moe_grouped_gemm=True, **moe)
+    assert _bytes(grouped_2_9) == 2 * dense
+    sequential_2_9 = _spec(te="2.9.0", megatron_core="0.16.1", **moe)  # TE Linear per expert
+    assert _bytes(sequential_2_9) == 2 * (dense + experts)
     sequential = _spec(megatron_core="0.16.1", **moe)  # one TE MLP per expert
     assert _bytes(sequential) == 2 * (dense + experts)
     legacy = _spec(megatron_core="0.16.1", moe_grouped_gemm=True, transformer_impl="local", **moe)
@@ -119,7 +126,9 @@ def test_the_docs_figures_for_the_example_config_are_the_estimators():
     ("version", "first", "expected"),
     [("2.14.0", (2, 3), True), ("2.3.0", (2, 3), True), ("2.3.0.dev0", (2, 3), False),
      ("2.6.0a0", (2, 6), False), ("2.6.0a0", (2, 3), True), ("2.13.0+9f1a2b", (2, 11), True),
-     ("2.10.1", (2, 11), False), (None, (2, 17), True)],
+     ("2.10.1", (2, 11), False), (None, (2, 17), True), ("2.2.1", (2, 2, 1), True),
+     ("2.2.0", (2, 2, 1), False), ("2.3.0.dev0", (2, 2, 1), True), ("none", (1, 0), False),
+     ("2.11.0+c188b533", (2, 11), True)],
 )  # fmt: skip
 def test_transformer_engine_releases_compare_with_pre_releases_before_their_release(
     version, first, expected
@@ -135,12 +144,16 @@ def test_a_transformer_engine_release_that_is_no_version_is_refused():
 def test_the_benchmark_cases_carry_the_transformer_engine_their_commit_builds():
     with open("tests/data/published_cases.json", encoding="utf-8") as f:
         cases = {c["name"]: c["source"] for c in json.load(f)["cases"]}
-    # pyproject.toml's rev at 4e85d74ae9 is TE 71bbefbf15, 2.14.0
+    # uv.lock at 4e85d74ae9 resolves pyproject.toml's rev 71bbefbf15: TE 2.14.0
     rl = cases["gpt_grpo_tp4_pp1_dp2_8b_throughput"]
-    assert rl["transformer_engine_version"] == "2.14.0"
-    assert rl["transformer_engine_source"] == "pyproject.toml rev 71bbefbf1534"
-    for source in cases.values():  # every one is a version the estimator reads
-        te_release_at_least(source["transformer_engine_version"], (2, 3))
+    assert rl["transformer_engine_version"] == "2.14.0+71bbefbf"
+    assert rl["transformer_engine_source"] == "uv.lock"
+    # a branch pin (rev = "release_v2.11") is read from uv.lock's resolved version
+    assert cases["gpt3_mcore_te_tp2_pp2_ep4_etp1_memory_speed"]["transformer_engine_version"] == (
+        "2.11.0+c188b533"
+    )
+    versions = [source["transformer_engine_version"] for source in cases.values()]
+    assert all(te_release_at_least(v, (1, 0)) for v in versions)  # every one reads
 
 
 def test_in_run_the_estimate_follows_the_installed_transformer_engine(monkeypatch):
@@ -148,15 +161,25 @@ def test_in_run_the_estimate_follows_the_installed_transformer_engine(monkeypatc
 
     from memscope.inputs import runtime_estimate
 
-    assert runtime_estimate.installed_transformer_engine() is None  # none on this CPU machine
+    installed: dict[str, str] = {}
 
     def version(name: str) -> str:
-        if name == "transformer_engine":
-            return "2.14.0"
+        if name in installed:
+            return installed[name]
         raise metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(metadata, "version", version)
+    assert runtime_estimate.installed_transformer_engine() == "none"
+    installed["transformer_engine"] = "2.14.0"
     assert runtime_estimate.installed_transformer_engine() == "2.14.0"
     parallel = type("Parallel", (), {"dp_size": 1})()
     spec = runtime_estimate._rank_spec(dict(BASE), parallel, "cuda")
     assert spec.transformer_engine_version == "2.14.0"
+
+
+def test_without_transformer_engine_a_local_moe_router_keeps_no_te_workspace():
+    from memscope.analysis.static.workspaces import workspace_terms
+
+    moe = dict(num_experts=4, moe_ffn_hidden_size=32, transformer_impl="local")
+    assert "te_cublas_workspace" in workspace_terms(_spec(te=None, **moe))  # TE assumed
+    assert "te_cublas_workspace" not in workspace_terms(_spec(te="none", **moe))

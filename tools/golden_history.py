@@ -19,6 +19,7 @@ CASES_DIR = "tests/functional_tests/test_cases"
 # golden values", edited 272 files) measured nothing.
 MEASURED_SERIES = ("lm loss", "mem-allocated-bytes", "mem-max-allocated-bytes")
 _VERSION_PART = re.compile(r"^(MAJOR|MINOR|PATCH) = (\d+)$", re.M)
+_PRE_RELEASE = re.compile(r"^PRE_RELEASE = ['\"]([^'\"]*)['\"]", re.M)
 
 
 def git(git_dir: str, *args: str) -> str:
@@ -35,14 +36,16 @@ def blob_id(data: bytes) -> str:
 
 def megatron_core_version(git_dir: str, commit: str) -> str:
     """The megatron-core release at ``commit``: ``megatron/core/package_info.py``
-    (``MAJOR``.``MINOR``.``PATCH``)."""
-    parts = dict(
-        _VERSION_PART.findall(git(git_dir, "show", f"{commit}:megatron/core/package_info.py"))
-    )
-    return f"{parts['MAJOR']}.{parts['MINOR']}.{parts['PATCH']}"
+    (``MAJOR``.``MINOR``.``PATCH`` and its ``PRE_RELEASE``, e.g. ``0.14.0rc0``: a change
+    first in ``rc4`` is not in a main-line commit that still says ``rc0``)."""
+    info = git(git_dir, "show", f"{commit}:megatron/core/package_info.py")
+    parts = dict(_VERSION_PART.findall(info))
+    pre = _PRE_RELEASE.search(info)
+    return f"{parts['MAJOR']}.{parts['MINOR']}.{parts['PATCH']}{pre[1] if pre else ''}"
 
 
 # where a Megatron-LM commit pins the Transformer Engine its CI container builds
+_TE_LOCKED = re.compile(r'^name = "transformer-engine"\nversion = "([^"]+)"', re.M)
 _TE_REV = re.compile(r'^transformer-engine\s*=\s*\{[^}]*\brev\s*=\s*"([0-9a-f]{7,40})"', re.M)
 _TE_COMMIT_ARG = re.compile(r"^ARG TE_COMMIT=([0-9a-f]{7,40})", re.M)
 _TE_RANGE = re.compile(r'"transformer-engine(?:\[[^\]]*\])?\s*>=\s*([0-9][^,"]*)')
@@ -58,12 +61,16 @@ def _show(git_dir: str, commit: str, path: str) -> str | None:
 
 def transformer_engine_version(git_dir: str, te_git_dir: str, commit: str) -> tuple[str, str]:
     """The Transformer Engine release a Megatron-LM commit's CI container ran, and how that is
-    known: the ``rev`` ``pyproject.toml`` pins (``[tool.uv.sources]``) or the ``TE_COMMIT``
-    the CI Dockerfile builds, read as that Transformer Engine commit's
-    ``build_tools/VERSION.txt``; else the lower bound of ``pyproject.toml``'s version range;
-    else (no pin: the base image's) Transformer Engine's main branch at the commit's date, an
-    upper bound (a container cannot hold a later one). ``te_git_dir``: a Transformer Engine
-    git directory (the ``fetch`` of github:NVIDIA/TransformerEngine)."""
+    known: the version ``uv.lock`` resolved; else the ``rev`` ``pyproject.toml`` pins
+    (``[tool.uv.sources]``) or the ``TE_COMMIT`` the CI Dockerfile builds, read as that
+    Transformer Engine commit's ``build_tools/VERSION.txt``; else the lower bound of
+    ``pyproject.toml``'s version range; else (no pin: the base image's) the newest
+    Transformer Engine release tagged by the commit's date (a container cannot hold a later
+    release; a development build of the next one reads as before it). ``te_git_dir``: a
+    Transformer Engine git directory (the ``fetch`` of github:NVIDIA/TransformerEngine)."""
+    locked = _TE_LOCKED.search(_show(git_dir, commit, "uv.lock") or "")
+    if locked is not None:
+        return locked[1], "uv.lock"
     pyproject = _show(git_dir, commit, "pyproject.toml") or ""
     pinned = _TE_REV.search(pyproject)
     where = "pyproject.toml rev"
@@ -80,10 +87,15 @@ def transformer_engine_version(git_dir: str, te_git_dir: str, commit: str) -> tu
     if ranged is not None:
         return ranged[1].strip(), "pyproject.toml range: its lower bound"
     date = git(git_dir, "show", "-s", "--format=%cI", commit).strip()
-    te_main = git(te_git_dir, "log", "-1", "--format=%H", f"--before={date}", "main").strip()
-    version = git(te_git_dir, "show", f"{te_main}:build_tools/VERSION.txt").strip()
-    where = f"no pin: Transformer Engine main at {date[:10]} ({te_main[:12]}), an upper bound"
-    return version, where
+    tags = git(te_git_dir, "tag", "--list", "v*",
+               "--format=%(refname:short) %(creatordate:iso-strict)")  # fmt: skip
+    released = [
+        (tuple(int(x) for x in tag[1:].split(".")), tag)
+        for tag, when in (line.split() for line in tags.splitlines())
+        if re.fullmatch(r"v\d+\.\d+(\.\d+)?", tag) and when <= date
+    ]
+    _, tag = max(released)
+    return tag[1:], f"no pin: the newest Transformer Engine release by {date[:10]}"
 
 
 def first_written(git_dir: str, ref: str) -> dict[str, tuple[str, str, str]]:

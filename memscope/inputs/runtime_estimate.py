@@ -60,17 +60,19 @@ def _rank_spec(values: dict[str, Any], parallel: Any, device: str) -> TrainingSp
     )
 
 
-def installed_transformer_engine() -> str | None:
+def installed_transformer_engine() -> str:
     """The installed Transformer Engine's release (its distribution metadata: nothing is
-    imported), or None."""
+    imported), or ``TE_NOT_INSTALLED``."""
     from importlib import metadata
+
+    from memscope.analysis.static.workspaces import TE_NOT_INSTALLED
 
     for name in ("transformer_engine", "transformer_engine_torch"):
         try:
             return metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
-    return None
+    return TE_NOT_INSTALLED
 
 
 def _chunk_disagreements(

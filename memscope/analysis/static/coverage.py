@@ -21,7 +21,7 @@ from memscope.analysis.static.muon import uses_bucket_layout
 from memscope.analysis.static.pipeline_layout import mtp_chunk
 from memscope.analysis.static.read_keys import READ_KEYS, memscope_keys
 from memscope.analysis.static.validation import show
-from memscope.analysis.static.workspaces import ASSUMED_TE
+from memscope.analysis.static.workspaces import ASSUMED_TE, TE_NOT_INSTALLED
 
 # Memory-relevant Megatron / FlagScale arguments the estimator does not model: key -> what
 # memory effect the estimate misses when the config sets it. A key the estimator reads
@@ -225,12 +225,15 @@ def assumptions(spec: TrainingSpec, world_source: str | None = None) -> tuple[st
             out.append(f"device: cuda, GPU {gpu} (fixed cuBLAS/Transformer Engine workspaces)")
         te = spec.transformer_engine_version
         major, minor = ASSUMED_TE
-        out.append(
-            f"Transformer Engine {te} (its workspaces, cached placeholder gradients)"
-            if te is not None
-            else f"Transformer Engine {major}.{minor} assumed (its workspaces, cached "
-            "placeholder gradients)"
-        )
+        if te is None:
+            out.append(
+                f"Transformer Engine {major}.{minor} assumed (its workspaces, cached "
+                "placeholder gradients)"
+            )
+        elif te.strip().lower() == TE_NOT_INSTALLED:
+            out.append("Transformer Engine not installed (no TE workspaces or placeholders)")
+        else:
+            out.append(f"Transformer Engine {te} (its workspaces, cached placeholder gradients)")
     impl = (
         "Transformer Engine layers" if m.transformer_impl == "transformer_engine"
         else "megatron-core local-spec layers"

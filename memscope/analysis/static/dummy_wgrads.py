@@ -8,13 +8,15 @@ distributed_data_parallel.py, megatron_fsdp/megatron_fsdp.py). The placeholder c
 Transformer Engine's ``get_dummy_wgrad`` (transformer_engine/pytorch/module/base.py), which
 keeps one ``torch.empty(shape, dtype)`` per ``(shape, dtype)`` in the module-global
 ``_dummy_wgrads`` and never frees it (NVIDIA/TransformerEngine#1651, ba5dc5dde, first in
-v2.3; before, each backward allocated a fresh one that the DDP hook's ``param.grad = None``
-freed). So from the first backward on, one tensor per distinct weight shape stays allocated:
+v2.3 and cherry-picked into v2.2.1; before, each backward allocated a fresh one that the DDP
+hook's ``param.grad = None`` freed). So from the first backward on, one tensor per distinct
+weight shape stays allocated:
 
-- **Transformer Engine's linear layers** (``Linear``, ``LayerNormLinear``,
-  ``GroupedLinear``: module/linear.py, layernorm_linear.py, grouped_linear.py, each per expert
-  weight): with ``transformer_impl`` ``transformer_engine`` every linear of the layers, the
-  MLA projections, shared experts, grouped experts (``TEGroupedMLP``) and MTP's ``eh_proj``;
+- **Transformer Engine's linear layers** (``Linear``, ``LayerNormLinear``: module/linear.py,
+  layernorm_linear.py; ``GroupedLinear``, each per expert weight, only from v2.10,
+  NVIDIA/TransformerEngine#2305, before which it allocated a fresh one): with
+  ``transformer_impl`` ``transformer_engine`` every linear of the layers, the MLA
+  projections, shared experts, grouped experts (``TEGroupedMLP``) and MTP's ``eh_proj``;
   keyed by the weight's shape and dtype.
 - **Megatron's own linear layers** (megatron/core/tensor_parallel/layers.py
   ``LinearWithGradAccumulationAndAsyncCommunication.backward``: ``get_dummy_wgrad(
@@ -28,8 +30,9 @@ freed). So from the first backward on, one tensor per distinct weight shape stay
 
 The router's gating GEMM, the embeddings, norms and biases take ordinary gradients. Assumed,
 as elsewhere in these estimates: Transformer Engine is installed (Megatron-LM's containers
-pin it) at :data:`.workspaces.ASSUMED_TE` unless the spec names the release. Not checked on
-CPU: Transformer Engine needs CUDA, and without it Megatron allocates a fresh placeholder.
+pin it) at :data:`.workspaces.ASSUMED_TE` unless the spec names the release, or says none
+is installed (:data:`.workspaces.TE_NOT_INSTALLED`: then Megatron allocates a fresh
+placeholder each time). Not checked on CPU: Transformer Engine needs CUDA.
 
 Known limitations: the placeholders are counted from the start of the run, although each
 appears at the first backward of its shape (the first step's forward does not hold them).
@@ -52,7 +55,11 @@ if TYPE_CHECKING:
     from memscope.analysis.static.params import ParamTensor
 
 # NVIDIA/TransformerEngine#1651 (ba5dc5dde, 2025-04-08): the placeholder cache, first in v2.3
-TE_DUMMY_WGRAD_CACHE = (2, 3)
+# and cherry-picked into v2.2.1 (d0c452ccf)
+TE_DUMMY_WGRAD_CACHE = (2, 2, 1)
+# NVIDIA/TransformerEngine#2305 (d2945c6a57): GroupedLinear takes it too, first in v2.10
+TE_GROUPED_DUMMY_WGRAD = (2, 10)
+_GROUPED_EXPERTS = (".experts.weight1", ".experts.weight2")
 
 
 def _through_megatron(spec: TrainingSpec, t: ParamTensor) -> bool:
@@ -71,13 +78,16 @@ def dummy_wgrad_bytes(spec: TrainingSpec, params: list[ParamTensor], pp_rank: in
         return 0
     m, p = spec.model, spec.parallel
     megatron_placeholders = at_least(m, MEGATRON_DUMMY_WGRAD)
-    legacy_experts = legacy_grouped_mlp(m)
+    # TEGroupedMLP's GroupedLinear (the legacy GroupedMLP runs its own grouped GEMM: none)
+    grouped = not legacy_grouped_mlp(m) and te_release_at_least(
+        spec.transformer_engine_version, TE_GROUPED_DUMMY_WGRAD
+    )
     shapes: set[tuple[int, int]] = set()
     for t in params:
         if t.linear is None:
             continue
-        if legacy_experts and t.name.endswith((".experts.weight1", ".experts.weight2")):
-            continue  # the legacy GroupedMLP's own grouped GEMM: no placeholder
+        if t.name.endswith(_GROUPED_EXPERTS) and not grouped:
+            continue
         if _through_megatron(spec, t) and not megatron_placeholders:
             continue
         shapes.add(t.linear)

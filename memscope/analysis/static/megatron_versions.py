@@ -47,7 +47,8 @@ release that changed it. Each change, with where it is in megatron-core's source
   ``tensor_parallel/layers.py`` ``LinearWithGradAccumulationAndAsyncCommunication.backward``
   return ``get_dummy_wgrad(...)`` (Transformer Engine's ``_dummy_wgrads`` cache) under
   ``gradient_accumulation_fusion`` whenever Transformer Engine imports; before, a fresh
-  ``torch.empty`` that the DDP hook freed. See ``dummy_wgrads.py``.
+  ``torch.empty`` that the DDP hook freed. See ``dummy_wgrads.py``. (Main-line commits
+  that already said ``rc4`` before it landed read as having it.)
 - **0.15.0rc2: a pipeline layout places the MTP layers** (:data:`MTP_IN_LAYOUT`). Megatron-LM
   d7bf5aaaa8 (2025-08-26, "Support EP A2A overlap for interleaved PP and MTP", first in
   core_v0.15.0rc2) lets ``pipeline_model_parallel_layout`` hold ``m`` and counts the MTP layers
@@ -166,7 +167,8 @@ def release(version: str | None) -> Release | None:
     ``0.19.2+9fbc6af`` -> ``(0, 19, FINAL)``. A two-field constant such as ``(0, 15)`` is
     reached by every candidate of 0.15; a three-field one (:data:`MOE_BIAS_ETP1`) only by its
     candidate and later. A main-line commit between releases carries the next release's
-    number (``0.15.0``) and reads as that release."""
+    number and the candidate its ``package_info.py`` names (``0.15.0rc0``, often for months:
+    read as that candidate); without a candidate it reads as the release."""
     match = _RELEASE.match(version or "")
     if not match:
         return None

@@ -111,21 +111,36 @@ TE_UB_STREAMS = 3  # _NUM_MAX_UB_STREAMS
 TE_SEPARATE_UB_WORKSPACE_SINCE = (2, 11)
 ASSUMED_TE = (2, 17)
 _PAIR = re.compile(r":([0-9]+):([0-9]+)")
-# "2.14.0", "2.2.0.dev0", "2.6.0a0", "2.13.0+abc": major, minor, and anything after the patch
-_TE_VERSION = re.compile(r"^\s*(\d+)\.(\d+)(?:\.\d+)?(.*)$")
+# "2.14.0", "2.2.0.dev0", "2.6.0a0", "2.13.0+abc": major, minor, patch, and what follows
+_TE_VERSION = re.compile(r"^\s*(\d+)\.(\d+)(?:\.(\d+))?(.*)$")
+#: ``transformer_engine_version`` of a run without Transformer Engine installed
+TE_NOT_INSTALLED = "none"
 
 
-def te_release_at_least(version: str | None, first: tuple[int, int]) -> bool:
-    """Whether Transformer Engine ``version`` (None: :data:`ASSUMED_TE`) is release ``first``
-    or later; a pre-release of ``first`` (``dev``, ``a``, ``b``, ``rc``) is not."""
+def te_release_at_least(version: str | None, first: tuple[int, ...]) -> bool:
+    """Whether Transformer Engine ``version`` (None: :data:`ASSUMED_TE`;
+    :data:`TE_NOT_INSTALLED`: none, so no release) is release ``first`` (major, minor[,
+    patch]) or later; a pre-release of ``first`` (``dev``, ``a``, ``b``, ``rc``) is not."""
     if version is None:
         return first <= ASSUMED_TE
+    if version.strip().lower() == TE_NOT_INSTALLED:
+        return False
     match = _TE_VERSION.match(version)
     if not match:
-        raise ValueError(f"transformer_engine_version {version!r} is not a release number")
-    have = (int(match[1]), int(match[2]))
-    pre = re.match(r"^\.?(dev|a|b|rc)\d*", match[3]) is not None
-    return have > first or (have == first and not pre)
+        raise ValueError(
+            f"transformer_engine_version {version!r} is not a release number (or "
+            f"{TE_NOT_INSTALLED!r})"
+        )
+    have = (int(match[1]), int(match[2]), int(match[3] or 0))
+    wanted = (*first, 0, 0)[:3]
+    pre = re.match(r"^\.?(dev|a|b|rc)\d*", match[4]) is not None
+    return have > wanted or (have == wanted and not pre)
+
+
+def te_installed(spec: TrainingSpec) -> bool:
+    """Whether the run has Transformer Engine (assumed unless the spec says it has none)."""
+    version = spec.transformer_engine_version
+    return version is None or version.strip().lower() != TE_NOT_INSTALLED
 
 
 def compute_capability(gpu: str | None) -> tuple[int, int]:
@@ -192,7 +207,9 @@ def workspace_terms(spec: TrainingSpec) -> dict[str, int]:
     capability = compute_capability(spec.gpu)
     one = torch_cublas_workspace_bytes(capability, spec.cublas_workspace_config)
     out = {"torch_cublas_workspaces": TORCH_GEMM_THREADS * one}
-    router_through_te = spec.model.num_experts and spec.model.moe_router_dtype != "fp64"
+    router_through_te = (
+        spec.model.num_experts and spec.model.moe_router_dtype != "fp64" and te_installed(spec)
+    )
     if spec.model.transformer_impl == "local" and router_through_te:
         out["te_cublas_workspace"] = te_workspace_bytes(capability)  # the router's GEMM
     if spec.model.transformer_impl == "transformer_engine":
