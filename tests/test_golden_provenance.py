@@ -173,3 +173,55 @@ def test_a_copied_golden_file_carries_the_run_that_wrote_its_bytes(tmp_path, mon
     )
     assert (commit, path) == (first, f"{root}/h100_case/golden_values_dev.json")
     assert names == [path]
+
+
+def _dated_commit(repo: str, files: dict[str, str], date: str) -> str:
+    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
+               GIT_COMMITTER_EMAIL="t@t", GIT_AUTHOR_DATE=date,
+               GIT_COMMITTER_DATE=date)  # fmt: skip
+    for path, text in files.items():
+        full = os.path.join(repo, path)
+        os.makedirs(os.path.dirname(full) or repo, exist_ok=True)
+        with open(full, "w", encoding="utf-8") as f:
+            f.write(text)
+        subprocess.run(["git", "-C", repo, "add", path], check=True, env=env)
+    subprocess.run(["git", "-C", repo, "commit", "-q", "-m", date], check=True, env=env)
+    return _git(repo, "rev-parse", "HEAD")
+
+
+def test_the_transformer_engine_a_commit_builds_is_read_from_its_lock_pin_range_or_date(tmp_path):
+    """``golden_history.transformer_engine_version`` on a small real pair of histories."""
+    import golden_history
+
+    te = _new_repo(tmp_path / "te")
+    _git(te, "checkout", "-q", "-b", "main")
+    old = _dated_commit(te, {"build_tools/VERSION.txt": "2.1.0\n"}, "2025-03-01T00:00:00")
+    _git(te, "tag", "v2.1", old)
+    dev = _dated_commit(te, {"build_tools/VERSION.txt": "2.2.0.dev0\n"}, "2025-03-20T00:00:00")
+    pinned = _dated_commit(te, {"build_tools/VERSION.txt": "2.5.0\n"}, "2025-06-01T00:00:00")
+    mg = _new_repo(tmp_path / "megatron")
+    te_git, mg_git = os.path.join(te, ".git"), os.path.join(mg, ".git")
+
+    def read(files: dict[str, str], date: str = "2025-07-01T00:00:00") -> tuple[str, str]:
+        commit = _dated_commit(mg, files, date)
+        return golden_history.transformer_engine_version(mg_git, te_git, commit)
+
+    assert read({"Dockerfile.ci.dev": f"FROM x\nARG TE_COMMIT={dev}\n"}) == (
+        "2.2.0.dev0", f"Dockerfile.ci.dev TE_COMMIT {dev[:12]}")  # fmt: skip
+    pyproject = f'[tool.uv.sources]\ntransformer-engine = {{ git = "u", rev = "{pinned}" }}\n'
+    assert read({"pyproject.toml": pyproject}) == ("2.5.0", f"pyproject.toml rev {pinned[:12]}")
+    # a branch pin is what uv.lock resolved
+    lock = 'name = "transformer-engine"\nversion = "2.11.0+c188b533"\nsource = { git = "u" }\n'
+    branch = '[tool.uv.sources]\ntransformer-engine = { git = "u", rev = "release_v2.11" }\n'
+    assert read({"pyproject.toml": branch, "uv.lock": lock}) == ("2.11.0+c188b533", "uv.lock")
+    ranged = 'dependencies = [\n    "transformer-engine[pytorch]>=2.9.0a0,<2.12.0",\n]\n'
+    no_pin = {"pyproject.toml": ranged, "uv.lock": "# empty\n", "Dockerfile.ci.dev": "FROM x\n"}
+    assert read(no_pin) == ("2.9.0a0", "pyproject.toml range: its lower bound")
+    # no pin: the base image's TE, no newer than the newest release tagged by then
+    unpinned = _new_repo(tmp_path / "megatron-old")
+    commit = _dated_commit(unpinned, {"README": "x\n"}, "2025-04-01T00:00:00")
+    version, source = golden_history.transformer_engine_version(
+        os.path.join(unpinned, ".git"), te_git, commit
+    )
+    assert version == "2.1"
+    assert source == "no pin: the newest Transformer Engine release by 2025-04-01"
