@@ -6,7 +6,6 @@ import argparse
 import os
 import sys
 import warnings
-from dataclasses import replace
 from typing import Any
 
 from memscope.cli.common import (
@@ -19,6 +18,7 @@ from memscope.cli.common import (
     write_output,
     wrote,
 )
+from memscope.cli.hardware_args import add_transformer_engine_arg, with_hardware
 from memscope.cli.world_size_args import add_world_size_args, world_size_from_args
 
 
@@ -67,13 +67,7 @@ def register(sub: Any) -> None:
         metavar="CONFIG",
         help="the run's CUBLAS_WORKSPACE_CONFIG (e.g. :4096:8) (default: torch's default)",
     )
-    p.add_argument(
-        "--transformer-engine-version",
-        default=None,
-        metavar="VERSION",
-        help="the run's Transformer Engine release (e.g. 2.14.0): its GEMM workspaces and "
-        "cached placeholder gradients depend on it (default: 2.17 is assumed and said so)",
-    )
+    add_transformer_engine_arg(p)
     p.add_argument(
         "--vocab-size",
         type=int,
@@ -105,15 +99,7 @@ def run(args: argparse.Namespace) -> int:
         warnings.simplefilter("always", ConfigWarning)
         try:
             spec, keys = load_config(args.config, args.vocab_size, world)
-            spec = validate_spec(
-                replace(
-                    spec,
-                    device=args.device,
-                    gpu=args.gpu,
-                    cublas_workspace_config=args.cublas_workspace_config,
-                    transformer_engine_version=args.transformer_engine_version,
-                )
-            )
+            spec = validate_spec(with_hardware(spec, args))
             estimates = estimate_all_ranks(spec)
             if args.rank is None:
                 selected = max(estimates, key=lambda e: e.peak_memory_bytes)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from dataclasses import replace
 from typing import Any
 
 from memscope.cli.common import (
@@ -17,6 +16,7 @@ from memscope.cli.common import (
     write_output,
     wrote,
 )
+from memscope.cli.hardware_args import add_transformer_engine_arg, with_hardware
 from memscope.cli.world_size_args import add_world_size_args, world_size_from_args
 
 _UNITS = {"": None, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -118,12 +118,7 @@ def register(sub: Any) -> None:
         "rank's share of host memory; no CUDA-only savers (precision-aware optimizer, offload)",
     )
     p.add_argument("--gpu", default=None, help="the GPU (h100, a100, ...), as analyze-static")
-    p.add_argument(
-        "--transformer-engine-version",
-        default=None,
-        metavar="VERSION",
-        help="the run's Transformer Engine release, as analyze-static (default: 2.17 assumed)",
-    )
+    add_transformer_engine_arg(p)
     p.add_argument("--vocab-size", type=int, default=None, help="unpadded vocabulary size")
     add_world_size_args(p)
     p.set_defaults(run=run)
@@ -159,14 +154,7 @@ def run(args: argparse.Namespace) -> int:
         # the config's own layout (its world size may differ from the one planned for: the
         # global batch, micro-batch x microbatches x DP, is what carries over)
         spec, _keys = load_config(args.config, args.vocab_size, None)
-        spec = validate_spec(
-            replace(
-                spec,
-                device=args.device,
-                gpu=args.gpu,
-                transformer_engine_version=args.transformer_engine_version,
-            )
-        )
+        spec = validate_spec(with_hardware(spec, args))
         budget = int(gpu_memory * (1 - headroom))
         result = plan(
             spec,

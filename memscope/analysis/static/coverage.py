@@ -21,7 +21,7 @@ from memscope.analysis.static.muon import uses_bucket_layout
 from memscope.analysis.static.pipeline_layout import mtp_chunk
 from memscope.analysis.static.read_keys import READ_KEYS, memscope_keys
 from memscope.analysis.static.validation import show
-from memscope.analysis.static.workspaces import ASSUMED_TE, TE_NOT_INSTALLED
+from memscope.analysis.static.workspaces import ASSUMED_TE, te_installed
 
 # Memory-relevant Megatron / FlagScale arguments the estimator does not model: key -> what
 # memory effect the estimate misses when the config sets it. A key the estimator reads
@@ -230,7 +230,7 @@ def assumptions(spec: TrainingSpec, world_source: str | None = None) -> tuple[st
                 f"Transformer Engine {major}.{minor} assumed (its workspaces, cached "
                 "placeholder gradients)"
             )
-        elif te.strip().lower() == TE_NOT_INSTALLED:
+        elif not te_installed(spec):
             out.append("Transformer Engine not installed (no TE workspaces or placeholders)")
         else:
             out.append(f"Transformer Engine {te} (its workspaces, cached placeholder gradients)")
