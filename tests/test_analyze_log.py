@@ -28,6 +28,8 @@ from memscope.analysis.static.params import RankPosition
 from memscope.analysis.static.spec_checks import validate_spec
 from memscope.cli import main
 from memscope.events.schema import SCHEMA_VERSION
+from memscope.inputs.log_spec import LogOptions, run_spec
+from memscope.inputs.training_log import read_runs
 
 DATA = pathlib.Path(__file__).parent / "data" / "logs"
 OOM_LOG = DATA / "gpt2_774m_fp16_oom_v100.log"
@@ -249,10 +251,7 @@ def test_the_page_renders_in_chromium(tmp_path, capsys):
 
 def test_spec_reuse_of_the_run_for_a_changed_layout_is_what_the_reader_gives():
     """The reader's spec is the static reader's (same dataclass, validated)."""
-    from memscope.inputs.log_spec import run_spec
-    from memscope.inputs.training_log import read_runs
-
-    spec = run_spec(read_runs([str(DENSE_LOG)])[0], vocab_size=151936).spec
+    spec = run_spec(read_runs([str(DENSE_LOG)])[0], LogOptions(vocab_size=151936)).spec
     assert spec == validate_spec(replace(spec))
     assert (spec.parallel.dp, spec.model.num_query_groups, spec.model.vocab_size) == (2, 2, 151936)
 
@@ -457,3 +456,75 @@ def test_a_vpp_and_cp_arguments_block_reaches_the_layout_grid_and_estimates(tmp_
     assert all(v > 0 for v in estimates.values())
     assert estimates[0] == estimates[1] and estimates[4] == estimates[5]  # cp ranks alike
     assert [s["pp_rank"] for s in run["stages"]] == [0, 1]
+
+
+def test_the_gpu_and_transformer_engine_a_log_cannot_name_are_said_assumed(tmp_path, capsys):
+    rc, _out, err = _cli(capsys, DENSE_LOG, "--outdir", tmp_path, "--vocab-size", 151936)
+    assert rc == 0, err
+    machine = json.loads((tmp_path / "log_report.json").read_text())["runs"][0]["config"]["machine"]
+    assert machine["gpu"].startswith("H100 assumed") and "--gpu names the run's" in machine["gpu"]
+    assert machine["transformer_engine"].startswith("2.17 assumed")
+    assert "--transformer-engine-version names" in machine["transformer_engine"]
+    md = (tmp_path / "log_report.md").read_text()
+    assert "- GPU: H100 assumed" in md and "- Transformer Engine: 2.17 assumed" in md
+
+
+def test_the_given_gpu_and_transformer_engine_size_the_logs_workspaces(tmp_path, capsys):
+    """--gpu a100 --transformer-engine-version 2.2.0: the A100's smaller torch and TE cuBLAS
+    workspaces and no cached placeholder gradients (TE < 2.2.1), by exactly the workspace
+    terms of the two specs."""
+
+    rows = {}
+    for name, extra in (
+        ("assumed", []),
+        ("given", ["--gpu", "a100", "--transformer-engine-version", "2.2.0"]),
+    ):
+        rc, _out, err = _cli(capsys, DENSE_LOG, "--outdir", tmp_path / name,
+                             "--vocab-size", 151936, *extra)  # fmt: skip
+        assert rc == 0, err
+        run = json.loads((tmp_path / name / "log_report.json").read_text())["runs"][0]
+        rows[name] = run["ranks"][0]["estimate"]
+    given = run["config"]["machine"]
+    te = "2.2.0 (--transformer-engine-version)"
+    assert given == {"gpu": "a100 (--gpu)", "transformer_engine": te}
+    run0 = read_runs([str(DENSE_LOG)])[0]
+    specs = {
+        "assumed": run_spec(run0, LogOptions(vocab_size=151936)).spec,
+        "given": run_spec(run0, LogOptions(vocab_size=151936, gpu="a100",
+                                           transformer_engine_version="2.2.0")).spec,
+    }  # fmt: skip
+    pos = RankPosition(tp_rank=0, pp_rank=0)
+    workspaces = {k: estimate_rank(s, pos).workspaces for k, s in specs.items()}
+    assert "te_dummy_wgrads" in workspaces["assumed"]
+    assert "te_dummy_wgrads" not in workspaces["given"]
+    drop = sum(workspaces["assumed"].values()) - sum(workspaces["given"].values())
+    assert drop > 0
+    assert rows["assumed"]["terms"]["workspaces"] - rows["given"]["terms"]["workspaces"] == drop
+    assert rows["assumed"]["max_allocated_bytes"] - rows["given"]["max_allocated_bytes"] == drop
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "needle"),
+    [
+        ("--gpu", "z100", "gpu 'z100' is unknown"),
+        ("--transformer-engine-version", "latest", "'latest' is not a release number"),
+        ("--world-size", "0", "--world-size must be >= 1, got 0"),
+    ],
+)
+def test_a_bad_machine_option_is_one_line_and_exit_2(tmp_path, capsys, option, value, needle):
+    rc, _out, err = _cli(capsys, DENSE_LOG, "--outdir", tmp_path / "o", option, value)
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and needle in err
+    assert not (tmp_path / "o").exists()  # nothing written
+
+
+def test_plan_calibrate_reads_its_log_with_the_plans_machine_but_the_logs_world_size():
+    import argparse
+
+    from memscope.cli.analyze_log_cmd import log_options
+
+    args = argparse.Namespace(vocab_size=151936, world_size=64, gpu="b200",
+                              transformer_engine_version="none")  # fmt: skip
+    assert log_options(args, with_world_size=False) == LogOptions(
+        vocab_size=151936, gpu="b200", transformer_engine_version="none"
+    )
+    assert log_options(args).world_size == 64

@@ -8,6 +8,7 @@ import pathlib
 import re
 
 from memscope.cli.analyze_log_cmd import analyze_logs
+from memscope.inputs.log_spec import LogOptions
 
 DATA = pathlib.Path(__file__).parent / "data" / "logs"
 MOE_LOG = DATA / "moe_64e_top1_ep8_dp8_cmdgroups.log"
@@ -29,7 +30,7 @@ def _moe_rank_parameters() -> int:
 
 
 def test_moe_log_layout_comes_from_its_echoed_flag_groups():
-    run = analyze_logs([str(MOE_LOG)], vocab_size=128256)["runs"][0]
+    run = analyze_logs([str(MOE_LOG)], LogOptions(vocab_size=128256))["runs"][0]
     config = run["config"]
     assert config["origin"] == "command line" and config["world_size"] == 8
     layout = config["layout"]
@@ -39,7 +40,7 @@ def test_moe_log_layout_comes_from_its_echoed_flag_groups():
 
 
 def test_moe_log_rank_zero_place_moment_and_verdict():
-    run = analyze_logs([str(MOE_LOG)], vocab_size=128256)["runs"][0]
+    run = analyze_logs([str(MOE_LOG)], LogOptions(vocab_size=128256))["runs"][0]
     (row,) = run["ranks"]
     assert row["rank"] == 0 and row["grid"] == {"tp": 0, "cp": 0, "ep": 0, "dp": 0, "pp": 0}
     assert row["measured"]["max_allocated"] == round(20612.236328125 * MIB)
@@ -125,9 +126,9 @@ def test_megatrons_printed_shard_count_agrees_with_the_configuration_read():
                                  ("qwen2_0.5b_bf16_dp2.log", 151936, 0.6302)):  # fmt: skip
         run = read_runs([str(DATA / name)])[0]
         assert run.shard_params_b == printed
-        ours = megatron_shard_params(run_spec(run, vocab_size=vocab).spec) / 1e9
+        ours = megatron_shard_params(run_spec(run, LogOptions(vocab_size=vocab)).spec) / 1e9
         assert abs(ours - printed) <= 0.005 * printed
-        notes = analyze_logs([str(DATA / name)], vocab_size=vocab)["runs"][0]["notes"]
+        notes = analyze_logs([str(DATA / name)], LogOptions(vocab_size=vocab))["runs"][0]["notes"]
         assert not [n for n in notes if "most loaded shard" in n]
 
 
@@ -138,7 +139,8 @@ def test_a_252_gpu_log_with_host_prefixes_and_only_a_command_line_is_explained()
     """open-sci-ref's 1.7B run on 63 x 4 GPUs (OpenEuroLLM/notebooks): a bare
     ``pretrain_gpt.py --flags`` line, ``[host:N]:`` prefixes, the world size from --world-size
     (the command has no torchrun); the distributed optimizer shards over DP 252."""
-    run = analyze_logs([str(HOST_PREFIX_LOG)], world_size=252, vocab_size=50277)["runs"][0]
+    options = LogOptions(vocab_size=50277, world_size=252)
+    run = analyze_logs([str(HOST_PREFIX_LOG)], options)["runs"][0]
     config = run["config"]
     assert config["origin"] == "command line" and config["world_origin"] == "--world-size"
     layout = config["layout"]

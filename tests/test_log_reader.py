@@ -12,7 +12,7 @@ import pytest
 from memscope.events.bounded_input import InputRefused
 from memscope.inputs import training_log
 from memscope.inputs.log_lines import untag
-from memscope.inputs.log_spec import run_spec, typed
+from memscope.inputs.log_spec import LogOptions, run_spec, typed
 from memscope.inputs.training_log import read_file_runs, read_runs
 
 DATA = pathlib.Path(__file__).parent / "data" / "logs"
@@ -239,7 +239,7 @@ def test_world_size_sources_must_agree(tmp_path):
     )[0]
     assert run_spec(run).world_size == 2
     with pytest.raises(ValueError, match="contradicts"):
-        run_spec(run, world_size=4)
+        run_spec(run, LogOptions(world_size=4))
 
 
 # --- bad input -------------------------------------------------------------------------
@@ -381,7 +381,9 @@ def test_mangled_real_logs_give_a_report_or_one_line_error(tmp_path, seed):
     log = tmp_path / source.name
     log.write_bytes(b"\n".join(lines))
     try:
-        doc = analyze_logs([str(log)], vocab_size=151936 if "qwen" in source.name else None)
+        doc = analyze_logs(
+            [str(log)], LogOptions(vocab_size=151936 if "qwen" in source.name else None)
+        )
     except CliError as exc:
         assert "\n" not in str(exc)
     else:

@@ -20,7 +20,10 @@ import json
 import os
 import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from memscope.inputs.log_spec import LogOptions
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "data", "logs")
@@ -28,16 +31,21 @@ OPTIONS = re.compile(r"^# MEMSCOPE-OPTIONS: (.*)$", re.M)
 MIB = 2**20
 
 
-def fixture_options(path: str) -> dict[str, int]:
-    """``--vocab-size`` / ``--world-size`` from the fixture's header."""
+def fixture_options(path: str) -> LogOptions:
+    """The options the fixture's header gives (``--vocab-size``, ``--world-size``, ``--gpu``,
+    ``--transformer-engine-version``), each followed by why in parentheses."""
+    from memscope.inputs.log_spec import LogOptions
+
     with open(path, encoding="utf-8") as f:
         head = f.read(4096)
-    out: dict[str, int] = {}
+    given: dict[str, str] = {}
     m = OPTIONS.search(head)
     if m:
-        for name, value in re.findall(r"--(vocab-size|world-size) (\d+)", m.group(1)):
-            out[name.replace("-", "_")] = int(value)
-    return out
+        flags = r"--(vocab-size|world-size|gpu|transformer-engine-version) ([^\s(]+)"
+        for name, value in re.findall(flags, m.group(1)):
+            given[name.replace("-", "_")] = value
+    sizes = {k: int(given.pop(k)) for k in ("vocab_size", "world_size") if k in given}
+    return LogOptions(**sizes, **given)
 
 
 def rows() -> list[dict[str, Any]]:
@@ -48,7 +56,7 @@ def rows() -> list[dict[str, Any]]:
     out = []
     for name in sorted(n for n in os.listdir(FIXTURES) if n.endswith(".log")):  # not README.md
         path = os.path.join(FIXTURES, name)
-        doc = analyze_logs([path], **fixture_options(path))
+        doc = analyze_logs([path], fixture_options(path))
         for run in doc["runs"]:
             for r in run["ranks"]:
                 if r["estimate"] is None:

@@ -47,7 +47,9 @@ def _configuration(run: Run) -> dict[str, Any] | None:
         "rank order": c["rank_order"],
     }  # fmt: skip
     out.update({k: v for k, v in c["layout"].items() if v not in (None, False)})
-    return out
+    machine = c.get("machine") or {}  # absent from a document written before it
+    out.update({"GPU": machine.get("gpu"), "Transformer Engine": machine.get("transformer_engine")})
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def _missing(run: Run) -> dict[str, Any] | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memscope.cli.common import (
     DEFAULT_OUTDIR,
@@ -15,6 +15,10 @@ from memscope.cli.common import (
     write_output,
     wrote,
 )
+from memscope.cli.hardware_args import add_gpu_arg, add_transformer_engine_arg
+
+if TYPE_CHECKING:
+    from memscope.inputs.log_spec import LogOptions
 
 
 def register(sub: Any) -> None:
@@ -45,15 +49,17 @@ def register(sub: Any) -> None:
         default=None,
         help="number of ranks, when the log does not say it (it must agree when it does)",
     )
+    add_gpu_arg(p)
+    add_transformer_engine_arg(p)
     p.set_defaults(run=run)
 
 
-def analyze_logs(
-    paths: list[str], vocab_size: int | None = None, world_size: int | None = None
-) -> dict[str, Any]:
-    """The ``log_report.json`` document of ``paths``; bad input is a :class:`CliError`."""
+def analyze_logs(paths: list[str], options: LogOptions | None = None) -> dict[str, Any]:
+    """The ``log_report.json`` document of ``paths`` (``options``: what the command line adds
+    to the logs); bad input is a :class:`CliError`."""
     from memscope.events.bounded_input import InputRefused
     from memscope.inputs.log_document import log_document
+    from memscope.inputs.log_spec import NO_OPTIONS
     from memscope.inputs.training_log import read_runs
     from memscope.reporters.log_report import log_report_document
 
@@ -66,7 +72,7 @@ def analyze_logs(
             f"{', '.join(paths)}: no Megatron training run found (no arguments block, launch "
             "command line, memory, iteration or out-of-memory line)"
         )
-    doc = log_report_document(log_document(paths, runs, vocab_size, world_size))
+    doc = log_report_document(log_document(paths, runs, options or NO_OPTIONS))
     if not any(r["ranks"] or r["ooms"] for r in doc["runs"]):
         reason = next(r["error"] for r in doc["runs"] if r["error"])
         raise CliError(f"{', '.join(paths)}: {reason}")
@@ -74,17 +80,34 @@ def analyze_logs(
     return doc
 
 
-def log_comparisons(path: str, vocab_size: int | None = None) -> list[dict[str, Any]]:
+def log_comparisons(path: str, options: LogOptions | None = None) -> list[dict[str, Any]]:
     """``plan --calibrate LOG``: the log's steady-state lines as per-term comparisons."""
     from memscope.inputs.log_document import calibration_comparisons
 
-    comparisons = calibration_comparisons(analyze_logs([path], vocab_size))
+    comparisons = calibration_comparisons(analyze_logs([path], options))
     if not comparisons:
         raise CliError(
             f"--calibrate {path}: no memory line printed after two real optimizer steps "
             "(before that the optimizer state does not exist yet)"
         )
     return comparisons
+
+
+def log_options(args: argparse.Namespace, with_world_size: bool = True) -> LogOptions:
+    """The command's :class:`~memscope.inputs.log_spec.LogOptions` (``with_world_size``
+    False: the log's own world size, whatever ``args`` say); a bad value is a
+    :class:`CliError`."""
+    from memscope.inputs.log_spec import LogOptions
+
+    try:
+        return LogOptions(
+            vocab_size=args.vocab_size,
+            world_size=args.world_size if with_world_size else None,
+            gpu=args.gpu,
+            transformer_engine_version=args.transformer_engine_version,
+        )
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -97,11 +120,7 @@ def run(args: argparse.Namespace) -> int:
     outs = [os.path.join(args.outdir, name) for name in LOG_REPORT_NAMES]
     for out in outs:
         check_output(out, args.logs)
-    for name in ("vocab_size", "world_size"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise CliError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    doc = analyze_logs(args.logs, args.vocab_size, args.world_size)
+    doc = analyze_logs(args.logs, log_options(args))
     write_json_output(outs[0], doc, args.logs)
     write_output(outs[1], render_log_markdown(doc), args.logs)
     write_output(outs[2], render_log_html(doc), args.logs)

@@ -18,7 +18,7 @@ from memscope.cli.common import (
     write_output,
     wrote,
 )
-from memscope.cli.hardware_args import add_transformer_engine_arg, with_hardware
+from memscope.cli.hardware_args import add_gpu_arg, add_transformer_engine_arg, with_hardware
 from memscope.cli.world_size_args import add_world_size_args, world_size_from_args
 
 
@@ -55,12 +55,7 @@ def register(sub: Any) -> None:
         default="cuda",
         help="where the tensors live (CPU dropout masks are not bool)",
     )
-    p.add_argument(
-        "--gpu",
-        default=None,
-        help="the GPU (h100, a100, h200, b200, ...): sizes the fixed cuBLAS / Transformer "
-        "Engine workspaces (default: an H100 is assumed and said so)",
-    )
+    add_gpu_arg(p)
     p.add_argument(
         "--cublas-workspace-config",
         default=None,

@@ -1,5 +1,6 @@
-"""What ``analyze-static`` and ``plan`` both read about the machine a run uses, beyond the
-config: the Transformer Engine option, and the spec with the hardware options applied."""
+"""What ``analyze-static``, ``plan`` and ``analyze-log`` read about the machine a run uses,
+beyond its config or log: the GPU and Transformer Engine options, and the spec with the
+hardware options applied."""
 
 from __future__ import annotations
 
@@ -9,6 +10,16 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from memscope.analysis.static.config import TrainingSpec
+
+
+def add_gpu_arg(parser: argparse.ArgumentParser) -> None:
+    """Add ``--gpu`` to ``parser``."""
+    parser.add_argument(
+        "--gpu",
+        default=None,
+        help="the GPU (h100, a100, h200, b200, ...): sizes the fixed cuBLAS / Transformer "
+        "Engine workspaces (default: an H100 is assumed and said so)",
+    )
 
 
 def add_transformer_engine_arg(parser: argparse.ArgumentParser) -> None:

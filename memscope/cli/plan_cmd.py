@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memscope.cli.common import (
     DEFAULT_OUTDIR,
@@ -16,8 +16,11 @@ from memscope.cli.common import (
     write_output,
     wrote,
 )
-from memscope.cli.hardware_args import add_transformer_engine_arg, with_hardware
+from memscope.cli.hardware_args import add_gpu_arg, add_transformer_engine_arg, with_hardware
 from memscope.cli.world_size_args import add_world_size_args, world_size_from_args
+
+if TYPE_CHECKING:
+    from memscope.inputs.log_spec import LogOptions
 
 _UNITS = {"": None, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
@@ -117,7 +120,7 @@ def register(sub: Any) -> None:
         help="where training runs: cpu plans a CPU (gloo) run, whose --gpu-memory is each "
         "rank's share of host memory; no CUDA-only savers (precision-aware optimizer, offload)",
     )
-    p.add_argument("--gpu", default=None, help="the GPU (h100, a100, ...), as analyze-static")
+    add_gpu_arg(p)
     add_transformer_engine_arg(p)
     p.add_argument("--vocab-size", type=int, default=None, help="unpadded vocabulary size")
     add_world_size_args(p)
@@ -148,7 +151,12 @@ def run(args: argparse.Namespace) -> int:
     world, _ = world_size_from_args(args)
     if world is not None and world > MAX_WORLD_SIZE:
         raise CliError(f"world size {world} is beyond the {MAX_WORLD_SIZE:,} ranks plan searches")
-    calibrated = _calibration(args.calibrate, args.vocab_size) if args.calibrate else None
+    calibrated = None
+    if args.calibrate:
+        from memscope.cli.analyze_log_cmd import log_options
+
+        # a log is read on the plan's machine, at its own world size (the plans' differ)
+        calibrated = _calibration(args.calibrate, log_options(args, with_world_size=False))
     cost_model = _cost_model(args)
     try:
         # the config's own layout (its world size may differ from the one planned for: the
@@ -199,9 +207,10 @@ def _cost_model(args: argparse.Namespace) -> Any:
     return CostModel(**settings)
 
 
-def _calibration(path: str, vocab_size: int | None = None) -> dict[str, Any]:
-    """Per-term factors from the static comparisons of a rank report, a job summary or every
-    rank report of a job directory; a path with none is a :class:`CliError`."""
+def _calibration(path: str, log: LogOptions | None = None) -> dict[str, Any]:
+    """Per-term factors from the static comparisons of a rank report, a job summary, every
+    rank report of a job directory or a training log (read with ``log``); a path with none
+    is a :class:`CliError`."""
     from memscope.analysis.job import RankEntry, job_mixups
     from memscope.analysis.static.planner import calibration
     from memscope.cli.pages import job_summary_entries
@@ -214,7 +223,7 @@ def _calibration(path: str, vocab_size: int | None = None) -> dict[str, Any]:
     if os.path.isfile(path) and not path.endswith(".json"):  # a training log (analyze-log)
         from memscope.cli.analyze_log_cmd import log_comparisons
 
-        comparisons = log_comparisons(path, vocab_size)
+        comparisons = log_comparisons(path, log)
     try:
         if comparisons:
             return calibration(comparisons)

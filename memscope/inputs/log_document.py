@@ -19,8 +19,9 @@ from memscope.analysis.log_check import (
 from memscope.analysis.log_sections import add_section_values, sections_index
 from memscope.analysis.static.config import TrainingSpec
 from memscope.analysis.static.params import RankPosition, rank_params
+from memscope.analysis.static.workspaces import ASSUMED_GPU, ASSUMED_TE
 from memscope.events.sections import INDEX_KEY
-from memscope.inputs.log_spec import RunSpec, run_args, run_spec
+from memscope.inputs.log_spec import NO_OPTIONS, LogOptions, RunSpec, run_args, run_spec
 from memscope.inputs.training_log import LogRun, MemoryLine, OomMessage, log_files
 
 MIB = 2**20
@@ -105,6 +106,19 @@ def shard_params_note(run: LogRun, spec: TrainingSpec) -> str | None:
     )
 
 
+def _machine(options: LogOptions) -> dict[str, str]:
+    """The GPU and Transformer Engine release the estimates follow: given, or assumed (a log
+    names neither), and the option that names the run's."""
+    gpu, te = options.gpu, options.transformer_engine_version
+    return {
+        "gpu": f"{gpu} (--gpu)" if gpu else f"{ASSUMED_GPU.upper()} assumed (it sizes the "
+        "fixed cuBLAS and Transformer Engine workspaces); --gpu names the run's",
+        "transformer_engine": f"{te} (--transformer-engine-version)" if te
+        else "{}.{} assumed (its workspaces and cached placeholder gradients); "
+        "--transformer-engine-version names the run's".format(*ASSUMED_TE),
+    }  # fmt: skip
+
+
 def _latest_lines(run: LogRun) -> list[MemoryLine]:
     """Per rank, every distinct iteration it printed at (first line of each)."""
     seen: dict[tuple[int, int], MemoryLine] = {}
@@ -113,10 +127,9 @@ def _latest_lines(run: LogRun) -> list[MemoryLine]:
     return sorted(seen.values(), key=lambda m: (m.rank, m.iteration))
 
 
-def explain_run(
-    run: LogRun, vocab_size: int | None = None, world_size: int | None = None
-) -> dict[str, Any]:
-    """One run of the log as the report's plain dict."""
+def explain_run(run: LogRun, options: LogOptions = NO_OPTIONS) -> dict[str, Any]:
+    """One run of the log as the report's plain dict (``options``: what the command line
+    adds to the log)."""
     out: dict[str, Any] = {
         "index": run.index,
         "sources": list(run.sources),
@@ -139,7 +152,7 @@ def explain_run(
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            rs: RunSpec = run_spec(run, vocab_size, world_size)
+            rs: RunSpec = run_spec(run, options)
     except UNEXPLAINED as exc:
         out["error"] = _reason(exc)
         out["ranks"] = _measured_only(run)  # what the log measured is still worth showing
@@ -149,6 +162,7 @@ def explain_run(
     out["config"] = {
         "origin": rs.origin, "where": rs.where, "world_size": rs.world_size,
         "world_origin": rs.world_origin, "rank_order": order, "layout": _layout(spec),
+        "machine": _machine(options),
     }  # fmt: skip
     # every key of an arguments block is a Megatron argument: "unknown key" notes are noise
     dump = rs.origin == "arguments block"
@@ -286,10 +300,10 @@ def _stages(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def log_document(
-    paths: list[str], runs: list[LogRun], vocab_size: int | None, world_size: int | None
+    paths: list[str], runs: list[LogRun], options: LogOptions = NO_OPTIONS
 ) -> dict[str, Any]:
     """The whole ``log_report.json`` (identity keys are the reporter's)."""
-    explained = [explain_run(r, vocab_size, world_size) for r in runs]
+    explained = [explain_run(r, options) for r in runs]
     for run in explained:
         add_section_values(run)
     return {

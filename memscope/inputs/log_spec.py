@@ -10,12 +10,13 @@ from __future__ import annotations
 import ast
 import re
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from memscope.analysis.static.config import TrainingSpec
 from memscope.analysis.static.megatron_versions import ReleaseRange, release_range
 from memscope.analysis.static.validation import ConfigWarning
+from memscope.analysis.static.workspaces import compute_capability, te_release_at_least
 from memscope.analysis.unlogged_settings import UnloggedSetting, older_release
 from memscope.inputs.config_files import spec_from_flagscale_yaml
 from memscope.inputs.training_log import LogRun
@@ -45,6 +46,29 @@ def typed(value: Any) -> Any:
         except (ValueError, SyntaxError, MemoryError, RecursionError):
             return text
     return text
+
+
+@dataclass(frozen=True)
+class LogOptions:
+    """What a log cannot say about its run, given on the command line (``None``: read from
+    the log where it says it, else assumed, and the report says which)."""
+
+    vocab_size: int | None = None  # the tokenizer's unpadded vocabulary
+    world_size: int | None = None  # checked against what the log says
+    gpu: str | None = None  # sizes the fixed workspaces (H100 assumed)
+    transformer_engine_version: str | None = None  # workspaces, placeholder gradients
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "world_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+        compute_capability(self.gpu)  # an unknown GPU name is refused
+        te_release_at_least(self.transformer_engine_version, (0, 0))  # so is a bad release
+
+
+#: A log read with nothing from the command line.
+NO_OPTIONS = LogOptions()
 
 
 @dataclass(frozen=True)
@@ -108,18 +132,18 @@ def run_world_size(run: LogRun, args: dict[str, Any], given: int | None) -> tupl
     )
 
 
-def run_spec(run: LogRun, vocab_size: int | None = None, world_size: int | None = None) -> RunSpec:
-    """The spec of ``run`` (``vocab_size``: the tokenizer's unpadded size when the log has
-    neither ``vocab_size`` nor Megatron's 'padded vocab' line)."""
+def run_spec(run: LogRun, options: LogOptions = NO_OPTIONS) -> RunSpec:
+    """The spec of ``run``, with what ``options`` give that the log does not say (a
+    vocabulary when the log has neither ``vocab_size`` nor Megatron's 'padded vocab' line)."""
     args, origin, where = run_args(run)
-    world, world_origin = run_world_size(run, args, world_size)
-    vocab = vocab_size if vocab_size is not None else run.unpadded_vocab
+    world, world_origin = run_world_size(run, args, options.world_size)
+    vocab = options.vocab_size if options.vocab_size is not None else run.unpadded_vocab
     args.pop("world_size", None)  # the world size found above wins, checked to agree
     args.pop("data_parallel_size", None)  # derived by Megatron from it
     # a command line names only the flags it sets: only a printed block dates the run
     releases = release_range(set(args)) if origin == "arguments block" else None
     if releases is None:
-        spec, notes = _read_at(args, vocab, world, None)
+        spec, notes = _read_at(args, vocab, world, None, options)
         return RunSpec(spec, origin, where, world, world_origin, notes)
     # the newest release whose checks accept the run ran it; older ones whose terms differ
     # are alternatives the verdict may name
@@ -127,7 +151,7 @@ def run_spec(run: LogRun, vocab_size: int | None = None, world_size: int | None 
     refused: list[str] = []
     for version in releases.distinct_releases():
         try:
-            read.append((version, *_read_at(args, vocab, world, version)))
+            read.append((version, *_read_at(args, vocab, world, version, options)))
         except ValueError as exc:
             if not read:  # a newer release refusing it: the run is older
                 refused.append(f"megatron-core {version} refuses it ({exc})")
@@ -147,13 +171,15 @@ def run_spec(run: LogRun, vocab_size: int | None = None, world_size: int | None 
 
 
 def _read_at(
-    args: dict[str, Any], vocab: int | None, world: int, version: str | None
+    args: dict[str, Any], vocab: int | None, world: int, version: str | None, options: LogOptions
 ) -> tuple[TrainingSpec, tuple[str, ...]]:
-    """The spec of ``args`` as megatron-core ``version`` (None: the installed one) runs it,
-    with the reader's notes."""
+    """The spec of ``args`` as megatron-core ``version`` (None: the installed one) runs it on
+    the machine ``options`` name, with the reader's notes."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConfigWarning)
         spec = spec_from_flagscale_yaml({"system": args}, vocab, world, version)
+    te = options.transformer_engine_version
+    spec = replace(spec, gpu=options.gpu, transformer_engine_version=te)
     return spec, tuple(str(w.message) for w in caught)
 
 
