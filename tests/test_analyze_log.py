@@ -485,8 +485,9 @@ def test_the_given_gpu_and_transformer_engine_size_the_logs_workspaces(tmp_path,
         run = json.loads((tmp_path / name / "log_report.json").read_text())["runs"][0]
         rows[name] = run["ranks"][0]["estimate"]
     given = run["config"]["machine"]
-    te = "2.2.0 (--transformer-engine-version)"
-    assert given == {"gpu": "a100 (--gpu)", "transformer_engine": te}
+    assert given["gpu"].startswith("a100 (it sizes") and given["gpu"].endswith(", from --gpu")
+    assert given["transformer_engine"].startswith("2.2.0 (its workspaces")
+    assert given["transformer_engine"].endswith(", from --transformer-engine-version")
     run0 = read_runs([str(DENSE_LOG)])[0]
     specs = {
         "assumed": run_spec(run0, LogOptions(vocab_size=151936)).spec,

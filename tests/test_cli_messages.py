@@ -156,5 +156,5 @@ def test_the_named_transformer_engine_release_is_the_reports_assumption(tmp_path
     with open(out / "static_report.json", encoding="utf-8") as f:
         report = json.load(f)
     assumed = report["coverage"]["assumptions"]
-    assert "Transformer Engine 2.2.0 (its workspaces, cached placeholder gradients)" in assumed
+    assert "Transformer Engine 2.2.0 (its workspaces and cached placeholder gradients)" in assumed
     assert "te_dummy_wgrads" not in json.dumps(report)  # 2.2 keeps none

@@ -184,7 +184,7 @@ def test_flash_and_unfused_attention_assumptions(tmp_path, cli):
 
 def test_gpu_and_device_assumptions(tmp_path, cli):
     res = cli(_yaml(tmp_path))
-    assert any("Hopper GPU (H100) is assumed" in a for a in res.coverage["assumptions"])
+    assert any(a.startswith("device: cuda, GPU H100 assumed") for a in res.coverage["assumptions"])
     assert cov.CUDA_ALLOWANCE in res.coverage["not_modelled_features"]
     res = cli(_yaml(tmp_path), "--device", "cpu")
     assert res.coverage["assumptions"][0].startswith("device: cpu")

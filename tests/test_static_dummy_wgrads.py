@@ -141,6 +141,26 @@ def test_a_transformer_engine_release_that_is_no_version_is_refused():
         validate_spec(_spec(te="latest"))
 
 
+def test_the_spec_and_the_log_options_refuse_the_same_machine_values():
+    from memscope.inputs.log_spec import LogOptions
+
+    for gpu, te in (("z100", None), (None, "latest")):
+        with pytest.raises(ValueError) as from_spec:
+            validate_spec(dataclasses.replace(_spec(), gpu=gpu, transformer_engine_version=te))
+        with pytest.raises(ValueError) as from_log:
+            LogOptions(gpu=gpu, transformer_engine_version=te)
+        assert str(from_spec.value) == str(from_log.value)
+
+
+def test_a_run_without_transformer_engine_is_said_to_have_none():
+    from memscope.analysis.static.coverage import assumptions
+
+    said = assumptions(_spec(te="none"))
+    assert "Transformer Engine none: not installed (no TE workspaces or placeholder " in " ".join(
+        said
+    )
+
+
 def test_the_benchmark_cases_carry_the_transformer_engine_their_commit_builds():
     with open("tests/data/published_cases.json", encoding="utf-8") as f:
         cases = {c["name"]: c["source"] for c in json.load(f)["cases"]}

@@ -19,7 +19,7 @@ from memscope.analysis.log_check import (
 from memscope.analysis.log_sections import add_section_values, sections_index
 from memscope.analysis.static.config import TrainingSpec
 from memscope.analysis.static.params import RankPosition, rank_params
-from memscope.analysis.static.workspaces import ASSUMED_GPU, ASSUMED_TE
+from memscope.analysis.static.workspaces import gpu_words, te_words
 from memscope.events.sections import INDEX_KEY
 from memscope.inputs.log_spec import NO_OPTIONS, LogOptions, RunSpec, run_args, run_spec
 from memscope.inputs.training_log import LogRun, MemoryLine, OomMessage, log_files
@@ -111,11 +111,11 @@ def _machine(options: LogOptions) -> dict[str, str]:
     names neither), and the option that names the run's."""
     gpu, te = options.gpu, options.transformer_engine_version
     return {
-        "gpu": f"{gpu} (--gpu)" if gpu else f"{ASSUMED_GPU.upper()} assumed (it sizes the "
-        "fixed cuBLAS and Transformer Engine workspaces); --gpu names the run's",
-        "transformer_engine": f"{te} (--transformer-engine-version)" if te
-        else "{}.{} assumed (its workspaces and cached placeholder gradients); "
-        "--transformer-engine-version names the run's".format(*ASSUMED_TE),
+        "gpu": gpu_words(gpu) + ("; --gpu names the run's" if gpu is None else ", from --gpu"),
+        "transformer_engine": te_words(te) + (
+            "; --transformer-engine-version names the run's" if te is None
+            else ", from --transformer-engine-version"
+        ),
     }  # fmt: skip
 
 

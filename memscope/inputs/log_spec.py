@@ -16,7 +16,7 @@ from typing import Any
 from memscope.analysis.static.config import TrainingSpec
 from memscope.analysis.static.megatron_versions import ReleaseRange, release_range
 from memscope.analysis.static.validation import ConfigWarning
-from memscope.analysis.static.workspaces import compute_capability, te_release_at_least
+from memscope.analysis.static.workspaces import check_machine
 from memscope.analysis.unlogged_settings import UnloggedSetting, older_release
 from memscope.inputs.config_files import spec_from_flagscale_yaml
 from memscope.inputs.training_log import LogRun
@@ -63,8 +63,7 @@ class LogOptions:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-        compute_capability(self.gpu)  # an unknown GPU name is refused
-        te_release_at_least(self.transformer_engine_version, (0, 0))  # so is a bad release
+        check_machine(self.gpu, self.transformer_engine_version)
 
 
 #: A log read with nothing from the command line.

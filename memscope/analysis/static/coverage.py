@@ -21,7 +21,7 @@ from memscope.analysis.static.muon import uses_bucket_layout
 from memscope.analysis.static.pipeline_layout import mtp_chunk
 from memscope.analysis.static.read_keys import READ_KEYS, memscope_keys
 from memscope.analysis.static.validation import show
-from memscope.analysis.static.workspaces import ASSUMED_TE, te_installed
+from memscope.analysis.static.workspaces import gpu_words, te_words
 
 # Memory-relevant Megatron / FlagScale arguments the estimator does not model: key -> what
 # memory effect the estimate misses when the config sets it. A key the estimator reads
@@ -215,25 +215,8 @@ def assumptions(spec: TrainingSpec, world_source: str | None = None) -> tuple[st
     if spec.device == "cpu":
         out.append("device: cpu (dropout masks in the activation dtype; no GPU allowance)")
     else:
-        gpu = getattr(spec, "gpu", None)
-        if gpu is None:
-            out.append(
-                "device: cuda; a Hopper GPU (H100) is assumed for the fixed cuBLAS/Transformer "
-                "Engine workspaces"
-            )
-        else:
-            out.append(f"device: cuda, GPU {gpu} (fixed cuBLAS/Transformer Engine workspaces)")
-        te = spec.transformer_engine_version
-        major, minor = ASSUMED_TE
-        if te is None:
-            out.append(
-                f"Transformer Engine {major}.{minor} assumed (its workspaces, cached "
-                "placeholder gradients)"
-            )
-        elif not te_installed(spec):
-            out.append("Transformer Engine not installed (no TE workspaces or placeholders)")
-        else:
-            out.append(f"Transformer Engine {te} (its workspaces, cached placeholder gradients)")
+        out.append(f"device: cuda, GPU {gpu_words(spec.gpu)}")
+        out.append(f"Transformer Engine {te_words(spec.transformer_engine_version)}")
     impl = (
         "Transformer Engine layers" if m.transformer_impl == "transformer_engine"
         else "megatron-core local-spec layers"

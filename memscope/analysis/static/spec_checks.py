@@ -33,7 +33,7 @@ from memscope.analysis.static.offload import validate_offload
 from memscope.analysis.static.pipeline_layout import validate_layout
 from memscope.analysis.static.rl import inference_spec, validate_rl
 from memscope.analysis.static.validation import check_scale, check_sharding, check_sizes
-from memscope.analysis.static.workspaces import compute_major, te_release_at_least
+from memscope.analysis.static.workspaces import check_machine
 
 
 def validate_spec(spec: TrainingSpec) -> TrainingSpec:
@@ -166,8 +166,7 @@ def _check_runtime(spec: TrainingSpec) -> None:
             f"must divide the data-parallel size ({p.dp})"
         )
     if spec.device == "cuda":
-        compute_major(spec.gpu)  # an unknown GPU name is refused
-        te_release_at_least(spec.transformer_engine_version, (0, 0))  # so is a bad TE release
+        check_machine(spec.gpu, spec.transformer_engine_version)
     if spec.defer_embedding_wgrad and (p.pp < 2 or not spec.gradient_accumulation_fusion):
         raise ValueError(  # megatron/core/model_parallel_config.py __post_init__
             "defer_embedding_wgrad_compute needs pipeline parallelism (pp > 1) and "

@@ -156,6 +156,29 @@ def compute_major(gpu: str | None) -> int:
     return compute_capability(gpu)[0]
 
 
+def check_machine(gpu: str | None, transformer_engine_version: str | None) -> None:
+    """Refuse an unknown GPU name or a Transformer Engine release that is not one
+    (``ValueError``); ``None`` is the assumed one."""
+    compute_capability(gpu)
+    te_release_at_least(transformer_engine_version, (0, 0))
+
+
+def gpu_words(gpu: str | None) -> str:
+    """The GPU an estimate follows and what it sizes, in the reports' words."""
+    name = f"{ASSUMED_GPU.upper()} assumed" if gpu is None else gpu
+    return f"{name} (it sizes the fixed cuBLAS and Transformer Engine workspaces)"
+
+
+def te_words(transformer_engine_version: str | None) -> str:
+    """The Transformer Engine release an estimate follows and what it sizes, in the
+    reports' words."""
+    te = transformer_engine_version
+    if te is not None and te.strip().lower() == TE_NOT_INSTALLED:
+        return f"{TE_NOT_INSTALLED}: not installed (no TE workspaces or placeholder gradients)"
+    name = "{}.{} assumed".format(*ASSUMED_TE) if te is None else te
+    return f"{name} (its workspaces and cached placeholder gradients)"
+
+
 def torch_default_workspace_bytes(
     capability: tuple[int, int], torch_version: tuple[int, int] = ASSUMED_TORCH
 ) -> int:
