@@ -28,32 +28,40 @@ STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 FSDP2_OK = dict(use_distributed_optimizer=False, no_gradient_accumulation_fusion=True)
 
 
-def _fsdp_worker(rank: int, world: int, port: int) -> dict[str, dict[str, int]]:
+def _tiny_bf16_gpt() -> tuple[Any, Any]:
+    """(config, model): ARGS's GPT (local spec, untied, learned positions) in bf16, as
+    Megatron's Float16Module makes it before wrapping."""
     import torch
-    from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt import gpt_layer_specs as specs
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from memscope.demo.tiny_gpt import FUSIONS_OFF, TinyGPTConfig, destroy_process, init_process
+    from memscope.demo.tiny_gpt import FUSIONS_OFF
+
+    config = TransformerConfig(
+        num_layers=2, hidden_size=64, num_attention_heads=4, bf16=True,
+        params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16,
+        use_cpu_initialization=True, **FUSIONS_OFF,
+    )  # fmt: skip
+    model = GPTModel(
+        config=config, transformer_layer_spec=specs.get_gpt_layer_local_spec(),
+        vocab_size=192, max_sequence_length=32,  # learned positions (RoPE asks for CUDA)
+        share_embeddings_and_output_weights=False,
+    ).bfloat16()  # fmt: skip
+    return config, model
+
+
+def _fsdp_worker(rank: int, world: int, port: int) -> dict[str, dict[str, int]]:
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    from memscope.demo.tiny_gpt import TinyGPTConfig, destroy_process, init_process
     from tests.harness.megatron_fsdp_cpu import buffer_bytes, megatron_fsdp_on_cpu
 
     init_process(rank, world, port, TinyGPTConfig())
     out = {}
     try:
         for strategy in STRATEGIES:
-            config = TransformerConfig(
-                num_layers=2, hidden_size=64, num_attention_heads=4, bf16=True,
-                params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16,
-                use_cpu_initialization=True, **FUSIONS_OFF,
-            )  # fmt: skip
-            model = GPTModel(
-                config=config,
-                transformer_layer_spec=specs.get_gpt_layer_local_spec(),
-                vocab_size=192,
-                max_sequence_length=32,
-                share_embeddings_and_output_weights=False,
-            ).bfloat16()  # what Megatron's Float16Module does before wrapping
+            config, model = _tiny_bf16_gpt()
             ddp = DistributedDataParallelConfig(
                 use_megatron_fsdp=True, data_parallel_sharding_strategy=strategy,
                 grad_reduce_in_fp32=True, use_distributed_optimizer=True,
@@ -88,6 +96,63 @@ def test_persistent_buffers_match_megatron_fsdp_for_each_strategy():
         ):
             # each buffer's shard is padded to Megatron-FSDP's chunk alignment (not counted)
             assert mine <= theirs <= mine * 1.03 + 4096, (strategy, name, mine, theirs)
+
+
+def _loss_moment_worker(rank: int, world: int, port: int) -> list[int]:
+    """Bytes of unsharded parameter buckets Megatron-FSDP (``optim_grads_params``) holds when
+    the output layer has run, just before the loss, in each of two training steps."""
+    import torch
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    from memscope.demo.tiny_gpt import TinyGPTConfig, destroy_process, init_process
+    from tests.harness.megatron_fsdp_cpu import megatron_fsdp_on_cpu, unsharded_weight_bytes
+
+    init_process(rank, world, port, TinyGPTConfig())
+    try:
+        config, model = _tiny_bf16_gpt()
+        ddp = DistributedDataParallelConfig(
+            use_megatron_fsdp=True, data_parallel_sharding_strategy="optim_grads_params",
+            grad_reduce_in_fp32=True, use_distributed_optimizer=True,
+            gradient_reduce_div_fusion=False,  # gloo has no PREMUL_SUM reduction
+        )  # fmt: skip
+        wrapped = megatron_fsdp_on_cpu(config, ddp, model)
+        held: list[int] = []
+        model.output_layer.register_forward_hook(
+            lambda *_: held.append(unsharded_weight_bytes(wrapped.module))
+        )
+        tokens = torch.randint(0, 192, (1, 32))
+        positions = torch.arange(32).unsqueeze(0)
+        for _ in range(2):
+            wrapped(tokens, positions, None, labels=tokens).float().sum().backward()
+        return held
+    finally:
+        destroy_process()
+
+
+@pytest.mark.integration
+@pytest.mark.multiprocess
+def test_megatron_fsdp_parameters_at_the_loss_match_the_installed_megatron_core():
+    """The final norm's forward prefetch all-gathers the released layers again before the
+    loss in every step before megatron-core 0.18, in the first step only from 0.18 (its
+    backward marks the final norm PRE_BACKWARD for good); the estimate's loss moment follows
+    the steady steps of the installed release (run on 0.16.1 and, in CI's second run, 0.19.2)."""
+    from memscope.analysis.static.fsdp import in_flight
+    from memscope.analysis.static.megatron_versions import megatron_fsdp_loss_regather
+    from memscope.analysis.static.params import rank_params
+    from memscope.demo.launcher import free_port, spawn
+
+    first, second = spawn(2, _loss_moment_worker, free_port())[0]
+    kw = dict(use_megatron_fsdp=True, data_parallel_sharding_strategy="optim_grads_params")
+    args = dict(ARGS, world_size=2, position_embedding_type="learned_absolute", **kw)
+    spec = spec_from_megatron_args(args)
+    params = rank_params(spec, RankPosition(0, 0))
+    every = sum(t.numel for t in params) * 2  # bf16: the whole model unsharded
+    loss = in_flight(spec, params).loss
+    # each bucket is padded to Megatron-FSDP's chunk alignment (not counted)
+    assert every <= first <= every * 1.03 + 4096  # the first step re-gathers on every release
+    assert loss <= second <= loss * 1.03 + 4096, (spec.model.megatron_core_version, loss, second)
+    layers = sum(t.numel for t in params if ".layers." in t.name) * 2
+    assert (second > first - layers // 2) is megatron_fsdp_loss_regather(spec.model)
 
 
 def _fsdp2_worker(rank: int, world: int, port: int) -> tuple[int, int]:
@@ -212,26 +277,37 @@ def test_report_footer_lists_fsdp_as_modelled_and_its_buffers_as_approximated():
     assert any("FSDP's unsharded buffers" in a for a in result.approximated)
 
 
-def test_megatron_fsdp_holds_only_its_non_unit_groups_at_the_loss():
-    """At the loss no TransformerLayer unit is gathered (each is released after its forward,
-    and its backward all-gather waits for its output's gradient); the embedding, output
-    layer and final norm (non-unit groups) stay gathered. The layers' backward holds the
-    whole prefetch window and the first unit's gradient, as before."""
+@pytest.mark.parametrize("megatron_core", ["0.16.1", "0.19.2"])
+def test_megatron_fsdp_holds_its_non_unit_groups_and_before_0_18_the_layers_at_the_loss(
+    megatron_core,
+):
+    """At the loss the embedding, output layer and final norm (non-unit groups) are gathered;
+    before megatron-core 0.18 so are the layers again (the final norm's forward prefetch).
+    The layers' backward holds the whole prefetch window and the first unit's gradient."""
     from memscope.analysis.static.fsdp import in_flight, unsharded_bytes
     from memscope.analysis.static.params import rank_params
 
     kw = dict(use_megatron_fsdp=True, data_parallel_sharding_strategy="optim_grads_params")
-    spec = spec_from_megatron_args(dict(ARGS, world_size=2, **kw))
+    spec = spec_from_megatron_args(dict(ARGS, world_size=2, **kw), megatron_core=megatron_core)
     params = rank_params(spec, RankPosition(0, 0))
     flight = in_flight(spec, params)
     root = sum(t.numel for t in params if ".layers." not in t.name)
-    assert flight.loss == root * 2  # bf16, the embedding / output layer / final norm whole
-    assert flight.layers == unsharded_bytes(spec, params) > flight.loss
+    layers = sum(t.numel for t in params if ".layers." in t.name)
+    regathered = layers if megatron_core == "0.16.1" else 0
+    assert flight.loss == (root + regathered) * 2  # bf16
+    assert flight.layers == unsharded_bytes(spec, params) >= flight.loss
     output = sum(t.numel for t in params if "output_layer" in t.name)
     assert flight.output_layer - flight.loss == output * 4  # its fp32 gradient bucket
     est = estimate_rank(spec, RankPosition(0, 0))
     held = est.activations.detail["fsdp_unsharded"]
     assert held == (flight.layers if "layer " in est.activations.peak_moment else flight.loss)
+    # a stage without the final norm re-gathers nothing
+    first = spec_from_megatron_args(
+        dict(ARGS, world_size=4, pipeline_model_parallel_size=2, **kw), megatron_core="0.16.1"
+    )
+    first_params = rank_params(first, RankPosition(0, 0))
+    first_root = sum(t.numel for t in first_params if ".layers." not in t.name)
+    assert in_flight(first, first_params).loss == first_root * 2
 
 
 def test_megatron_fsdp_overlap_param_gather_prefetches_the_next_forward_after_the_step():
@@ -248,3 +324,20 @@ def test_megatron_fsdp_overlap_param_gather_prefetches_the_next_forward_after_th
     params = rank_params(spec, RankPosition(0, 0))
     assert overlapped.prefetched_bytes == in_flight(spec, params).after_step
     assert overlapped.peak_memory_bytes == plain.peak_memory_bytes  # not at the step's peak
+
+
+def test_the_docs_figure_for_the_dense_zero3_golden_case_is_the_benchmarks():
+    """docs/static-estimator.md quotes the GPU golden benchmark's dense ZeRO-3 row (measured
+    by megatron-core 0.15, so the final norm's re-gather counts); the committed benchmark is
+    checked fresh by tests/test_gpu_benchmark_fresh.py."""
+    import json
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "benchmarks", "static_gpu_golden.json"), encoding="utf-8") as f:
+        rows = json.load(f)["rows"]
+    row = next(r for r in rows if "_tp2_zp_z3_resume_fsdp_dtensor" in r["name"])
+    assert row["megatron_core"].startswith("0.15")
+    with open(os.path.join(root, "docs", "static-estimator.md"), encoding="utf-8") as f:
+        docs = " ".join(f.read().split())
+    assert f"counting the re-gather moved it from -2.7% to {100 * row['error']:+.1f}%." in docs

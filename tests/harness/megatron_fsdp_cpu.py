@@ -4,7 +4,8 @@ of ``distributed/fsdp/mcore_fsdp_adapter.py``) built on CPU with gloo.
 Redirected here, and only here (none of it holds or shapes a buffer the tests count):
 
 * the Megatron-FSDP modules see ``torch`` through :class:`.megatron_ddp_cpu.CpuTorch` with
-  CUDA streams as no-ops and device index 0;
+  CUDA streams and events as no-ops (:class:`NoStream`: the CPU runs every op in order, so
+  nothing waits) and device index 0;
 * the adapter's device meshes are CPU meshes (``DeviceMesh.from_group(..., "cpu")``);
 * ``Tensor.cuda`` is the identity while the wrapper is built (its uneven-DTensor check moves
   a small shape tensor to the GPU).
@@ -29,6 +30,31 @@ FSDP_MODULES = (
 )
 
 
+class NoStream:
+    """A CUDA stream or event stand-in: waiting, recording and synchronising do nothing."""
+
+    def wait_stream(self, *args: Any) -> None:
+        return None
+
+    def wait_event(self, *args: Any) -> None:
+        return None
+
+    def wait(self, *args: Any) -> None:
+        return None
+
+    def record(self, *args: Any) -> None:
+        return None
+
+    def record_event(self, *args: Any) -> NoStream:
+        return NoStream()
+
+    def synchronize(self) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+
 def megatron_fsdp_on_cpu(config: Any, ddp_config: Any, model: Any) -> Any:
     """``model`` wrapped in Megatron-FSDP with ``ddp_config`` (see the module doc)."""
     from torch.distributed import DeviceMesh
@@ -37,6 +63,9 @@ def megatron_fsdp_on_cpu(config: Any, ddp_config: Any, model: Any) -> Any:
     stub.cuda.Stream = lambda *a, **k: None
     stub.cuda.stream = lambda *a, **k: contextlib.nullcontext()
     stub.cuda.current_device = lambda: 0
+    stub.cuda.current_stream = lambda *a, **k: NoStream()
+    stub.cuda.default_stream = lambda *a, **k: NoStream()
+    stub.cuda.Event = lambda *a, **k: NoStream()
     for name in FSDP_MODULES:
         importlib.import_module(name).torch = stub  # type: ignore[attr-defined]
     adapter = importlib.import_module("megatron.core.distributed.fsdp.mcore_fsdp_adapter")
@@ -53,6 +82,19 @@ def megatron_fsdp_on_cpu(config: Any, ddp_config: Any, model: Any) -> Any:
         return adapter.FullyShardedDataParallel(
             config, ddp_config, model, device=torch.device("cpu")
         )
+
+
+def unsharded_weight_bytes(wrapped: Any) -> int:
+    """Bytes of all-gathered (unsharded) parameter buckets this rank holds right now."""
+    total = 0
+    for group in wrapped.param_and_grad_buffer.parameter_groups:
+        buf = group.model_weight_buffer
+        if buf is None or not buf.is_data_distributed:
+            continue
+        bucket = buf.temporary_bucket_allocator.buckets.get(buf.bucket_index.bucket_id)
+        if bucket is not None:
+            total += bucket.data.untyped_storage().nbytes()
+    return total
 
 
 def buffer_bytes(wrapped: Any) -> dict[str, int]:

@@ -31,7 +31,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from memscope.analysis.static.megatron_versions import megatron_fsdp_grad_bytes
+from memscope.analysis.static.megatron_versions import (
+    megatron_fsdp_grad_bytes,
+    megatron_fsdp_loss_regather,
+)
 
 if TYPE_CHECKING:
     from memscope.analysis.static.config import TrainingSpec
@@ -110,19 +113,28 @@ class InFlight:
 def in_flight(spec: TrainingSpec, params: list[ParamTensor]) -> InFlight:
     """FSDP's unsharded parameters and gradients at each moment (see the module docstring).
 
-    Megatron-FSDP (megatron_fsdp.py, megatron-core 0.16.1): the decoder layers' backward
-    holds every bucket in the backward prefetch window and the first unit's gradient
-    (:func:`unsharded_bytes`). Before that, at the loss, no unit is gathered: each
-    ``TransformerLayer`` unit's ``_post_forward`` releases its bucket after its forward
-    (``release_module_parameters``, not lazy outside recompute), and the backward's
-    all-gather of a unit is its ``_pre_backward_param_unshard``, a grad hook on the unit's
-    output (``create_custom_backward_hook``) that fires only once the loss and the output
-    layer have back-propagated; the non-unit groups (embedding, output layer, final norm)
-    have no release hook and stay gathered. At the output layer's backward its gradient
-    bucket comes beside them. Between steps, with ``overlap_param_gather``,
-    ``start_param_sync`` all-gathers the first bucket with forward prefetch
-    (``all_gather_and_wait_parameters_ready(prefetch=True)``), i.e. every bucket in the
-    window, for the next forward. torch FSDP2: its units' in-flight set at every moment."""
+    Megatron-FSDP (megatron_fsdp.py, megatron-core 0.16.1 and 0.19.2): the decoder layers'
+    backward holds every bucket in the backward prefetch window and the first unit's gradient
+    (:func:`unsharded_bytes`). Each ``TransformerLayer`` unit's ``_post_forward`` releases its
+    bucket after its forward (``release_module_parameters``, not lazy outside recompute), and
+    its backward all-gather (``_pre_backward_param_unshard``, a grad hook on the unit's
+    output) fires only once the loss and the output layer have back-propagated. The non-unit
+    groups (embedding, output layer, final norm) have no release hook and stay gathered.
+    Before megatron-core 0.18 the last stage's final norm all-gathers the released layers
+    again, within the forward prefetch window, just before the loss
+    (:func:`.megatron_versions.megatron_fsdp_loss_regather`); they stay until their own
+    backward. At the output layer's backward its gradient bucket comes beside them. Between
+    steps, with ``overlap_param_gather``, ``start_param_sync`` all-gathers the first bucket
+    with forward prefetch (``all_gather_and_wait_parameters_ready(prefetch=True)``), i.e.
+    every bucket in the window, for the next forward. torch FSDP2: its units' in-flight set at
+    every moment.
+
+    Not counted: without ``overlap_param_gather``, ``start_param_sync`` after the optimizer
+    step all-gathers every bucket too (megatron-core's code on CPU leaves them all
+    allocated), but the published steady allocations of both such runs (the ZeRO-3 GPT and
+    MoE functional tests) match the shards alone; and at 0.18 and later the first step's
+    forward still re-gathers (no backward has marked the final norm yet), which their first
+    steps' peaks do not show either."""
     shard = sharding(spec)
     if shard is None or spec.parallel.dp * spec.parallel.cp == 1:
         return InFlight()
@@ -137,8 +149,26 @@ def in_flight(spec: TrainingSpec, params: list[ParamTensor]) -> InFlight:
     output_grad = rest.get("output_layer", 0) * grad_bytes if shard.grads else 0
     gathered = min(sum(units), AG_PREFETCH_ELEMENTS + max(units)) * prec.param_bytes
     prefetched = gathered if shard.params and spec.fsdp_overlap_param_gather else 0
-    return InFlight(layers=layers, loss=root, output_layer=root + output_grad,
+    loss = root + _regathered(spec, params) * prec.param_bytes if shard.params else root
+    return InFlight(layers=layers, loss=loss, output_layer=loss + output_grad,
                     after_step=prefetched)  # fmt: skip
+
+
+def _regathered(spec: TrainingSpec, params: list[ParamTensor]) -> int:
+    """Elements of the decoder layers the final norm's forward prefetch all-gathers again
+    before the loss (before megatron-core 0.18; on the stage that has the final norm): the
+    layer buckets in order until the prefetch passes ``suggested_AG_prefetch_size``
+    (``param_and_grad_buffer.py`` ``AllGatherPipeline.all_gather_params``)."""
+    if not megatron_fsdp_loss_regather(spec.model):
+        return 0
+    if not any(".final_layernorm." in t.name for t in params):
+        return 0
+    out = 0
+    for unit in _split_units(spec, params)[0]:
+        if out >= AG_PREFETCH_ELEMENTS:
+            break
+        out += unit
+    return out
 
 
 def unsharded_bytes(spec: TrainingSpec, params: list[ParamTensor]) -> int:

@@ -83,6 +83,22 @@ release that changed it. Each change, with where it is in megatron-core's source
   tags the word embedding of the MTP stage (``mtp_process``) ``is_embedding_or_output_parameter``
   like the first stage's (before: only ``pre_process``'s): Muon's split (``optimizer/muon.py``)
   gives the copy to Adam instead of Muon.
+- **0.18: Megatron-FSDP's final norm no longer re-gathers the decoder layers**
+  (:data:`FSDP_NO_LOSS_REGATHER`). Every module outside an FSDP unit all-gathers its own
+  parameters in a forward pre-hook with forward prefetch (``distributed/fsdp/src/
+  megatron_fsdp/megatron_fsdp.py`` ``_pre_forward_param_unshard``). The final norm's (and an
+  untied output layer's) parameters sit in the first bucket, with the embedding, ahead of the
+  layers' (``param_and_grad_buffer.py`` ``_get_parameter_groups`` groups the non-unit
+  parameters by attributes, in ``named_parameters`` order), so its prefetch all-gathers again
+  every layer bucket within ``suggested_AG_prefetch_size`` that the layers' ``_post_forward``
+  had released: at the loss they are all unsharded until their own backward. Megatron-LM
+  41f3b6f308 (2026-04-02, "Fix M-FSDP MXFP8 related BUGs", first in core_v0.18.0) makes
+  ``_root_pre_backward`` mark every submodule ``PRE_BACKWARD`` (before: the units only), and
+  nothing sets a non-unit module back, so from the second step its forward pre-hook no
+  longer prefetches. Seen on CPU with megatron-core 0.16.1 and 0.19.2
+  (``tests/test_static_fsdp.py``) and in the published golden values: the ZeRO-3 GPT case
+  peaked 32 MiB higher at febd25e3fb (0.16.0rc0) than from 4e85d74ae9 (0.18.0) on, its
+  twelve layers' bf16 weights being 36 MiB.
 - **0.18: layer-wise Muon shards by bucket layout** (:data:`LAYER_WISE_PARAM_LAYOUT`).
   ``optimizer/layer_wise_optimizer.py`` ``LayerWiseDistributedOptimizer.shard_params`` takes
   the DDP chunks' ``full_param_layout`` (``compute_full_param_layout``: per bucket, whole Muon
@@ -144,6 +160,7 @@ NO_LEGACY_GROUPED_MLP: Release = (0, 17)
 MTP_MODEL_LAYER: Release = (0, 17)
 MTP_EMBEDDING_TAGGED: Release = (0, 18)
 LAYER_WISE_PARAM_LAYOUT: Release = (0, 18)
+FSDP_NO_LOSS_REGATHER: Release = (0, 18)
 MEGATRON_FSDP_GRADS_DTYPE: Release = (0, 19)
 MLA_QK_NORM_RESOLVER: Release = (0, 19)
 MUON_DISTRIBUTED_IS_LAYER_WISE: Release = (0, 19)
@@ -153,6 +170,7 @@ TERM_RELEASES: tuple[Release, ...] = (
     SWIGLU_FUSION, INPLACE_LOGITS_SHIFT, GLU_LINEAR_COPY, MTP_IN_LAYOUT, MOE_BIAS_REFUSED,
     MEGATRON_DUMMY_WGRAD, PROBS_IN_EXPERTS, MOE_BIAS_ETP1, ARGSORT_PERMUTE,
     NO_LEGACY_GROUPED_MLP, MTP_MODEL_LAYER, MTP_EMBEDDING_TAGGED, LAYER_WISE_PARAM_LAYOUT,
+    FSDP_NO_LOSS_REGATHER,
     MEGATRON_FSDP_GRADS_DTYPE, MLA_QK_NORM_RESOLVER, MUON_DISTRIBUTED_IS_LAYER_WISE,
     TE_GRAPHS_AFTER_WARMUP,
 )  # fmt: skip
@@ -395,6 +413,12 @@ def mla_fused_q_norm(model: ModelSpec) -> bool:
         and model.transformer_impl == "transformer_engine"
         and at_least(model, MLA_QK_NORM_RESOLVER)
     )
+
+
+def megatron_fsdp_loss_regather(model: ModelSpec) -> bool:
+    """Whether Megatron-FSDP's final norm all-gathers the released decoder layers again at
+    the end of every forward (:data:`FSDP_NO_LOSS_REGATHER`: before 0.18)."""
+    return not at_least(model, FSDP_NO_LOSS_REGATHER)
 
 
 def megatron_fsdp_grad_bytes(spec: TrainingSpec) -> int:
