@@ -277,6 +277,23 @@ def test_report_footer_lists_fsdp_as_modelled_and_its_buffers_as_approximated():
     assert any("FSDP's unsharded buffers" in a for a in result.approximated)
 
 
+@pytest.mark.parametrize(
+    ("megatron_core", "overlap"), [("0.16.1", False), ("0.19.2", False), ("0.19.2", True)]
+)
+def test_report_footer_says_what_megatron_fsdp_holds_at_the_loss_and_leaves_out(
+    megatron_core, overlap
+):
+    from memscope.analysis.static.coverage import config_coverage
+
+    args = dict(ARGS, world_size=2, use_megatron_fsdp=True, overlap_grad_reduce=overlap,
+                overlap_param_gather=overlap,
+                data_parallel_sharding_strategy="optim_grads_params")  # fmt: skip
+    spec = spec_from_megatron_args(args, megatron_core=megatron_core)
+    (line,) = [a for a in config_coverage(args, spec, None).approximated if "at the loss" in a]
+    assert ("every decoder layer again" in line) is (megatron_core == "0.16.1")
+    assert ("after the optimizer step" in line) is not overlap
+
+
 @pytest.mark.parametrize("megatron_core", ["0.16.1", "0.19.2"])
 def test_megatron_fsdp_holds_its_non_unit_groups_and_before_0_18_the_layers_at_the_loss(
     megatron_core,

@@ -15,7 +15,7 @@ from typing import Any
 
 from memscope.analysis.static.config import TrainingSpec
 from memscope.analysis.static.cuda_graphs import eager_iterations_first, te_graphs
-from memscope.analysis.static.megatron_versions import glu_fused
+from memscope.analysis.static.megatron_versions import glu_fused, megatron_fsdp_loss_regather
 from memscope.analysis.static.moe import imbalance_bound
 from memscope.analysis.static.muon import uses_bucket_layout
 from memscope.analysis.static.pipeline_layout import mtp_chunk
@@ -460,6 +460,17 @@ def approximated_features(spec: TrainingSpec) -> tuple[str, ...]:
             "FSDP2: two units and one unit's gradient), from the source, not measured; bucket "
             "padding not counted"
         )
+    if spec.fsdp == "optim_grads_params" and not spec.torch_fsdp2:
+        again = megatron_fsdp_loss_regather(spec.model)
+        out.append(
+            "Megatron-FSDP at the loss: the embedding, output layer and final norm gathered"
+            + (", and every decoder layer again (the final norm's forward prefetch, before "
+               "megatron-core 0.18)" if again else "")
+            + ", as megatron-core's Megatron-FSDP holds them on CPU"
+            + ("" if spec.fsdp_overlap_param_gather else "; not counted: the all-gather of "
+               "every bucket after the optimizer step without overlap_param_gather (the code "
+               "leaves them allocated, the published steady allocations do not show it)")
+        )  # fmt: skip
     if spec.precision.optimizer in ("muon", "dist_muon"):
         out.append(
             "Muon step temporaries (three fp32 copies of the largest Muon tensor; the all-gather "
