@@ -97,8 +97,8 @@ release that changed it. Each change, with where it is in megatron-core's source
   nothing sets a non-unit module back, so from the second step its forward pre-hook no
   longer prefetches. Seen on CPU with megatron-core 0.16.1 and 0.19.2
   (``tests/test_static_fsdp.py``) and in the published golden values: the ZeRO-3 GPT case
-  peaked 32 MiB higher at febd25e3fb (0.16.0rc0) than from 4e85d74ae9 (0.18.0) on, its
-  twelve layers' bf16 weights being 36 MiB.
+  peaked higher at febd25e3fb (0.16.0rc0) than from 4e85d74ae9 (0.18.0) on, by about its
+  layers' bf16 weights.
 - **0.18: layer-wise Muon shards by bucket layout** (:data:`LAYER_WISE_PARAM_LAYOUT`).
   ``optimizer/layer_wise_optimizer.py`` ``LayerWiseDistributedOptimizer.shard_params`` takes
   the DDP chunks' ``full_param_layout`` (``compute_full_param_layout``: per bucket, whole Muon
