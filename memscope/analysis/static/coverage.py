@@ -467,9 +467,10 @@ def approximated_features(spec: TrainingSpec) -> tuple[str, ...]:
             + (", and every decoder layer again (the final norm's forward prefetch, before "
                "megatron-core 0.18)" if again else "")
             + ", as megatron-core's Megatron-FSDP holds them on CPU"
-            + ("" if spec.fsdp_overlap_param_gather else "; not counted: the all-gather of "
-               "every bucket after the optimizer step without overlap_param_gather (the code "
-               "leaves them allocated, the published steady allocations do not show it)")
+            + ("" if spec.fsdp_overlap_param_gather else "; not counted: the prefetch of "
+               "every bucket after the optimizer step, which Megatron-FSDP issues under "
+               "optim_grads_params even without overlap_param_gather (the code leaves them "
+               "allocated, the published steady allocations of such runs do not show it)")
         )  # fmt: skip
     if spec.precision.optimizer in ("muon", "dist_muon"):
         out.append(

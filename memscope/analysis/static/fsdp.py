@@ -129,12 +129,14 @@ def in_flight(spec: TrainingSpec, params: list[ParamTensor]) -> InFlight:
     every bucket in the window, for the next forward. torch FSDP2: its units' in-flight set at
     every moment.
 
-    Not counted: without ``overlap_param_gather``, ``start_param_sync`` after the optimizer
-    step all-gathers every bucket too (megatron-core's code on CPU leaves them all
-    allocated), but the published steady allocations of both such runs (the ZeRO-3 GPT and
-    MoE functional tests) match the shards alone; and at 0.18 and later the first step's
-    forward still re-gathers (no backward has marked the final norm yet), which their first
-    steps' peaks do not show either."""
+    Not counted: under ``optim_grads_params`` Megatron-FSDP turns ``overlap_param_gather``
+    on itself (``MegatronFSDP.__init__``), so ``start_param_sync`` prefetches every bucket
+    after each step whether or not the run asked for it (megatron-core's code on CPU leaves
+    them all allocated); the estimate counts that only when the run sets
+    ``overlap_param_gather``, because the published steady allocations of the two runs that
+    do not (the ZeRO-3 GPT and MoE functional tests) are the shards alone. And at 0.18 and
+    later the first step's forward still re-gathers (no backward has marked the final norm
+    yet), which their first steps' peaks do not show either."""
     shard = sharding(spec)
     if shard is None or spec.parallel.dp * spec.parallel.cp == 1:
         return InFlight()
