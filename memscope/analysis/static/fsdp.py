@@ -144,29 +144,31 @@ def in_flight(spec: TrainingSpec, params: list[ParamTensor]) -> InFlight:
     if spec.torch_fsdp2:
         return InFlight(layers=layers, loss=layers, output_layer=layers)
     prec = spec.precision
-    _, rest = _split_units(spec, params)
+    unit_layers, rest = _split_units(spec, params)
     units = _units(spec, params)
     root = sum(rest.values()) * prec.param_bytes if shard.params else 0
     grad_bytes = 4 if prec.grads_in_fp32 else prec.param_bytes
     output_grad = rest.get("output_layer", 0) * grad_bytes if shard.grads else 0
     gathered = min(sum(units), AG_PREFETCH_ELEMENTS + max(units)) * prec.param_bytes
     prefetched = gathered if shard.params and spec.fsdp_overlap_param_gather else 0
-    loss = root + _regathered(spec, params) * prec.param_bytes if shard.params else root
+    again = _regathered(spec, params, unit_layers) if shard.params else 0
+    loss = root + again * prec.param_bytes
     return InFlight(layers=layers, loss=loss, output_layer=loss + output_grad,
                     after_step=prefetched)  # fmt: skip
 
 
-def _regathered(spec: TrainingSpec, params: list[ParamTensor]) -> int:
+def _regathered(spec: TrainingSpec, params: list[ParamTensor], unit_layers: list[int]) -> int:
     """Elements of the decoder layers the final norm's forward prefetch all-gathers again
     before the loss (before megatron-core 0.18; on the stage that has the final norm): the
     layer buckets in order until the prefetch passes ``suggested_AG_prefetch_size``
-    (``param_and_grad_buffer.py`` ``AllGatherPipeline.all_gather_params``)."""
+    (``param_and_grad_buffer.py`` ``AllGatherPipeline.all_gather_params``). ``unit_layers``:
+    the layers' units, :func:`_split_units`."""
     if not megatron_fsdp_loss_regather(spec.model):
         return 0
     if not any(".final_layernorm." in t.name for t in params):
         return 0
     out = 0
-    for unit in _split_units(spec, params)[0]:
+    for unit in unit_layers:
         if out >= AG_PREFETCH_ELEMENTS:
             break
         out += unit

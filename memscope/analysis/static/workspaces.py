@@ -117,13 +117,18 @@ _TE_VERSION = re.compile(r"^\s*(\d+)\.(\d+)(?:\.(\d+))?(.*)$")
 TE_NOT_INSTALLED = "none"
 
 
+def _says_none(version: str | None) -> bool:
+    """Whether a Transformer Engine ``version`` says the run has none (:data:`TE_NOT_INSTALLED`)."""
+    return version is not None and version.strip().lower() == TE_NOT_INSTALLED
+
+
 def te_release_at_least(version: str | None, first: tuple[int, ...]) -> bool:
     """Whether Transformer Engine ``version`` (None: :data:`ASSUMED_TE`;
     :data:`TE_NOT_INSTALLED`: none, so no release) is release ``first`` (major, minor[,
     patch]) or later; a pre-release of ``first`` (``dev``, ``a``, ``b``, ``rc``) is not."""
     if version is None:
         return first <= ASSUMED_TE
-    if version.strip().lower() == TE_NOT_INSTALLED:
+    if _says_none(version):
         return False
     match = _TE_VERSION.match(version)
     if not match:
@@ -139,8 +144,7 @@ def te_release_at_least(version: str | None, first: tuple[int, ...]) -> bool:
 
 def te_installed(spec: TrainingSpec) -> bool:
     """Whether the run has Transformer Engine (assumed unless the spec says it has none)."""
-    version = spec.transformer_engine_version
-    return version is None or version.strip().lower() != TE_NOT_INSTALLED
+    return not _says_none(spec.transformer_engine_version)
 
 
 def compute_capability(gpu: str | None) -> tuple[int, int]:
@@ -173,7 +177,7 @@ def te_words(transformer_engine_version: str | None) -> str:
     """The Transformer Engine release an estimate follows and what it sizes, in the
     reports' words."""
     te = transformer_engine_version
-    if te is not None and te.strip().lower() == TE_NOT_INSTALLED:
+    if _says_none(te):
         return f"{TE_NOT_INSTALLED}: not installed (no TE workspaces or placeholder gradients)"
     name = "{}.{} assumed".format(*ASSUMED_TE) if te is None else te
     return f"{name} (its workspaces and cached placeholder gradients)"
